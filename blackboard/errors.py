@@ -1,0 +1,201 @@
+"""The one error tree. Every error the server side or the SDK raises is a
+``BlackboardError``; NATS and psycopg errors are wrapped with ``raise ... from``.
+
+::
+
+    BlackboardError
+    ├── ConfigurationError
+    ├── InvalidKeyError                  (key, reason)
+    ├── InvalidPayloadError              (reason)
+    │   └── PayloadTooLargeError         (size, limit)
+    ├── NotFoundError                    (key)
+    ├── ConflictError                    (key, expected_revision, current_revision)
+    ├── TransportError
+    │   ├── NotConnectedError
+    │   └── OperationTimeoutError
+    ├── MessagingError
+    │   ├── NoResponderError             (to)
+    │   └── RequestTimeoutError          (to, timeout)
+    ├── VoteError
+    │   ├── ProposalNotFoundError        (proposal_id)
+    │   ├── ProposalClosedError          (proposal_id)
+    │   ├── IneligibleVoterError         (proposal_id, voter)
+    │   ├── DeadlinePassedError          (proposal_id)
+    │   └── InvalidBallotError           (proposal_id, reason)
+    ├── SearchError
+    ├── EmbeddingError
+    ├── StorageError                     (Postgres side)
+    └── DevStackError                    (embedded servers: port taken, binary missing)
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "BlackboardError",
+    "ConfigurationError",
+    "ConflictError",
+    "DeadlinePassedError",
+    "DevStackError",
+    "EmbeddingError",
+    "IneligibleVoterError",
+    "InvalidBallotError",
+    "InvalidKeyError",
+    "InvalidPayloadError",
+    "MessagingError",
+    "NoResponderError",
+    "NotConnectedError",
+    "NotFoundError",
+    "OperationTimeoutError",
+    "PayloadTooLargeError",
+    "ProposalClosedError",
+    "ProposalNotFoundError",
+    "RequestTimeoutError",
+    "SearchError",
+    "StorageError",
+    "TransportError",
+    "VoteError",
+]
+
+
+class BlackboardError(Exception):
+    """Root of every error raised by blackboard and agents_sdk."""
+
+
+class ConfigurationError(BlackboardError):
+    """Settings are missing or inconsistent."""
+
+
+class InvalidKeyError(BlackboardError, ValueError):
+    """A board, section, key, agent id or subject token is not acceptable."""
+
+    def __init__(self, key: str, reason: str) -> None:
+        self.key = key
+        self.reason = reason
+        super().__init__(f"invalid key {key!r}: {reason}")
+
+
+class InvalidPayloadError(BlackboardError, ValueError):
+    """A value or wire message cannot be encoded or decoded."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+        super().__init__(reason)
+
+
+class PayloadTooLargeError(InvalidPayloadError):
+    """An encoded entry is larger than the bucket's ``max_value_size``."""
+
+    def __init__(self, size: int, limit: int) -> None:
+        self.size = size
+        self.limit = limit
+        super().__init__(f"payload of {size} bytes exceeds the limit of {limit} bytes")
+
+
+class NotFoundError(BlackboardError, LookupError):
+    """The key (or revision, object, proposal) does not exist or was deleted."""
+
+    def __init__(self, key: str, message: str | None = None) -> None:
+        self.key = key
+        super().__init__(message or f"{key!r} not found")
+
+
+class ConflictError(BlackboardError):
+    """A compare-and-set failed: the key is not at the expected revision.
+
+    ``current_revision`` is the key's latest revision (0 when absent), so a
+    caller can re-read and retry.
+    """
+
+    def __init__(self, key: str, expected_revision: int | None, current_revision: int) -> None:
+        self.key = key
+        self.expected_revision = expected_revision
+        self.current_revision = current_revision
+        super().__init__(
+            f"conflict on {key!r}: expected revision {expected_revision}, "
+            f"current revision is {current_revision}"
+        )
+
+
+class TransportError(BlackboardError):
+    """The message bus could not carry out the operation."""
+
+
+class NotConnectedError(TransportError, ConnectionError):
+    """Not connected to NATS (within the configured write timeout)."""
+
+
+class OperationTimeoutError(TransportError, TimeoutError):
+    """The server did not answer in time; the operation may or may not have happened."""
+
+
+class MessagingError(BlackboardError):
+    """Base of agent-to-agent messaging errors."""
+
+
+class NoResponderError(MessagingError):
+    """A request found no agent listening for it."""
+
+    def __init__(self, to: str) -> None:
+        self.to = to
+        super().__init__(f"no responder for requests to {to!r}")
+
+
+class RequestTimeoutError(MessagingError, TimeoutError):
+    """A request got no reply within its timeout."""
+
+    def __init__(self, to: str, timeout: float) -> None:
+        self.to = to
+        self.timeout = timeout
+        super().__init__(f"request to {to!r} got no reply within {timeout:g}s")
+
+
+class VoteError(BlackboardError):
+    """Base of consensus voting errors."""
+
+
+class ProposalNotFoundError(VoteError, LookupError):
+    def __init__(self, proposal_id: str) -> None:
+        self.proposal_id = proposal_id
+        super().__init__(f"unknown proposal {proposal_id!r}")
+
+
+class ProposalClosedError(VoteError):
+    def __init__(self, proposal_id: str) -> None:
+        self.proposal_id = proposal_id
+        super().__init__(f"proposal {proposal_id!r} is closed")
+
+
+class IneligibleVoterError(VoteError):
+    def __init__(self, proposal_id: str, voter: str) -> None:
+        self.proposal_id = proposal_id
+        self.voter = voter
+        super().__init__(f"agent {voter!r} is not eligible to vote on {proposal_id!r}")
+
+
+class DeadlinePassedError(VoteError):
+    def __init__(self, proposal_id: str) -> None:
+        self.proposal_id = proposal_id
+        super().__init__(f"the deadline of proposal {proposal_id!r} has passed")
+
+
+class InvalidBallotError(VoteError, ValueError):
+    def __init__(self, proposal_id: str, reason: str) -> None:
+        self.proposal_id = proposal_id
+        self.reason = reason
+        super().__init__(f"invalid ballot for {proposal_id!r}: {reason}")
+
+
+class SearchError(BlackboardError):
+    """The search service failed or is not reachable."""
+
+
+class EmbeddingError(BlackboardError):
+    """An embedding provider failed (after its retries)."""
+
+
+class StorageError(BlackboardError):
+    """PostgreSQL failed or is not reachable."""
+
+
+class DevStackError(BlackboardError):
+    """The embedded dev servers could not be started (port taken, binary missing...)."""

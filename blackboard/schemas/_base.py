@@ -1,0 +1,44 @@
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from blackboard.errors import InvalidPayloadError
+
+__all__ = ["WireModel", "utcnow", "validate_wire"]
+
+M = TypeVar("M", bound="WireModel")
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class WireModel(BaseModel):
+    """Base of every wire schema: versioned, tolerant of unknown fields."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+
+def validate_wire(model: type[M], data: Any, *, strict: bool = False) -> M:
+    """Validate a decoded wire object (a dict) against ``model``.
+
+    ``strict=True`` also refuses unknown fields and type coercion (used by the
+    tests and by tools that want to check a producer).
+
+    Raises:
+        InvalidPayloadError: the object does not match the schema.
+    """
+    try:
+        if strict:
+            extra = set(data) - set(model.model_fields) if isinstance(data, dict) else set()
+            if extra:
+                raise InvalidPayloadError(f"{model.__name__}: unknown fields {sorted(extra)}")
+            return model.model_validate(data, strict=True)
+        return model.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        loc = ".".join(str(p) for p in first["loc"]) or "<root>"
+        raise InvalidPayloadError(f"{model.__name__}: {loc}: {first['msg']}") from exc

@@ -1,0 +1,29 @@
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import Field
+
+from blackboard.schemas._base import WireModel
+
+__all__ = ["MemoryKind", "MemoryRecord"]
+
+MemoryKind = Literal["episodic", "semantic", "procedural", "knowledge", "summary"]
+
+
+class MemoryRecord(WireModel):
+    """A long-term memory, published on ``bb.mem.<board>.<agent>`` and persisted by the worker."""
+
+    v: Literal[1] = Field(1, description="Schema version.")
+    id: str = Field(min_length=1, max_length=128, description="Unique id chosen by the writer.")
+    board: str = Field(description="Scope of the memory (a board name).")
+    agent: str = Field(description="Agent id of the writer.")
+    kind: MemoryKind = "episodic"
+    text: str = Field(min_length=1, description="The memory's text (what is embedded and searched).")
+    tags: list[str] = Field(default_factory=list)
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    importance: float = Field(0.5, ge=0.0, le=1.0)
+    source: str | None = Field(None, description="Where it came from (file path, URL...).")
+    read_only: bool = False
+    created_at: datetime

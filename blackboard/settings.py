@@ -1,0 +1,149 @@
+"""One settings object for the server side and the SDK.
+
+Built once at an entry point (CLI, worker, ``Agent.connect``) and passed down;
+nothing else in the code base reads the environment. Environment variables use
+the ``BLACKBOARD_`` prefix and ``__`` for nesting, e.g.
+``BLACKBOARD_NATS__URL=nats://10.0.0.5:4222`` or
+``BLACKBOARD_EMBEDDING__PROVIDER=openai``.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+__all__ = [
+    "BoardSettings",
+    "DevSettings",
+    "EmbeddingSettings",
+    "LLMSettings",
+    "NatsSettings",
+    "PostgresSettings",
+    "SearchSettings",
+    "Settings",
+    "WorkerSettings",
+]
+
+_SYNC_RE = re.compile(r"^(always|\d+(ms|s|m|h))$")
+
+
+class NatsSettings(BaseModel):
+    """How to reach NATS and how the embedded server persists."""
+
+    url: str = "nats://127.0.0.1:4222"
+    user: str | None = None
+    password: SecretStr | None = None
+    token: SecretStr | None = None
+    creds_file: Path | None = None
+    connect_timeout: float = Field(2.0, gt=0)
+    #: Seconds a request (publish ack, get, API call) may take.
+    request_timeout: float = Field(5.0, gt=0)
+    #: Seconds a write keeps retrying while the server is unreachable before
+    #: raising ``NotConnectedError``. 0 fails at once.
+    write_timeout: float = Field(10.0, ge=0)
+    reconnect_time_wait: float = Field(0.25, gt=0)
+    #: -1 reconnects forever.
+    max_reconnect_attempts: int = -1
+    #: JetStream fsync policy of the embedded server (``sync_interval``):
+    #: ``always`` fsyncs every message before the ack, a duration such as
+    #: ``2m`` batches fsyncs (the server default, which can lose the last
+    #: acknowledged writes on an OS crash or power loss).
+    sync_interval: str = "always"
+    #: Maximum acknowledged-but-unfinished writes of the pipelined write path.
+    max_pending_writes: int = Field(4000, ge=1)
+
+    @field_validator("sync_interval")
+    @classmethod
+    def _check_sync(cls, value: str) -> str:
+        if not _SYNC_RE.match(value):
+            raise ValueError("sync_interval must be 'always' or a duration like '500ms', '10s', '2m'")
+        return value
+
+
+class BoardSettings(BaseModel):
+    """The one KV bucket that holds every board."""
+
+    bucket: str = Field("blackboard", pattern=r"^[A-Za-z0-9_-]+$")
+    #: Revisions kept per key (JetStream KV allows at most 64).
+    history: int = Field(64, ge=1, le=64)
+    replicas: int = Field(1, ge=1, le=5)
+    #: Largest encoded entry in bytes (the envelope, not just the value).
+    max_value_size: int = Field(1024 * 1024, ge=1024)
+    #: Allow per-entry TTLs (needs nats-server 2.11+).
+    allow_ttl: bool = True
+    objects_bucket: str = Field("blackboard-objects", pattern=r"^[A-Za-z0-9_-]+$")
+
+
+class PostgresSettings(BaseModel):
+    dsn: SecretStr = SecretStr("postgresql://postgres@127.0.0.1:5433/blackboard")
+    pool_min: int = Field(1, ge=0)
+    pool_max: int = Field(8, ge=1)
+
+
+class EmbeddingSettings(BaseModel):
+    provider: Literal["local", "openai"] = "local"
+    model: str = "all-MiniLM-L6-v2"
+    dimensions: int = Field(384, ge=1)
+    base_url: str | None = None
+    api_key: SecretStr | None = None
+    batch_size: int = Field(64, ge=1)
+    max_retries: int = Field(5, ge=0)
+
+
+class LLMSettings(BaseModel):
+    """OpenAI-compatible chat model (summarizing condenser, example agents)."""
+
+    model: str = "gpt-4o-mini"
+    base_url: str | None = None
+    api_key: SecretStr | None = None
+    timeout: float = Field(60.0, gt=0)
+
+
+class WorkerSettings(BaseModel):
+    name: str = Field("worker", pattern=r"^[A-Za-z0-9_-]+$")
+    batch_size: int = Field(512, ge=1)
+    #: Seconds to wait for a batch to fill.
+    batch_wait: float = Field(0.05, gt=0)
+    embed: bool = True
+    #: Seconds between deadline checks of open proposals.
+    deadline_interval: float = Field(0.5, gt=0)
+    #: Longest back-off while Postgres is unavailable.
+    max_backoff: float = Field(5.0, gt=0)
+
+
+class SearchSettings(BaseModel):
+    default_top_k: int = Field(10, ge=1)
+    #: HNSW ef_search for semantic queries.
+    ef_search: int = Field(100, ge=1)
+    timeout: float = Field(10.0, gt=0)
+
+
+class DevSettings(BaseModel):
+    data_dir: Path = Path(".blackboard")
+    host: str = "127.0.0.1"
+    nats_port: int = Field(4222, ge=0, le=65535)
+    pg_port: int = Field(5433, ge=0, le=65535)
+    run_worker: bool = True
+
+
+class Settings(BaseSettings):
+    """Every setting of the system, from ``BLACKBOARD_*`` environment variables."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="BLACKBOARD_",
+        env_nested_delimiter="__",
+        extra="ignore",
+    )
+
+    nats: NatsSettings = NatsSettings()
+    board: BoardSettings = BoardSettings()
+    postgres: PostgresSettings = PostgresSettings()
+    embedding: EmbeddingSettings = EmbeddingSettings()
+    llm: LLMSettings = LLMSettings()
+    worker: WorkerSettings = WorkerSettings()
+    search: SearchSettings = SearchSettings()
+    dev: DevSettings = DevSettings()
