@@ -1,0 +1,111 @@
+"""Real servers for the test suite: nats-server and PostgreSQL + pgvector,
+started from their pip packages on free ports, once per session.
+
+Tests isolate themselves by unique board names / subjects (``unique``). Tests
+that kill or restart a server use the ``nats_factory`` / ``postgres_factory``
+fixtures to get servers of their own.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from blackboard.embedded import EmbeddedNats, EmbeddedPostgres
+from blackboard.settings import NatsSettings, PostgresSettings, Settings
+from tests.fakes.openai_server import OpenAIFake
+
+
+@pytest.fixture(scope="session")
+def stack_dir() -> Iterator[Path]:
+    # Not under pytest's mode-700 tmp dir: the embedded PostgreSQL runs as an
+    # unprivileged user (when the suite runs as root) that must reach it.
+    path = Path(tempfile.mkdtemp(prefix="bb-tests-"))
+    os.chmod(path, 0o755)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def nats_server(stack_dir: Path) -> Iterator[EmbeddedNats]:
+    server = EmbeddedNats(stack_dir / "nats", port=0)
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def postgres_server(stack_dir: Path) -> Iterator[EmbeddedPostgres]:
+    server = EmbeddedPostgres(stack_dir / "postgres", port=0)
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def nats_factory(stack_dir: Path) -> Iterator[Callable[[], EmbeddedNats]]:
+    """Start private nats-servers (for kill/restart tests); stopped afterwards."""
+    servers: list[EmbeddedNats] = []
+
+    def make() -> EmbeddedNats:
+        server = EmbeddedNats(stack_dir / f"nats-{uuid.uuid4().hex[:8]}", port=0)
+        server.start()
+        servers.append(server)
+        return server
+
+    yield make
+    for server in servers:
+        server.stop()
+
+
+@pytest.fixture
+def postgres_factory(stack_dir: Path) -> Iterator[Callable[[], EmbeddedPostgres]]:
+    """Start private PostgreSQL servers (for kill/restart tests); stopped afterwards."""
+    servers: list[EmbeddedPostgres] = []
+
+    def make() -> EmbeddedPostgres:
+        server = EmbeddedPostgres(stack_dir / f"pg-{uuid.uuid4().hex[:8]}", port=0)
+        server.start()
+        servers.append(server)
+        return server
+
+    yield make
+    for server in servers:
+        server.stop()
+
+
+def make_settings(nats_url: str, pg_dsn: str | None = None, **overrides: object) -> Settings:
+    """Settings pointing at the given servers (environment variables ignored)."""
+    values: dict[str, object] = {"nats": NatsSettings(url=nats_url, write_timeout=10.0)}
+    if pg_dsn is not None:
+        values["postgres"] = PostgresSettings(dsn=pg_dsn)  # type: ignore[arg-type]
+    values.update(overrides)
+    return Settings().model_copy(update=values)
+
+
+@pytest.fixture
+def settings(nats_server: EmbeddedNats) -> Settings:
+    return make_settings(nats_server.url)
+
+
+@pytest.fixture
+def pg_settings(nats_server: EmbeddedNats, postgres_server: EmbeddedPostgres) -> Settings:
+    return make_settings(nats_server.url, postgres_server.dsn)
+
+
+@pytest.fixture
+def unique() -> str:
+    """A unique token for board names, agent ids and subjects of one test."""
+    return "t" + uuid.uuid4().hex[:12]
+
+
+@pytest.fixture
+def openai_fake() -> Iterator[OpenAIFake]:
+    with OpenAIFake() as fake:
+        yield fake
