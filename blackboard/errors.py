@@ -7,7 +7,8 @@
     ├── ConfigurationError
     ├── InvalidKeyError                  (key, reason)
     ├── InvalidPayloadError              (reason)
-    │   └── PayloadTooLargeError         (size, limit)
+    │   ├── PayloadTooLargeError         (size, limit)
+    │   └── BudgetExceededError          (cost, budget, unit: prompt parts that must fit do not)
     ├── NotFoundError                    (key)
     ├── ConflictError                    (key, expected_revision, current_revision)
     ├── TransportError
@@ -24,7 +25,9 @@
     │   └── InvalidBallotError           (proposal_id, reason)
     ├── SearchError
     ├── EmbeddingError
+    ├── LLMError                         (chat model call failed)
     ├── StorageError                     (Postgres side)
+    │   └── MigrationError               (version)
     └── DevStackError                    (embedded servers: port taken, binary missing)
 """
 
@@ -32,6 +35,7 @@ from __future__ import annotations
 
 __all__ = [
     "BlackboardError",
+    "BudgetExceededError",
     "ConfigurationError",
     "ConflictError",
     "DeadlinePassedError",
@@ -41,6 +45,8 @@ __all__ = [
     "InvalidBallotError",
     "InvalidKeyError",
     "InvalidPayloadError",
+    "LLMError",
+    "MigrationError",
     "MessagingError",
     "NoResponderError",
     "NotConnectedError",
@@ -89,6 +95,16 @@ class PayloadTooLargeError(InvalidPayloadError):
         self.size = size
         self.limit = limit
         super().__init__(f"payload of {size} bytes exceeds the limit of {limit} bytes")
+
+
+class BudgetExceededError(InvalidPayloadError):
+    """The parts of a prompt that must be included cost more than its budget."""
+
+    def __init__(self, cost: int, budget: int, unit: str) -> None:
+        self.cost = cost
+        self.budget = budget
+        self.unit = unit
+        super().__init__(f"required prompt parts cost {cost} {unit}, over the budget of {budget}")
 
 
 class NotFoundError(BlackboardError, LookupError):
@@ -193,8 +209,21 @@ class EmbeddingError(BlackboardError):
     """An embedding provider failed (after its retries)."""
 
 
+class LLMError(BlackboardError):
+    """An OpenAI-compatible chat model call failed (after the client's retries)."""
+
+
 class StorageError(BlackboardError):
     """PostgreSQL failed or is not reachable."""
+
+
+class MigrationError(StorageError):
+    """A schema migration failed, or an applied migration file has changed."""
+
+    def __init__(self, version: int, reason: str) -> None:
+        self.version = version
+        self.reason = reason
+        super().__init__(reason)
 
 
 class DevStackError(BlackboardError):

@@ -82,6 +82,8 @@ class PostgresSettings(BaseModel):
     dsn: SecretStr = SecretStr("postgresql://postgres@127.0.0.1:5433/blackboard")
     pool_min: int = Field(1, ge=0)
     pool_max: int = Field(8, ge=1)
+    #: Seconds to wait for a connection (start-up, pool checkout).
+    connect_timeout: float = Field(10.0, gt=0)
 
 
 class EmbeddingSettings(BaseModel):

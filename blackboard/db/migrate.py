@@ -1,0 +1,128 @@
+"""Schema migrations: numbered plain SQL files applied in order, exactly once.
+
+``migrations/NNNN_name.sql`` (shipped in the package as ``blackboard/migrations``)
+is an append-only list. ``migrate()`` takes a PostgreSQL advisory lock, so
+several workers starting at once apply each file once, records every applied
+file with its checksum in ``bb_schema_migrations`` and refuses to run when an
+applied file has changed since.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import psycopg
+
+from blackboard.db.pool import connect
+from blackboard.errors import MigrationError, StorageError
+from blackboard.settings import Settings
+
+__all__ = ["MIGRATIONS_DIR", "Migration", "load_migrations", "migrate", "pending"]
+
+log = logging.getLogger("blackboard.db.migrate")
+
+MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
+_FILE_RE = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
+#: Key of the session advisory lock held while migrating ("bbmigr" in ASCII).
+ADVISORY_LOCK_KEY = 0x62626D69677200
+
+_CREATE_VERSION_TABLE = """
+CREATE TABLE IF NOT EXISTS bb_schema_migrations (
+    version    integer     PRIMARY KEY,
+    name       text        NOT NULL,
+    checksum   text        NOT NULL,
+    applied_at timestamptz NOT NULL DEFAULT now()
+)"""
+_SELECT_APPLIED = "SELECT version, name, checksum FROM bb_schema_migrations ORDER BY version"
+_INSERT_APPLIED = "INSERT INTO bb_schema_migrations (version, name, checksum) VALUES (%s, %s, %s)"
+
+
+@dataclass(frozen=True, slots=True)
+class Migration:
+    """One numbered SQL file."""
+
+    version: int
+    name: str
+    sql: str
+
+    @property
+    def checksum(self) -> str:
+        return hashlib.sha256(self.sql.encode()).hexdigest()
+
+
+def load_migrations(directory: Path = MIGRATIONS_DIR) -> list[Migration]:
+    """Read the migration files of ``directory``, ordered by version.
+
+    Raises:
+        MigrationError: a file name is malformed or two files share a version.
+    """
+    found: dict[int, Migration] = {}
+    for path in sorted(directory.glob("*.sql")):
+        match = _FILE_RE.match(path.name)
+        if not match:
+            raise MigrationError(0, f"bad migration file name {path.name!r} (want NNNN_name.sql)")
+        version = int(match.group(1))
+        if version in found:
+            raise MigrationError(version, f"two migration files with version {version}")
+        found[version] = Migration(version, match.group(2), path.read_text(encoding="utf-8"))
+    return [found[v] for v in sorted(found)]
+
+
+def pending(migrations: list[Migration], applied: dict[int, str]) -> list[Migration]:
+    """The migrations still to apply, given ``{version: checksum}`` of applied ones.
+
+    Raises:
+        MigrationError: an applied migration's file changed or disappeared.
+    """
+    known = {m.version: m for m in migrations}
+    for version, checksum in applied.items():
+        mig = known.get(version)
+        if mig is None:
+            raise MigrationError(version, "applied migration is missing from this release")
+        if mig.checksum != checksum:
+            raise MigrationError(version, f"migration {version} ({mig.name}) changed after it was applied")
+    return [m for m in migrations if m.version not in applied]
+
+
+async def migrate(settings: Settings, *, directory: Path = MIGRATIONS_DIR) -> list[int]:
+    """Apply the pending migrations; a no-op when the schema is current.
+
+    Safe to call from several processes at once (advisory lock). Each file runs
+    in its own transaction together with its version-table record.
+
+    Returns:
+        The versions applied by this call.
+
+    Raises:
+        MigrationError: a migration failed or an applied file changed.
+        StorageError: PostgreSQL is not reachable.
+    """
+    migrations = load_migrations(directory)
+    conn = await connect(settings.postgres, autocommit=True, name="blackboard-migrate")
+    done: list[int] = []
+    try:
+        await conn.execute("SELECT pg_advisory_lock(%s)", (ADVISORY_LOCK_KEY,))
+        try:
+            await conn.execute(_CREATE_VERSION_TABLE)
+            cur = await conn.execute(_SELECT_APPLIED)
+            applied = {int(str(v)): str(c) for v, _n, c in await cur.fetchall()}
+            for mig in pending(migrations, applied):
+                try:
+                    async with conn.transaction():
+                        await conn.execute(mig.sql.encode())
+                        await conn.execute(_INSERT_APPLIED, (mig.version, mig.name, mig.checksum))
+                except psycopg.Error as exc:
+                    raise MigrationError(mig.version, f"migration {mig.version} ({mig.name}) failed: {exc}") from exc
+                log.info("applied migration %04d_%s", mig.version, mig.name)
+                done.append(mig.version)
+        finally:
+            await conn.execute("SELECT pg_advisory_unlock(%s)", (ADVISORY_LOCK_KEY,))
+    except psycopg.OperationalError as exc:
+        raise StorageError(f"PostgreSQL failed while migrating: {exc}") from exc
+    finally:
+        await conn.close()
+    return done

@@ -1,0 +1,84 @@
+"""The PostgreSQL connection pool, with pgvector types registered on every connection."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import psycopg
+from pgvector.psycopg import register_vector_async
+from psycopg.types import TypeInfo
+from psycopg_pool import AsyncConnectionPool
+
+from blackboard.errors import StorageError
+from blackboard.settings import PostgresSettings
+
+__all__ = ["configure_connection", "connect", "open_pool"]
+
+log = logging.getLogger("blackboard.db")
+
+
+async def configure_connection(conn: psycopg.AsyncConnection[object]) -> None:
+    """Register pgvector's binary adapters when the extension exists.
+
+    Before the first migration the ``vector`` type is missing; the connection
+    is then left as it is (``migrate`` creates the extension first).
+    """
+    if await TypeInfo.fetch(conn, "vector") is not None:
+        await register_vector_async(conn)
+    # TypeInfo.fetch runs a query: leave the connection idle for the pool.
+    if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+        await conn.rollback()
+
+
+@asynccontextmanager
+async def open_pool(settings: PostgresSettings, *, name: str = "blackboard",
+                    min_size: int | None = None, max_size: int | None = None,
+                    wait: bool = True) -> AsyncIterator[AsyncConnectionPool]:
+    """An open pool (closed on exit); connections are checked before use.
+
+    With ``wait=True`` the pool waits until its first connections are up.
+
+    Raises:
+        StorageError: PostgreSQL is not reachable in time (only with ``wait``).
+    """
+    pool: AsyncConnectionPool = AsyncConnectionPool(
+        settings.dsn.get_secret_value(),
+        min_size=settings.pool_min if min_size is None else min_size,
+        max_size=settings.pool_max if max_size is None else max_size,
+        configure=configure_connection,
+        check=AsyncConnectionPool.check_connection,
+        kwargs={"autocommit": False, "application_name": name},
+        name=name,
+        open=False,
+        timeout=settings.connect_timeout,
+    )
+    await pool.open(wait=False)
+    try:
+        if wait and pool.min_size > 0:
+            try:
+                await pool.wait(timeout=settings.connect_timeout)
+            except Exception as exc:  # psycopg_pool.PoolTimeout
+                raise StorageError(f"cannot connect to PostgreSQL: {exc}") from exc
+        yield pool
+    finally:
+        await pool.close()
+
+
+async def connect(settings: PostgresSettings, *, autocommit: bool = True,
+                  name: str = "blackboard") -> psycopg.AsyncConnection[tuple[object, ...]]:
+    """One connection outside the pool (migrations, reindex).
+
+    Raises:
+        StorageError: PostgreSQL is not reachable.
+    """
+    try:
+        conn = await psycopg.AsyncConnection.connect(
+            settings.dsn.get_secret_value(), autocommit=autocommit,
+            application_name=name, connect_timeout=max(1, int(settings.connect_timeout)),
+        )
+    except psycopg.OperationalError as exc:
+        raise StorageError(f"cannot connect to PostgreSQL: {exc}") from exc
+    await configure_connection(conn)  # type: ignore[arg-type]
+    return conn
