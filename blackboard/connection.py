@@ -25,7 +25,7 @@ async def connect_nats(settings: NatsSettings, *, name: str) -> NATS:
     """
 
     async def _disconnected() -> None:
-        log.warning("%s: disconnected from NATS", name)
+        log.info("%s: disconnected from NATS", name)
 
     async def _reconnected() -> None:
         log.info("%s: reconnected to NATS", name)

@@ -112,7 +112,7 @@ class EmbeddedNats(_Process):
     name = "nats-server"
 
     def __init__(self, data_dir: Path, *, host: str = "127.0.0.1", port: int = 4222,
-                 sync_interval: str = "always") -> None:
+                 sync_interval: str = "1s") -> None:
         super().__init__()
         self.data_dir = Path(data_dir).resolve()
         self.host = host

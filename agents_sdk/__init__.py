@@ -1,0 +1,37 @@
+"""agents_sdk: the agent-side SDK of the blackboard."""
+
+from agents_sdk.agent import Agent
+from agents_sdk.board import Board, BoardPipeline
+from blackboard.entries import Change, Entry, Operation
+from blackboard.errors import (
+    BlackboardError,
+    ConflictError,
+    InvalidKeyError,
+    InvalidPayloadError,
+    NotConnectedError,
+    NotFoundError,
+    OperationTimeoutError,
+    PayloadTooLargeError,
+)
+from blackboard.kv import Watch, WriteOp
+from blackboard.settings import Settings
+
+__all__ = [
+    "Agent",
+    "BlackboardError",
+    "Board",
+    "BoardPipeline",
+    "Change",
+    "ConflictError",
+    "Entry",
+    "InvalidKeyError",
+    "InvalidPayloadError",
+    "NotConnectedError",
+    "NotFoundError",
+    "Operation",
+    "OperationTimeoutError",
+    "PayloadTooLargeError",
+    "Settings",
+    "Watch",
+    "WriteOp",
+]

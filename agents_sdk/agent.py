@@ -1,0 +1,113 @@
+"""``Agent``: one agent process's connection to the blackboard."""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+from typing import Any
+
+from nats.aio.client import Client as NATS
+
+from agents_sdk.board import Board
+from blackboard.connection import connect_nats
+from blackboard.kv import BoardStore
+from blackboard.settings import Settings
+from blackboard.streams import ensure_streams
+from blackboard.subjects import validate_name
+
+__all__ = ["Agent"]
+
+
+class Agent:
+    """An agent connected to the blackboard. Create with :meth:`Agent.connect`.
+
+    ::
+
+        async with Agent.connect("planner", nats_url="nats://127.0.0.1:4222") as agent:
+            board = agent.board("project-x")
+            rev = await board.put("tasks", "t1", {"title": "write docs"})
+    """
+
+    def __init__(self, agent_id: str, nc: NATS, settings: Settings) -> None:
+        self.id = validate_name(agent_id, "agent id")
+        self.settings = settings
+        self.nc = nc
+        self._store = BoardStore(nc, settings)
+        self._boards: dict[str, Board] = {}
+
+    @classmethod
+    def connect(cls, agent_id: str, *, nats_url: str | None = None, settings: Settings | None = None,
+                ensure: bool = True) -> _Connector:
+        """Connect an agent; use as ``async with Agent.connect(...) as agent`` or ``await``.
+
+        Args:
+            agent_id: this agent's id (``[A-Za-z0-9_-]``, up to 128 characters);
+                it is the author of every write.
+            nats_url: overrides ``settings.nats.url``.
+            settings: defaults to ``Settings()`` (``BLACKBOARD_*`` environment).
+            ensure: create the JetStream assets if they are missing.
+
+        Raises:
+            InvalidKeyError: invalid agent id.
+            NotConnectedError: no NATS server answered.
+        """
+        validate_name(agent_id, "agent id")
+        settings = settings or Settings()
+        if nats_url is not None:
+            settings = settings.model_copy(update={"nats": settings.nats.model_copy(update={"url": nats_url})})
+        return _Connector(cls, agent_id, settings, ensure)
+
+    def board(self, name: str) -> Board:
+        """The handle of board ``name`` (cheap; cached per name)."""
+        board = self._boards.get(name)
+        if board is None:
+            board = self._boards[name] = Board(self, name)
+        return board
+
+    @property
+    def store(self) -> BoardStore:
+        """The underlying board store (all boards)."""
+        return self._store
+
+    async def close(self) -> None:
+        """Flush pending writes and close the connection."""
+        if not self.nc.is_closed:
+            await self.nc.drain()
+
+    async def __aenter__(self) -> Agent:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+class _Connector:
+    """Awaitable and async context manager returned by :meth:`Agent.connect`."""
+
+    def __init__(self, cls: type[Agent], agent_id: str, settings: Settings, ensure: bool) -> None:
+        self._cls = cls
+        self._agent_id = agent_id
+        self._settings = settings
+        self._ensure = ensure
+        self._agent: Agent | None = None
+
+    async def _open(self) -> Agent:
+        nc = await connect_nats(self._settings.nats, name=f"agent:{self._agent_id}")
+        try:
+            if self._ensure:
+                await ensure_streams(nc.jetstream(timeout=self._settings.nats.request_timeout), self._settings)
+            agent = self._cls(self._agent_id, nc, self._settings)
+        except BaseException:
+            await nc.close()
+            raise
+        return agent
+
+    def __await__(self) -> Generator[Any, None, Agent]:
+        return self._open().__await__()
+
+    async def __aenter__(self) -> Agent:
+        self._agent = await self._open()
+        return self._agent
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._agent is not None:
+            await self._agent.close()

@@ -1,0 +1,187 @@
+"""``Board``: one board as seen by one agent (writes carry the agent's id)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from blackboard.codec import Encoding
+from blackboard.entries import Entry
+from blackboard.errors import ConflictError, NotFoundError
+from blackboard.kv import BoardStore, Pipeline, Watch, WatchStart, WriteOp
+from blackboard.subjects import validate_name
+
+if TYPE_CHECKING:
+    from agents_sdk.agent import Agent
+
+__all__ = ["Board"]
+
+
+class Board:
+    """Operations on one board. Get one with ``agent.board(name)``.
+
+    Keys are addressed as ``(section, key)``: the section is a token
+    (``[A-Za-z0-9_-]``), the key any non-empty string (URLs, paths, text).
+    """
+
+    def __init__(self, agent: Agent, name: str) -> None:
+        self.name = validate_name(name, "board")
+        self.agent = agent
+        self._store: BoardStore = agent._store
+
+    def __repr__(self) -> str:
+        return f"Board({self.name!r}, agent={self.agent.id!r})"
+
+    # ------------------------------------------------------------------ writes
+    async def put(self, section: str, key: str, value: Any, *, content_type: str | None = None,
+                  tags: Sequence[str] = (), metadata: Mapping[str, Any] | None = None,
+                  ttl: float | None = None, encoding: Encoding = "msgpack") -> int:
+        """Write ``value`` unconditionally; returns the new revision.
+
+        ``ttl`` (seconds, >= 1) makes the server remove the entry after that time.
+
+        Raises:
+            InvalidKeyError, PayloadTooLargeError, InvalidPayloadError: bad input.
+            NotConnectedError, OperationTimeoutError: not acknowledged within
+                ``settings.nats.write_timeout``.
+        """
+        return await self._store.put(self.name, section, key, value, author=self.agent.id,
+                                     content_type=content_type, tags=tags, metadata=metadata, ttl=ttl,
+                                     encoding=encoding)
+
+    async def create(self, section: str, key: str, value: Any, *, content_type: str | None = None,
+                     tags: Sequence[str] = (), metadata: Mapping[str, Any] | None = None,
+                     ttl: float | None = None) -> int:
+        """Write only if the key is absent (or deleted).
+
+        Raises:
+            ConflictError: the key exists (``current_revision`` tells its revision).
+        """
+        return await self._store.create(self.name, section, key, value, author=self.agent.id,
+                                        content_type=content_type, tags=tags, metadata=metadata, ttl=ttl)
+
+    async def update(self, section: str, key: str, value: Any, *, expected_revision: int,
+                     content_type: str | None = None, tags: Sequence[str] = (),
+                     metadata: Mapping[str, Any] | None = None, ttl: float | None = None) -> int:
+        """Compare-and-set: write only if the key is still at ``expected_revision``.
+
+        Raises:
+            ConflictError: another write came first; ``current_revision`` is the
+                key's latest revision, so the caller can re-read and retry.
+        """
+        return await self._store.put(self.name, section, key, value, author=self.agent.id,
+                                     content_type=content_type, tags=tags, metadata=metadata, ttl=ttl,
+                                     expected_revision=expected_revision)
+
+    async def modify(self, section: str, key: str, fn: Callable[[Any], Any | Awaitable[Any]], *,
+                     default: Any = None, retries: int = 100) -> int:
+        """Read-modify-write with compare-and-set, retried on conflict.
+
+        ``fn`` gets the current value (``default`` when the key is absent) and
+        returns the new one. Returns the revision written.
+
+        Raises:
+            ConflictError: still conflicting after ``retries`` attempts.
+        """
+        last: ConflictError | None = None
+        for attempt in range(retries):
+            try:
+                entry = await self.get(section, key)
+                current, revision = entry.value, entry.revision
+            except NotFoundError:
+                current, revision = default, None
+            new = fn(current)
+            if isinstance(new, Awaitable):
+                new = await new
+            try:
+                if revision is None:
+                    return await self.create(section, key, new)
+                return await self.update(section, key, new, expected_revision=revision)
+            except ConflictError as exc:
+                last = exc
+                await asyncio.sleep(min(0.001 * (attempt + 1), 0.05))
+        assert last is not None
+        raise last
+
+    async def delete(self, section: str, key: str, *, expected_revision: int | None = None) -> int:
+        """Delete a key (a tombstone revision; history stays until purged)."""
+        return await self._store.delete(self.name, section, key, expected_revision=expected_revision)
+
+    async def purge(self, section: str | None = None, key: str | None = None) -> int:
+        """Purge one key (with its history) or, with no arguments, the whole board.
+
+        Returns:
+            The number of keys purged.
+        """
+        if section is None and key is None:
+            return await self._store.purge_board(self.name)
+        if section is None or key is None:
+            raise ValueError("purge takes both section and key, or neither")
+        await self._store.delete(self.name, section, key, purge=True)
+        return 1
+
+    def pipeline(self) -> BoardPipeline:
+        """Pipelined writes for bulk producers.
+
+        ::
+
+            async with board.pipeline() as p:
+                for i in range(10_000):
+                    await p.put("items", f"k{i}", i)
+            # every write is acknowledged here; p.flush() returns revisions
+        """
+        return BoardPipeline(self._store.pipeline(author=self.agent.id), self.name)
+
+    async def put_many(self, ops: Sequence[WriteOp]) -> list[int]:
+        """Write many entries pipelined; returns their revisions in order."""
+        return await self._store.pipeline(author=self.agent.id).put_many(self.name, ops)
+
+    # ------------------------------------------------------------------- reads
+    async def get(self, section: str, key: str, *, revision: int | None = None) -> Entry:
+        """The latest entry (or the one at ``revision``).
+
+        Raises:
+            NotFoundError: absent, deleted, or that revision is not kept.
+        """
+        return await self._store.get(self.name, section, key, revision=revision)
+
+    async def history(self, section: str, key: str) -> list[Entry]:
+        """The revisions JetStream keeps of a key, oldest first (deletes included)."""
+        return await self._store.history(self.name, section, key)
+
+    async def keys(self, section: str) -> list[str]:
+        return await self._store.keys(self.name, section)
+
+    async def sections(self) -> list[str]:
+        return await self._store.sections(self.name)
+
+    def watch(self, section: str | None = None, key: str | None = None, *, start: WatchStart = "new",
+              from_revision: int | None = None, include_deletes: bool = True) -> Watch:
+        """Watch this board, a section, or one key. See :meth:`BoardStore.watch`."""
+        return self._store.watch(self.name, section, key, start=start, from_revision=from_revision,
+                                 include_deletes=include_deletes)
+
+
+class BoardPipeline:
+    """A :class:`~blackboard.kv.Pipeline` bound to one board."""
+
+    def __init__(self, pipeline: Pipeline, board: str) -> None:
+        self._p = pipeline
+        self._board = board
+
+    async def __aenter__(self) -> BoardPipeline:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self._p.flush()
+
+    async def put(self, section: str, key: str, value: Any, **kwargs: Any) -> asyncio.Future[Any]:
+        """Send a put; returns a future of the ack (``flush`` gives the revisions)."""
+        return await self._p.put(self._board, section, key, value, **kwargs)
+
+    async def delete(self, section: str, key: str, *, purge: bool = False) -> asyncio.Future[Any]:
+        return await self._p.delete(self._board, section, key, purge=purge)
+
+    async def flush(self) -> list[int]:
+        return await self._p.flush()
