@@ -417,6 +417,7 @@ class Watch:
         self._sub: Any = None
         self.ready = asyncio.Event()
         self.last_revision = 0
+        self._seen = 0
         self._closed = False
 
     async def __aenter__(self) -> Watch:
@@ -450,8 +451,10 @@ class Watch:
         except (nats.errors.TimeoutError, nats.errors.NoRespondersError,
                 nats.js.errors.NoStreamResponseError) as exc:
             raise NotConnectedError(f"cannot start a watch on {self._filter}: {exc!r}") from exc
-        if policy is api.DeliverPolicy.NEW or info.num_pending == 0 and info.delivered.stream_seq == 0 \
-                and self._queue.empty():
+        # Caught up already when nothing is pending and every delivered message
+        # has been through the callback (which marks ready on pending == 0).
+        if policy is api.DeliverPolicy.NEW or (
+                info.num_pending == 0 and (info.delivered.consumer_seq or 0) <= self._seen):
             self._mark_ready()
 
     def _mark_ready(self) -> None:
@@ -461,6 +464,7 @@ class Watch:
                 self._queue.put_nowait(None)
 
     async def _on_msg(self, msg: Msg) -> None:
+        self._seen += 1
         try:
             md = msg.metadata
             seq = md.sequence.stream

@@ -1,0 +1,5 @@
+import sys
+
+from blackboard.cli import main
+
+sys.exit(main())
