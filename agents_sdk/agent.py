@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Generator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nats.aio.client import Client as NATS
 
@@ -13,6 +13,9 @@ from blackboard.kv import BoardStore
 from blackboard.settings import Settings
 from blackboard.streams import ensure_streams
 from blackboard.subjects import validate_name
+
+if TYPE_CHECKING:
+    from agents_sdk.view import View
 
 __all__ = ["Agent"]
 
@@ -33,6 +36,7 @@ class Agent:
         self.nc = nc
         self._store = BoardStore(nc, settings)
         self._boards: dict[str, Board] = {}
+        self._views: dict[str, list[View]] = {}
 
     @classmethod
     def connect(cls, agent_id: str, *, nats_url: str | None = None, settings: Settings | None = None,
@@ -63,13 +67,24 @@ class Agent:
             board = self._boards[name] = Board(self, name)
         return board
 
+    def _register_view(self, view: View) -> None:
+        self._views.setdefault(view.board.name, []).append(view)
+
+    def _unregister_view(self, view: View) -> None:
+        views = self._views.get(view.board.name)
+        if views and view in views:
+            views.remove(view)
+
     @property
     def store(self) -> BoardStore:
         """The underlying board store (all boards)."""
         return self._store
 
     async def close(self) -> None:
-        """Flush pending writes and close the connection."""
+        """Close the views, flush pending writes and close the connection."""
+        for views in list(self._views.values()):
+            for view in list(views):
+                await view.close()
         if not self.nc.is_closed:
             await self.nc.drain()
 

@@ -7,13 +7,14 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from blackboard.codec import Encoding
-from blackboard.entries import Entry
+from blackboard.entries import Entry, Operation, default_content_type
 from blackboard.errors import ConflictError, NotFoundError
 from blackboard.kv import BoardStore, Pipeline, Watch, WatchStart, WriteOp
 from blackboard.subjects import validate_name
 
 if TYPE_CHECKING:
     from agents_sdk.agent import Agent
+    from agents_sdk.view import View
 
 __all__ = ["Board"]
 
@@ -46,9 +47,11 @@ class Board:
             NotConnectedError, OperationTimeoutError: not acknowledged within
                 ``settings.nats.write_timeout``.
         """
-        return await self._store.put(self.name, section, key, value, author=self.agent.id,
-                                     content_type=content_type, tags=tags, metadata=metadata, ttl=ttl,
-                                     encoding=encoding)
+        rev = await self._store.put(self.name, section, key, value, author=self.agent.id,
+                                    content_type=content_type, tags=tags, metadata=metadata, ttl=ttl,
+                                    encoding=encoding)
+        self._written(section, key, rev, value, content_type, tags, metadata)
+        return rev
 
     async def create(self, section: str, key: str, value: Any, *, content_type: str | None = None,
                      tags: Sequence[str] = (), metadata: Mapping[str, Any] | None = None,
@@ -58,8 +61,10 @@ class Board:
         Raises:
             ConflictError: the key exists (``current_revision`` tells its revision).
         """
-        return await self._store.create(self.name, section, key, value, author=self.agent.id,
-                                        content_type=content_type, tags=tags, metadata=metadata, ttl=ttl)
+        rev = await self._store.create(self.name, section, key, value, author=self.agent.id,
+                                       content_type=content_type, tags=tags, metadata=metadata, ttl=ttl)
+        self._written(section, key, rev, value, content_type, tags, metadata)
+        return rev
 
     async def update(self, section: str, key: str, value: Any, *, expected_revision: int,
                      content_type: str | None = None, tags: Sequence[str] = (),
@@ -70,9 +75,11 @@ class Board:
             ConflictError: another write came first; ``current_revision`` is the
                 key's latest revision, so the caller can re-read and retry.
         """
-        return await self._store.put(self.name, section, key, value, author=self.agent.id,
-                                     content_type=content_type, tags=tags, metadata=metadata, ttl=ttl,
-                                     expected_revision=expected_revision)
+        rev = await self._store.put(self.name, section, key, value, author=self.agent.id,
+                                    content_type=content_type, tags=tags, metadata=metadata, ttl=ttl,
+                                    expected_revision=expected_revision)
+        self._written(section, key, rev, value, content_type, tags, metadata)
+        return rev
 
     async def modify(self, section: str, key: str, fn: Callable[[Any], Any | Awaitable[Any]], *,
                      default: Any = None, retries: int = 100) -> int:
@@ -106,7 +113,9 @@ class Board:
 
     async def delete(self, section: str, key: str, *, expected_revision: int | None = None) -> int:
         """Delete a key (a tombstone revision; history stays until purged)."""
-        return await self._store.delete(self.name, section, key, expected_revision=expected_revision)
+        rev = await self._store.delete(self.name, section, key, expected_revision=expected_revision)
+        self._written(section, key, rev, None, None, (), None, Operation.DELETE)
+        return rev
 
     async def purge(self, section: str | None = None, key: str | None = None) -> int:
         """Purge one key (with its history) or, with no arguments, the whole board.
@@ -118,7 +127,8 @@ class Board:
             return await self._store.purge_board(self.name)
         if section is None or key is None:
             raise ValueError("purge takes both section and key, or neither")
-        await self._store.delete(self.name, section, key, purge=True)
+        rev = await self._store.delete(self.name, section, key, purge=True)
+        self._written(section, key, rev, None, None, (), None, Operation.PURGE)
         return 1
 
     def pipeline(self) -> BoardPipeline:
@@ -136,6 +146,23 @@ class Board:
     async def put_many(self, ops: Sequence[WriteOp]) -> list[int]:
         """Write many entries pipelined; returns their revisions in order."""
         return await self._store.pipeline(author=self.agent.id).put_many(self.name, ops)
+
+    def _written(self, section: str, key: str, revision: int, value: Any, content_type: str | None,
+                 tags: Sequence[str], metadata: Mapping[str, Any] | None,
+                 operation: Operation = Operation.PUT) -> None:
+        """Show an acknowledged write in this agent's views at once (read-your-own-writes)."""
+        views = self.agent._views.get(self.name)
+        if not views:
+            return
+        from datetime import UTC, datetime
+
+        entry = Entry(self.name, section, key, revision,
+                      value=value if operation is Operation.PUT else None,
+                      content_type=content_type or default_content_type(value), author=self.agent.id,
+                      tags=tuple(tags), metadata=dict(metadata or {}), created_at=datetime.now(UTC),
+                      operation=operation)
+        for view in list(views):
+            view._own_write(entry)
 
     # ------------------------------------------------------------------- reads
     async def get(self, section: str, key: str, *, revision: int | None = None) -> Entry:
@@ -155,6 +182,16 @@ class Board:
 
     async def sections(self) -> list[str]:
         return await self._store.sections(self.name)
+
+    def view(self, section: str | None = None, key: str | None = None) -> View:
+        """A live local view of this board, a section, or one key.
+
+        ``view = await board.view("tasks")`` returns once the snapshot is
+        loaded; ``async with board.view("tasks") as view`` also closes it.
+        """
+        from agents_sdk.view import View
+
+        return View(self, section, key)
 
     def watch(self, section: str | None = None, key: str | None = None, *, start: WatchStart = "new",
               from_revision: int | None = None, include_deletes: bool = True) -> Watch:

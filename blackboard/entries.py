@@ -13,7 +13,15 @@ from blackboard.errors import InvalidPayloadError
 from blackboard.schemas.entry import ENTRY_SCHEMA_VERSION
 from blackboard.subjects import Header, KeyParts
 
-__all__ = ["Change", "Entry", "Operation", "decode_entry", "encode_entry", "parse_server_time"]
+__all__ = [
+    "Change",
+    "Entry",
+    "Operation",
+    "decode_entry",
+    "default_content_type",
+    "encode_entry",
+    "parse_server_time",
+]
 
 
 class Operation(StrEnum):
@@ -68,6 +76,15 @@ class Change:
         return self.entry.revision
 
 
+def default_content_type(value: Any) -> str:
+    """``text/plain`` for str, ``application/octet-stream`` for bytes, else ``application/json``."""
+    if isinstance(value, str):
+        return "text/plain"
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return "application/octet-stream"
+    return "application/json"
+
+
 def encode_entry(
     value: Any,
     *,
@@ -84,12 +101,7 @@ def encode_entry(
         InvalidPayloadError: the value cannot be carried by the encoding.
     """
     if content_type is None:
-        if isinstance(value, str):
-            content_type = "text/plain"
-        elif isinstance(value, (bytes, bytearray, memoryview)):
-            content_type = "application/octet-stream"
-        else:
-            content_type = "application/json"
+        content_type = default_content_type(value)
     if encoding == "json" and isinstance(value, (bytes, bytearray, memoryview)):
         raise InvalidPayloadError("bytes values need the msgpack encoding")
     envelope = {

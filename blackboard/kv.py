@@ -390,7 +390,8 @@ class Watch:
 
     Use as ``async with store.watch(...) as w: async for change in w: ...``.
     ``ready`` is set once the changes that existed when the watch started
-    (current values, history or replay) have been delivered. The ordered
+    (current values, history or replay) have been received from the server;
+    ``caught_up`` once the iterating consumer has also taken all of them. The ordered
     consumer recreates itself after a disconnect or a server restart, resuming
     after the last delivered revision: no gaps, no duplicates.
     """
@@ -416,6 +417,10 @@ class Watch:
         self._queue: asyncio.Queue[Change | BaseException | None] = asyncio.Queue()
         self._sub: Any = None
         self.ready = asyncio.Event()
+        self.caught_up = asyncio.Event()
+        self._enqueued = 0
+        self._dequeued = 0
+        self._ready_mark = 0
         self.last_revision = 0
         self._seen = 0
         self._closed = False
@@ -460,6 +465,9 @@ class Watch:
     def _mark_ready(self) -> None:
         if not self.ready.is_set():
             self.ready.set()
+            self._ready_mark = self._enqueued
+            if self._dequeued >= self._ready_mark:
+                self.caught_up.set()
             if self._stop_when_caught_up:
                 self._queue.put_nowait(None)
 
@@ -481,6 +489,7 @@ class Watch:
         self.last_revision = seq
         if entry.operation is Operation.PUT or self._include_deletes:
             self._queue.put_nowait(Change(entry, pending))
+            self._enqueued += 1
         if pending == 0:
             self._mark_ready()
 
@@ -496,6 +505,9 @@ class Watch:
             raise StopAsyncIteration
         if isinstance(item, BaseException):
             raise item
+        self._dequeued += 1
+        if self.ready.is_set() and self._dequeued >= self._ready_mark:
+            self.caught_up.set()
         return item
 
     async def next(self, timeout: float | None = None) -> Change:

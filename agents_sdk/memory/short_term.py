@@ -31,8 +31,6 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
-from blackboard.errors import ConfigurationError, InvalidPayloadError, PayloadTooLargeError
-
 from agents_sdk.memory.items import (
     MemoryItem,
     decode_json_value,
@@ -40,6 +38,7 @@ from agents_sdk.memory.items import (
     make_item,
     normalize_tags,
 )
+from blackboard.errors import ConfigurationError, InvalidPayloadError, PayloadTooLargeError
 
 __all__ = ["ShortTermMemory"]
 

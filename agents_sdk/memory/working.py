@@ -103,7 +103,7 @@ class WorkingMemory:
         self._seq = 0
         self._counters: dict[str, int] = {}
 
-    def _ttl(self, ttl: float | None | DefaultTTL) -> float | None:
+    def _ttl(self, ttl: float | DefaultTTL | None) -> float | None:
         if ttl is _DEFAULT:
             return self._default_ttl
         if ttl is not None and (
@@ -125,7 +125,7 @@ class WorkingMemory:
         return dropped
 
     def _write(
-        self, key: str, value: Any, kind: str, ttl: float | None | DefaultTTL
+        self, key: str, value: Any, kind: str, ttl: float | DefaultTTL | None
     ) -> WorkingItem:
         if not isinstance(key, str) or not key:
             raise InvalidPayloadError(f"working memory keys must be non-empty strings, got {key!r}")
@@ -155,7 +155,7 @@ class WorkingMemory:
         value: Any,
         *,
         kind: str | None = None,
-        ttl: float | None | DefaultTTL = _DEFAULT,
+        ttl: float | DefaultTTL | None = _DEFAULT,
     ) -> WorkingItem:
         """Write ``key`` (creating or replacing it) and set its deadline to now + ``ttl``.
 
@@ -171,7 +171,7 @@ class WorkingMemory:
         return self._write(key, value, key if kind is None else kind, ttl)
 
     def append(
-        self, kind: str, value: Any, *, ttl: float | None | DefaultTTL = _DEFAULT
+        self, kind: str, value: Any, *, ttl: float | DefaultTTL | None = _DEFAULT
     ) -> WorkingItem:
         """Add a new item of ``kind`` under a fresh key ``"<kind>-<n>"``.
 
@@ -185,27 +185,27 @@ class WorkingMemory:
             if key not in self._items:
                 return self._write(key, value, kind, ttl)
 
-    def set_goal(self, value: Any, *, ttl: float | None | DefaultTTL = _DEFAULT) -> WorkingItem:
+    def set_goal(self, value: Any, *, ttl: float | DefaultTTL | None = _DEFAULT) -> WorkingItem:
         """Set the current goal (key and kind ``goal``)."""
         return self._write(GOAL, value, GOAL, ttl)
 
-    def set_focus(self, value: Any, *, ttl: float | None | DefaultTTL = _DEFAULT) -> WorkingItem:
+    def set_focus(self, value: Any, *, ttl: float | DefaultTTL | None = _DEFAULT) -> WorkingItem:
         """Set the current focus (key and kind ``focus``)."""
         return self._write(FOCUS, value, FOCUS, ttl)
 
     def add_reasoning(
-        self, value: Any, *, ttl: float | None | DefaultTTL = _DEFAULT
+        self, value: Any, *, ttl: float | DefaultTTL | None = _DEFAULT
     ) -> WorkingItem:
         """Append a reasoning step (kind ``reasoning``)."""
         return self.append(REASONING, value, ttl=ttl)
 
     def add_hypothesis(
-        self, value: Any, *, ttl: float | None | DefaultTTL = _DEFAULT
+        self, value: Any, *, ttl: float | DefaultTTL | None = _DEFAULT
     ) -> WorkingItem:
         """Append a hypothesis (kind ``hypothesis``)."""
         return self.append(HYPOTHESIS, value, ttl=ttl)
 
-    def touch(self, key: str, *, ttl: float | None | DefaultTTL = _DEFAULT) -> WorkingItem:
+    def touch(self, key: str, *, ttl: float | DefaultTTL | None = _DEFAULT) -> WorkingItem:
         """Keep ``key``'s value and set its deadline to now + ``ttl``.
 
         Raises:

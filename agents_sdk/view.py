@@ -1,0 +1,230 @@
+"""Live local views: a mapping of board entries kept current by a KV watch.
+
+Reads never wait on a server. The view starts from a snapshot of the current
+values, then applies every change in stream order; a deleted or purged key
+disappears. Each key keeps the highest revision seen, so a change replayed
+after a reconnect, or a revision the agent already applied locally
+(read-your-own-writes), is ignored: the view converges without gaps or
+duplicates.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+from blackboard.entries import Change, Entry, Operation
+from blackboard.errors import NotConnectedError, OperationTimeoutError
+
+if TYPE_CHECKING:
+    from agents_sdk.board import Board
+
+__all__ = ["ChangeCallback", "View"]
+
+log = logging.getLogger("agents_sdk.view")
+
+ChangeCallback = Callable[[Change], Awaitable[None] | None]
+
+
+class View:
+    """A live, read-only local copy of a board, a section or one key.
+
+    Get one with ``await board.view(section=None, key=None)`` (or use it as
+    ``async with board.view(...) as view``). Keys of the mapping are
+    ``(section, key)`` tuples; ``view.get(section, key)`` reads one entry.
+    """
+
+    def __init__(self, board: Board, section: str | None = None, key: str | None = None) -> None:
+        self.board = board
+        self.section = section
+        self.key = key
+        self._entries: dict[tuple[str, str], Entry] = {}
+        #: highest revision seen per key, deletes included (tombstones).
+        self._revs: dict[tuple[str, str], int] = {}
+        self._callbacks: list[ChangeCallback] = []
+        self._subscribers: list[asyncio.Queue[Change | None]] = []
+        self._task: asyncio.Task[None] | None = None
+        self._watch: Any = None
+        self.ready = asyncio.Event()
+        #: Highest revision applied to this view.
+        self.revision = 0
+
+    # ---------------------------------------------------------------- lifecycle
+    async def start(self) -> View:
+        """Take the snapshot and start following changes; returns once the snapshot is in.
+
+        Raises:
+            NotConnectedError: NATS is unreachable.
+        """
+        if self._task is not None:
+            await self.ready.wait()
+            return self
+        self._watch = self.board.watch(self.section, self.key, start="current")
+        await self._watch.start()
+        self._task = asyncio.create_task(self._run(), name=f"view:{self.board.name}")
+        self.board.agent._register_view(self)
+        ready = asyncio.create_task(self._watch.caught_up.wait())
+        done, _ = await asyncio.wait({ready, self._task}, return_when=asyncio.FIRST_COMPLETED)
+        if self._task in done:
+            ready.cancel()
+            self._task.result()
+            raise NotConnectedError("the view's watch ended before its snapshot")
+        # caught_up: _run has taken every snapshot change; let it apply the last one.
+        await asyncio.sleep(0)
+        self.ready.set()
+        return self
+
+    def __await__(self) -> Any:
+        return self.start().__await__()
+
+    async def __aenter__(self) -> View:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Stop following changes (the local copy stays readable)."""
+        self.board.agent._unregister_view(self)
+        if self._watch is not None:
+            await self._watch.stop()
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        for q in self._subscribers:
+            q.put_nowait(None)
+
+    async def _run(self) -> None:
+        async for change in self._watch:
+            await self._apply(change)
+
+    # ------------------------------------------------------------------ updates
+    def _matches(self, entry: Entry) -> bool:
+        if entry.board != self.board.name:
+            return False
+        if self.section is not None and entry.section != self.section:
+            return False
+        return self.key is None or entry.key == self.key
+
+    async def _apply(self, change: Change) -> None:
+        if not self._apply_local(change.entry):
+            return
+        for q in self._subscribers:
+            q.put_nowait(change)
+        for cb in self._callbacks:
+            try:
+                result = cb(change)
+                if inspect.isawaitable(result):
+                    await result
+            except Exception:  # a faulty callback must not stop the view
+                log.exception("view change callback failed")
+
+    def _apply_local(self, entry: Entry) -> bool:
+        """Apply an entry if it is newer than what the view has; True if applied."""
+        if not self._matches(entry):
+            return False
+        k = (entry.section, entry.key)
+        if entry.revision <= self._revs.get(k, 0):
+            return False
+        self._revs[k] = entry.revision
+        if entry.operation is Operation.PUT:
+            self._entries[k] = entry
+        else:
+            self._entries.pop(k, None)
+        self.revision = max(self.revision, entry.revision)
+        return True
+
+    def _own_write(self, entry: Entry) -> None:
+        """Read-your-own-writes: the agent's acknowledged write, applied at once."""
+        if self._apply_local(entry):
+            change = Change(entry)
+            for q in self._subscribers:
+                q.put_nowait(change)
+            for cb in self._callbacks:
+                try:
+                    result = cb(change)
+                    if inspect.isawaitable(result):
+                        task = asyncio.ensure_future(result)
+                        task.add_done_callback(lambda t: t.exception() if not t.cancelled() else None)
+                except Exception:
+                    log.exception("view change callback failed")
+
+    # -------------------------------------------------------------------- reads
+    def get(self, section: str, key: str, default: Entry | None = None) -> Entry | None:
+        return self._entries.get((section, key), default)
+
+    def value(self, section: str, key: str, default: Any = None) -> Any:
+        entry = self._entries.get((section, key))
+        return default if entry is None else entry.value
+
+    def __getitem__(self, item: tuple[str, str]) -> Entry:
+        return self._entries[item]
+
+    def __contains__(self, item: object) -> bool:
+        return item in self._entries
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __iter__(self) -> Iterator[tuple[str, str]]:
+        return iter(sorted(self._entries))
+
+    def entries(self) -> list[Entry]:
+        """Entries sorted by (section, key)."""
+        return [self._entries[k] for k in sorted(self._entries)]
+
+    def keys(self) -> list[tuple[str, str]]:
+        return sorted(self._entries)
+
+    def snapshot(self) -> dict[tuple[str, str], Any]:
+        """A plain dict of ``(section, key) -> value``."""
+        return {k: e.value for k, e in sorted(self._entries.items())}
+
+    # ---------------------------------------------------------------- listening
+    def on_change(self, callback: ChangeCallback) -> Callable[[], None]:
+        """Call ``callback(change)`` after each applied change; returns an unsubscribe function."""
+        self._callbacks.append(callback)
+        return lambda: self._callbacks.remove(callback) if callback in self._callbacks else None
+
+    async def changes(self) -> AsyncIterator[Change]:
+        """Iterate over changes applied from now on (ends when the view closes)."""
+        q: asyncio.Queue[Change | None] = asyncio.Queue()
+        self._subscribers.append(q)
+        try:
+            while True:
+                item = await q.get()
+                if item is None:
+                    return
+                yield item
+        finally:
+            self._subscribers.remove(q)
+
+    async def wait_for(self, predicate: Callable[[View], bool], timeout: float | None = None) -> None:
+        """Wait until ``predicate(view)`` holds (checked after every change).
+
+        Raises:
+            OperationTimeoutError: it did not hold within ``timeout`` seconds.
+        """
+        if predicate(self):
+            return
+        event = asyncio.Event()
+
+        def check(_: Change) -> None:
+            if predicate(self):
+                event.set()
+
+        remove = self.on_change(check)
+        try:
+            if predicate(self):
+                return
+            await asyncio.wait_for(event.wait(), timeout)
+        except TimeoutError as exc:
+            raise OperationTimeoutError(f"view condition not met within {timeout}s") from exc
+        finally:
+            remove()
