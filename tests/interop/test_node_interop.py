@@ -1,0 +1,163 @@
+"""Any-language interop: a Node.js client (official ``nats`` npm package) and the Python SDK.
+
+The Node program (``interop.mjs``) is written from ``docs/protocol.md`` only. It
+reads an entry the SDK wrote (msgpack envelope, URL key), updates it with
+compare-and-set, creates a second key as JSON (``Bb-Encoding: json``), and
+tries a stale compare-and-set. The SDK then reads the Node writes back.
+
+Needs ``node`` on PATH (skipped with a reason otherwise); the npm packages
+pinned in ``package-lock.json`` are installed by the test (``npm ci``) when
+``node_modules`` is missing or older than the lock file.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agents_sdk import Agent, ConflictError
+from blackboard.settings import Settings
+from blackboard.subjects import encode_key
+
+HERE = Path(__file__).resolve().parent
+PROGRAM = HERE / "interop.mjs"
+NODE_TIMEOUT = 60.0
+NPM_TIMEOUT = 300.0
+
+URL_KEY = "https://example.com/docs/page?q=a b&lang=fr#section-2"
+PATH_KEY = "/home/zoë/notes/plan v2.md"
+
+
+def _node() -> str:
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("node is not on PATH: the Node.js interop test needs Node.js 18+")
+    return node
+
+
+def _ensure_node_modules() -> None:
+    """Install the pinned npm packages (``npm ci``) unless they are already there."""
+    lock = HERE / "package-lock.json"
+    marker = HERE / "node_modules" / ".package-lock.json"  # written by npm on install
+    if marker.exists() and marker.stat().st_mtime >= lock.stat().st_mtime:
+        return
+    npm = shutil.which("npm")
+    if npm is None:
+        pytest.fail("node is installed but npm is not on PATH: cannot install the interop test's "
+                    "npm packages (tests/interop/package.json)")
+    proc = subprocess.run(
+        [npm, "ci", "--no-audit", "--no-fund", "--loglevel=error"],
+        cwd=HERE, capture_output=True, text=True, timeout=NPM_TIMEOUT, check=False,
+    )
+    if proc.returncode != 0:
+        pytest.fail(f"npm ci failed in {HERE} (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+
+
+def _run_node(node: str, scenario: dict[str, Any]) -> dict[str, Any]:
+    proc = subprocess.run(
+        [node, str(PROGRAM), json.dumps(scenario)],
+        cwd=HERE, capture_output=True, text=True, timeout=NODE_TIMEOUT, check=False,
+    )
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert lines, f"the Node program printed no result (exit {proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
+    result: dict[str, Any] = json.loads(lines[-1])
+    assert proc.returncode == 0 and result.get("ok"), f"the Node program failed: {result}\n{proc.stderr}"
+    return result
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_node_client_reads_sdk_entry_and_writes_with_cas(settings: Settings, unique: str) -> None:
+    node = _node()
+    _ensure_node_modules()
+    board_name, section = unique, "docs"
+    value = {"title": "héllo ✓", "n": 42, "pi": 3.5, "ok": True, "none": None, "list": [1, "two", 3.0],
+             "bytes": b"\x00\x01\xff"}
+
+    async with Agent.connect("py-agent", settings=settings) as agent:
+        board = agent.board(board_name)
+        before = datetime.now(UTC)
+        rev_py = await board.put(section, URL_KEY, value, tags=["from-python", "interop"],
+                                 metadata={"lang": "python", "nested": {"k": [1, 2]}})
+
+        result = _run_node(node, {
+            "url": settings.nats.url,
+            "bucket": settings.board.bucket,
+            "board": board_name,
+            "section": section,
+            "read_key": URL_KEY,
+            "create_key": PATH_KEY,
+            "missing_key": "no such key ✗",
+            "author": "node-agent",
+            "update_value": {"status": "updated by node", "count": 7, "ratio": 0.25},
+            "create_value": ["créé", "par", "node", 1],
+        })
+
+        # (a) Node decoded the SDK's msgpack envelope and the URL key
+        read = result["read"]
+        assert read["key"] == URL_KEY
+        assert read["token"] == encode_key(URL_KEY) and read["token"].startswith("=")
+        assert (read["board"], read["section"], read["revision"]) == (board_name, section, rev_py)
+        assert read["value"] == {**value, "bytes": None}
+        assert read["bytes_hex"] == "0001ff"
+        assert read["content_type"] == "application/json"
+        assert read["tags"] == ["from-python", "interop"]
+        assert read["metadata"] == {"lang": "python", "nested": {"k": [1, 2]}}
+        assert read["author"] == "py-agent"
+        created_at = datetime.fromisoformat(read["created_at"])
+        assert before - timedelta(seconds=5) <= created_at <= datetime.now(UTC)
+        assert read["stored_at"]
+
+        assert result["missing"]["status"] == "404"
+
+        # (b) the Node CAS update (msgpack) as the SDK sees it
+        rev_upd = result["update"]["revision"]
+        assert rev_upd > rev_py
+        assert result["update"]["subject"] == agent.store.subjects.entry(board_name, section, URL_KEY)
+        entry = await board.get(section, URL_KEY)
+        assert entry.revision == rev_upd
+        assert entry.value == {"status": "updated by node", "count": 7, "ratio": 0.25}
+        assert entry.author == "node-agent"
+        assert entry.tags == ("from-node", "cas")
+        assert entry.metadata == {"lang": "js", "step": 1}
+        assert entry.content_type == "application/json"
+        assert entry.created_at is not None and entry.created_at.tzinfo is not None
+        history = await board.history(section, URL_KEY)
+        assert [(e.revision, e.author) for e in history] == [(rev_py, "py-agent"), (rev_upd, "node-agent")]
+        old = await board.get(section, URL_KEY, revision=rev_py)
+        assert old.value == value and old.author == "py-agent"
+
+        # ... and the JSON-encoded create under a file-path key
+        rev_new = result["create"]["revision"]
+        assert result["create"]["subject"] == agent.store.subjects.entry(board_name, section, PATH_KEY)
+        created = await board.get(section, PATH_KEY)
+        assert created.revision == rev_new
+        assert created.value == ["créé", "par", "node", 1]
+        assert created.author == "node-agent"
+        assert created.tags == ("from-node", "json")
+        assert created.metadata == {"lang": "js", "encoding": "json"}
+        assert sorted(await board.keys(section)) == sorted([URL_KEY, PATH_KEY])
+
+        # a second create of the same key (CAS on revision 0) was refused
+        again = result["create_again"]
+        assert again["ok"] is False and again["err_code"] == 10071
+        assert again["current_revision"] == rev_new
+
+        # (c) the stale CAS was rejected with the current revision; nothing was written
+        stale = result["stale"]
+        assert stale["ok"] is False
+        assert stale["err_code"] == 10071
+        assert stale["current_revision"] == rev_upd
+        assert (await board.get(section, URL_KEY)).revision == rev_upd
+        assert result["history_check"] == {"old_revision": rev_py, "old_author": "py-agent",
+                                           "latest_revision": rev_upd, "latest_author": "node-agent"}
+
+        # the SDK sees the same conflict for the same stale revision
+        with pytest.raises(ConflictError) as info:
+            await board.update(section, URL_KEY, "stale from python", expected_revision=rev_py)
+        assert info.value.current_revision == rev_upd
