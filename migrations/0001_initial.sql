@@ -98,13 +98,18 @@ CREATE INDEX bb_memories_metadata ON bb_memories USING gin (metadata jsonb_path_
 -- Items waiting for an embedding (an outbox written in the ingest transaction,
 -- so a crash between storing and embedding loses nothing). item_type is
 -- 'memory' (item = bb_memories.mid) or 'entry' (item = bb_entries.eid).
+-- An embedder leases rows (lease_until) instead of holding row locks while the
+-- model runs; a re-enqueue moves enqueued_at, so the embedder's final delete
+-- (matching enqueued_at) leaves a newer request in place.
 CREATE TABLE bb_embed_queue (
-    qid       bigint GENERATED ALWAYS AS IDENTITY,
-    item_type text   NOT NULL CHECK (item_type IN ('memory', 'entry')),
-    item      bigint NOT NULL,
+    item_type   text        NOT NULL CHECK (item_type IN ('memory', 'entry')),
+    item        bigint      NOT NULL,
+    enqueued_at timestamptz NOT NULL DEFAULT clock_timestamp(),
+    lease_until timestamptz,
+    attempts    integer     NOT NULL DEFAULT 0,
     PRIMARY KEY (item_type, item)
 );
-CREATE INDEX bb_embed_queue_order ON bb_embed_queue (qid);
+CREATE INDEX bb_embed_queue_order ON bb_embed_queue (enqueued_at);
 
 -- Embedding spaces: one per (model, dimensions), each with its own vector tables.
 CREATE TABLE bb_embedding_spaces (

@@ -80,5 +80,5 @@ async def connect(settings: PostgresSettings, *, autocommit: bool = True,
         )
     except psycopg.OperationalError as exc:
         raise StorageError(f"cannot connect to PostgreSQL: {exc}") from exc
-    await configure_connection(conn)  # type: ignore[arg-type]
+    await configure_connection(conn)
     return conn

@@ -1,0 +1,42 @@
+"""SQL of the embedding stage (constants and ``psycopg.sql`` builders, no IO)."""
+
+from __future__ import annotations
+
+from psycopg import sql
+
+from blackboard.db.spaces import ItemType, Space
+
+__all__ = ["BACKLOG", "CLAIM", "DONE", "LOAD_ENTRIES", "LOAD_MEMORIES", "upsert_vectors"]
+
+#: Lease up to %(n)s queued items whose lease is free or expired.
+CLAIM = """
+UPDATE bb_embed_queue q SET lease_until = clock_timestamp() + make_interval(secs => %(lease)s),
+                            attempts = q.attempts + 1
+FROM (
+    SELECT item_type, item FROM bb_embed_queue
+    WHERE lease_until IS NULL OR lease_until < clock_timestamp()
+    ORDER BY enqueued_at
+    LIMIT %(n)s
+    FOR UPDATE SKIP LOCKED
+) c
+WHERE q.item_type = c.item_type AND q.item = c.item
+RETURNING q.item_type, q.item, q.enqueued_at, q.attempts"""
+
+LOAD_MEMORIES = "SELECT mid, seq, text, metadata FROM bb_memories WHERE mid = ANY(%s)"
+LOAD_ENTRIES = "SELECT eid, revision, search_text, deleted FROM bb_entries WHERE eid = ANY(%s)"
+
+#: Remove finished queue rows, unless they were re-enqueued meanwhile.
+DONE = """
+DELETE FROM bb_embed_queue q
+USING unnest(%s::text[], %s::bigint[], %s::timestamptz[]) AS d(item_type, item, enqueued_at)
+WHERE q.item_type = d.item_type AND q.item = d.item AND q.enqueued_at = d.enqueued_at"""
+
+BACKLOG = "SELECT count(*) FROM bb_embed_queue"
+
+
+def upsert_vectors(space: Space, item_type: ItemType, suffix: str = "") -> sql.Composed:
+    """INSERT one vector, replacing an older revision's (never a newer one)."""
+    return sql.SQL(
+        "INSERT INTO {t} AS v (item, revision, embedding) VALUES (%s, %s, %s) "
+        "ON CONFLICT (item) DO UPDATE SET revision = EXCLUDED.revision, embedding = EXCLUDED.embedding "
+        "WHERE v.revision <= EXCLUDED.revision").format(t=space.table(item_type, suffix))

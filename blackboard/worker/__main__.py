@@ -1,0 +1,50 @@
+"""``python -m blackboard.worker``: run one worker process with settings from the environment.
+
+Prints ``ready`` on stdout once every component is up; stops cleanly on
+SIGTERM / SIGINT (unacknowledged work is redelivered to the other workers).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+
+from blackboard.errors import BlackboardError
+from blackboard.settings import Settings
+from blackboard.worker.runner import run_worker
+
+
+async def _main(settings: Settings) -> None:
+    stop = asyncio.Event()
+    ready = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+
+    async def announce() -> None:
+        await ready.wait()
+        print("ready", flush=True)
+
+    announcer = asyncio.create_task(announce())
+    try:
+        await run_worker(settings, ready=ready, stop=stop)
+    finally:
+        announcer.cancel()
+
+
+def main() -> int:
+    """Entry point; returns the process exit code."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                        stream=sys.stderr)
+    try:
+        asyncio.run(_main(Settings()))
+    except BlackboardError as exc:
+        print(f"blackboard worker: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,259 @@
+"""Pure decoding of stream messages into rows (no IO).
+
+Each decoder takes a :class:`RawMessage` and returns a row for its writer, or
+raises :class:`~blackboard.errors.InvalidPayloadError` with the reason the
+message goes to the dead-letter table. Text that PostgreSQL cannot store (NUL
+characters, lone surrogates) and values JSON cannot carry (bytes, NaN,
+non-string keys) are caught here, before they could fail a whole batch.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from blackboard import codec
+from blackboard.errors import InvalidKeyError, InvalidPayloadError
+from blackboard.schemas import EntryEnvelope, MemoryRecord, validate_wire
+from blackboard.subjects import Header, Subjects, validate_name
+
+__all__ = [
+    "DeadLetter",
+    "EntryRow",
+    "MemoryRow",
+    "RawMessage",
+    "decode_entry",
+    "decode_memory",
+    "entry_search_text",
+    "is_json_safe",
+    "memory_search_text",
+]
+
+#: Metadata values longer than this are not copied into the keyword index.
+_MAX_META_VALUE = 200
+
+
+@dataclass(frozen=True, slots=True)
+class RawMessage:
+    """One JetStream message as the worker received it."""
+
+    stream: str
+    seq: int
+    subject: str
+    headers: Mapping[str, str]
+    data: bytes
+    timestamp: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    """A message that could not be stored, and why."""
+
+    stream: str
+    seq: int
+    subject: str
+    reason: str
+    data: bytes
+    headers: Mapping[str, str]
+
+    @classmethod
+    def of(cls, msg: RawMessage, reason: str) -> DeadLetter:
+        return cls(msg.stream, msg.seq, msg.subject, reason[:2000].replace("\x00", "\\0"), msg.data,
+                   dict(msg.headers))
+
+
+@dataclass(frozen=True, slots=True)
+class EntryRow:
+    """One revision of a board entry (a KV message)."""
+
+    stream: str
+    seq: int
+    board: str
+    section: str
+    key: str
+    op: str  # PUT, DEL or PURGE
+    value: Any  # JSON-safe value (jsonb) or None
+    value_raw: bytes | None  # msgpack of a value jsonb cannot hold
+    content_type: str | None
+    tags: list[str]
+    metadata: dict[str, Any]
+    author: str | None
+    created_at: datetime | None
+    stored_at: datetime
+    search_text: str
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryRow:
+    """One long-term memory (a memory-stream message)."""
+
+    stream: str
+    seq: int
+    id: str
+    board: str
+    agent: str
+    kind: str
+    text: str
+    tags: list[str]
+    metadata: dict[str, Any]
+    importance: float
+    source: str | None
+    read_only: bool
+    created_at: datetime
+    search_text: str
+
+
+def _text_ok(s: str) -> bool:
+    if "\x00" in s:
+        return False
+    if s.isascii():
+        return True
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def is_json_safe(value: Any, _depth: int = 0) -> bool:
+    """Whether ``value`` can be stored as PostgreSQL ``jsonb`` unchanged."""
+    if _depth > 200:
+        return False
+    if value is None or isinstance(value, bool | int):
+        return True
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if isinstance(value, str):
+        return _text_ok(value)
+    if isinstance(value, list):
+        return all(is_json_safe(v, _depth + 1) for v in value)
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and _text_ok(k) and is_json_safe(v, _depth + 1) for k, v in value.items())
+    return False
+
+
+def _check_text(value: str | None, what: str) -> None:
+    if value is not None and not _text_ok(value):
+        raise InvalidPayloadError(f"{what} holds text PostgreSQL cannot store (NUL or invalid UTF-8)")
+
+
+def _check_fields(tags: list[str], metadata: dict[str, Any], *texts: tuple[str | None, str]) -> None:
+    for tag in tags:
+        _check_text(tag, "a tag")
+    if not is_json_safe(metadata):
+        raise InvalidPayloadError("metadata is not storable as JSON (bytes, NaN, NUL or non-string keys)")
+    for text, what in texts:
+        _check_text(text, what)
+
+
+def _strings(value: Any, out: list[str], budget: list[int], depth: int = 0) -> None:
+    if budget[0] <= 0 or depth > 50:
+        return
+    if isinstance(value, str):
+        out.append(value)
+        budget[0] -= len(value)
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            if isinstance(k, str):
+                out.append(k)
+                budget[0] -= len(k)
+            _strings(v, out, budget, depth + 1)
+    elif isinstance(value, list | tuple):
+        for v in value:
+            _strings(v, out, budget, depth + 1)
+    elif isinstance(value, bool | int | float) and not isinstance(value, bool):
+        out.append(str(value))
+        budget[0] -= 8
+
+
+def _clean(text: str, limit: int) -> str:
+    text = text[:limit]
+    if not _text_ok(text):
+        text = text.replace("\x00", " ").encode("utf-8", "replace").decode("utf-8")
+    return text
+
+
+def entry_search_text(value: Any, content_type: str | None, tags: list[str], limit: int) -> str:
+    """The text of an entry that keyword and semantic search see.
+
+    Strings (and object keys, numbers) of a JSON value in document order, text
+    of a ``text/*`` binary value, then the tags; cut to ``limit`` characters.
+    """
+    parts: list[str] = []
+    if isinstance(value, bytes | bytearray):
+        if content_type and content_type.startswith("text/"):
+            parts.append(bytes(value[: limit * 4]).decode("utf-8", "replace"))
+    else:
+        _strings(value, parts, [limit])
+    parts.extend(tags)
+    return _clean("\n".join(p for p in parts if p), limit)
+
+
+def memory_search_text(text: str, tags: list[str], metadata: Mapping[str, Any], limit: int) -> str:
+    """The text of a memory that keyword search sees: its text, tags and short metadata values."""
+    parts = [text, *tags]
+    for value in metadata.values():
+        if isinstance(value, str) and 0 < len(value) <= _MAX_META_VALUE:
+            parts.append(value)
+    return _clean("\n".join(parts), limit)
+
+
+def _payload(msg: RawMessage, max_bytes: int) -> Any:
+    if len(msg.data) > max_bytes:
+        raise InvalidPayloadError(f"oversized: {len(msg.data)} bytes > limit {max_bytes}")
+    return codec.decode(msg.data, codec.encoding_of(msg.headers))
+
+
+def decode_entry(msg: RawMessage, subjects: Subjects, *, max_bytes: int, index_chars: int) -> EntryRow:
+    """Decode one KV message into an entry revision.
+
+    Raises:
+        InvalidPayloadError: bad subject, undecodable or invalid payload.
+    """
+    try:
+        parts = subjects.parse_entry(msg.subject)
+        validate_name(parts.board, "board")
+        validate_name(parts.section, "section")
+    except InvalidKeyError as exc:
+        raise InvalidPayloadError(f"bad entry subject: {exc.reason}") from exc
+    _check_text(parts.key, "the key")
+    op = (msg.headers.get(Header.KV_OPERATION.value) or "").upper()
+    if op in ("DEL", "PURGE"):
+        return EntryRow(msg.stream, msg.seq, parts.board, parts.section, parts.key, op, None, None,
+                        None, [], {}, None, None, msg.timestamp, "")
+    env = validate_wire(EntryEnvelope, _payload(msg, max_bytes))
+    _check_fields(env.tags, env.metadata, (env.author, "author"), (env.content_type, "content_type"))
+    if is_json_safe(env.value):
+        value, raw = env.value, None
+    else:
+        value, raw = None, codec.encode(env.value)
+    text = entry_search_text(env.value, env.content_type, env.tags, index_chars)
+    return EntryRow(msg.stream, msg.seq, parts.board, parts.section, parts.key, "PUT", value, raw,
+                    env.content_type, list(env.tags), dict(env.metadata), env.author, env.created_at,
+                    msg.timestamp, text)
+
+
+def decode_memory(msg: RawMessage, *, max_bytes: int, index_chars: int) -> MemoryRow:
+    """Decode one memory-stream message.
+
+    The board and agent of the record must match its subject
+    (``bb.mem.<board>.<agent>``), so subject permissions bind the writer.
+
+    Raises:
+        InvalidPayloadError: undecodable, invalid, or not matching its subject.
+    """
+    tokens = msg.subject.split(".")
+    if len(tokens) != 4 or tokens[:2] != ["bb", "mem"]:
+        raise InvalidPayloadError(f"bad memory subject {msg.subject!r}")
+    rec = validate_wire(MemoryRecord, _payload(msg, max_bytes))
+    if rec.board != tokens[2] or rec.agent != tokens[3]:
+        raise InvalidPayloadError(
+            f"record board/agent {rec.board!r}/{rec.agent!r} do not match subject {msg.subject!r}")
+    _check_fields(rec.tags, rec.metadata, (rec.id, "id"), (rec.text, "text"), (rec.source, "source"))
+    search = memory_search_text(rec.text, rec.tags, rec.metadata, index_chars)
+    return MemoryRow(msg.stream, msg.seq, rec.id, rec.board, rec.agent, rec.kind, rec.text,
+                     list(rec.tags), dict(rec.metadata), rec.importance, rec.source, rec.read_only,
+                     rec.created_at, search)

@@ -1,0 +1,226 @@
+"""The worker process: ingest loops, the embedder and the search service.
+
+``Worker(settings)`` is an async context manager: on entry it migrates the
+schema, makes sure the JetStream assets exist, opens the Postgres pool and
+starts everything; it is fully up when ``__aenter__`` returns (or it raised).
+Each loop runs under a supervisor that logs an unexpected crash and restarts
+it after a back-off, so one bad day of a component never stops the worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from types import TracebackType
+from typing import Any
+
+from nats.aio.client import Client as NATS
+from psycopg_pool import AsyncConnectionPool
+
+from blackboard.connection import connect_nats
+from blackboard.db import migrate, open_pool
+from blackboard.settings import Settings
+from blackboard.streams import ensure_streams
+from blackboard.worker.embedder import Embedder, EmbeddingProvider, load_provider
+from blackboard.worker.handlers import StreamHandler, default_handlers
+from blackboard.worker.ingest import ConsumerLag, IngestLoop, backoff_delays
+
+__all__ = ["Worker", "run_worker"]
+
+log = logging.getLogger("blackboard.worker")
+
+
+class Worker:
+    """One worker process's components, started and stopped together.
+
+    Args:
+        settings: the deployment's settings.
+        handlers: streams to persist (default: :func:`default_handlers`).
+        provider: embedding provider (default: from ``settings.embedding``
+            when ``settings.worker.embed``).
+        serve_search: also serve the search micro service (default: ``settings.worker.serve_search``).
+    """
+
+    def __init__(self, settings: Settings, *, handlers: list[StreamHandler] | None = None,
+                 provider: EmbeddingProvider | None = None, serve_search: bool | None = None) -> None:
+        self.settings = settings
+        self._handlers = handlers
+        self._provider = provider
+        self._serve_search = settings.worker.serve_search if serve_search is None else serve_search
+        self._stop = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._nc: NATS | None = None
+        self._pool_cm: contextlib.AbstractAsyncContextManager[AsyncConnectionPool] | None = None
+        self.pool: AsyncConnectionPool | None = None
+        self.loops: list[IngestLoop] = []
+        self.embedder: Embedder | None = None
+        self.search: Any = None
+        self.started_at = 0.0
+        self._owned_provider: EmbeddingProvider | None = None
+
+    # -- lifecycle ---------------------------------------------------------
+    async def start(self) -> None:
+        """Migrate, connect, create consumers and start every loop.
+
+        Raises:
+            StorageError, MigrationError: PostgreSQL unreachable or schema broken.
+            NotConnectedError: NATS unreachable.
+        """
+        s = self.settings
+        await migrate(s)
+        self._nc = await connect_nats(s.nats, name=f"blackboard-{s.worker.name}")
+        try:
+            js = self._nc.jetstream(timeout=s.nats.request_timeout)
+            await ensure_streams(js, s)
+            self._pool_cm = open_pool(s.postgres, name=f"blackboard-{s.worker.name}")
+            self.pool = await self._pool_cm.__aenter__()
+            if s.worker.embed:
+                provider = self._provider
+                if provider is None:
+                    provider = self._owned_provider = load_provider(s)
+                self.embedder = Embedder(self.pool, provider, s)
+                await self.embedder.setup()
+                self._spawn("embedder", self.embedder.run)
+            wake = self.embedder.wake if self.embedder else None
+            for handler in self._handlers or default_handlers(s):
+                loop = IngestLoop(handler, js, self.pool, s, on_written=wake)
+                await loop.setup()
+                self.loops.append(loop)
+                self._spawn(f"ingest {handler.name}", loop.run)
+            if self._serve_search:
+                from blackboard.worker.search_service import SearchService
+
+                self.search = SearchService(self._nc, self.pool, s,
+                                            provider=self.embedder.provider if self.embedder else None,
+                                            status=self.status)
+                await self.search.start()
+            self._spawn("lag reporter", self._report_lag)
+            self.started_at = time.time()
+            log.info("worker %s ready: %s", s.worker.name, ", ".join(lp.durable for lp in self.loops))
+        except BaseException:
+            await self.stop()
+            raise
+
+    async def stop(self) -> None:
+        """Stop every loop (unacknowledged work is redelivered later) and close connections."""
+        self._stop.set()
+        if self.search is not None:
+            with contextlib.suppress(Exception):
+                await self.search.stop()
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._tasks.clear()
+        if self._owned_provider is not None:
+            with contextlib.suppress(Exception):
+                await self._owned_provider.aclose()
+            self._owned_provider = None
+        if self._pool_cm is not None:
+            with contextlib.suppress(Exception):
+                await self._pool_cm.__aexit__(None, None, None)
+            self._pool_cm = None
+        if self._nc is not None:
+            with contextlib.suppress(Exception):
+                await self._nc.close()
+            self._nc = None
+
+    async def __aenter__(self) -> Worker:
+        await self.start()
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        await self.stop()
+
+    def _spawn(self, what: str, fn: Callable[[asyncio.Event], Awaitable[None]]) -> None:
+        async def supervise() -> None:
+            delay = backoff_delays(0.5, self.settings.worker.max_backoff)
+            while not self._stop.is_set():
+                try:
+                    await fn(self._stop)
+                except asyncio.CancelledError:
+                    raise
+                except Exception:
+                    wait = delay()
+                    log.exception("%s crashed; restarting in %.1fs", what, wait)
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._stop.wait(), wait)
+
+        self._tasks.append(asyncio.create_task(supervise(), name=f"blackboard {what}"))
+
+    # -- status --------------------------------------------------------------
+    async def lag(self) -> list[ConsumerLag]:
+        """Lag of every consumer of this worker (shared by all worker processes)."""
+        return [await loop.lag() for loop in self.loops]
+
+    async def status(self) -> dict[str, Any]:
+        """Counters, lag and embedding backlog, as reported by the ``status`` endpoint."""
+        lags = await self.lag()
+        out: dict[str, Any] = {
+            "worker": self.settings.worker.name,
+            "uptime": time.time() - self.started_at if self.started_at else 0.0,
+            "consumers": [
+                {"stream": lg.stream, "consumer": lg.consumer, "pending": lg.pending,
+                 "ack_pending": lg.ack_pending, "ack_floor": lg.ack_floor,
+                 **{k: getattr(lp.stats, k) for k in ("messages", "written", "dead_letters", "batches",
+                                                      "retries", "last_error")}}
+                for lg, lp in zip(lags, self.loops, strict=True)
+            ],
+            "lag": sum(lg.total for lg in lags),
+        }
+        if self.embedder is not None:
+            out["embedding"] = await self.embedder.status()
+        return out
+
+    async def wait_caught_up(self, within: float = 30.0, *, embedded: bool = False,
+                             poll: float = 0.05) -> None:
+        """Wait until every consumer's lag is 0 (and, with ``embedded``, the embedding queue is empty).
+
+        Raises:
+            TimeoutError: not caught up within ``within`` seconds.
+        """
+        deadline = time.monotonic() + within
+        while True:
+            lags = await self.lag()
+            done = all(lg.total == 0 for lg in lags)
+            if done and embedded and self.embedder is not None:
+                done = (await self.embedder.backlog()) == 0
+            if done:
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"worker not caught up after {within:g}s: {lags}")
+            await asyncio.sleep(poll)
+
+    async def _report_lag(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), self.settings.worker.lag_interval)
+            if stop.is_set():
+                return
+            try:
+                lags = await self.lag()
+            except Exception as exc:
+                log.warning("cannot read consumer lag: %r", exc)
+                continue
+            parts = [f"{lg.stream}: {lg.pending} pending, {lg.ack_pending} in flight" for lg in lags]
+            if self.embedder is not None:
+                with contextlib.suppress(Exception):
+                    parts.append(f"embedding backlog {await self.embedder.backlog()}")
+            log.info("lag: %s", "; ".join(parts))
+
+
+async def run_worker(settings: Settings, *, ready: asyncio.Event | None = None,
+                     stop: asyncio.Event | None = None) -> None:
+    """Run a worker until ``stop`` is set (forever without one).
+
+    ``ready`` is set once every component is up.
+    """
+    async with Worker(settings):
+        if ready is not None:
+            ready.set()
+        await (stop.wait() if stop is not None else asyncio.Event().wait())

@@ -1,0 +1,94 @@
+"""Helpers of the worker and search tests: a deterministic embedding provider and publishers."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+import numpy as np
+from nats.js import JetStreamContext
+
+from blackboard import codec
+from blackboard.subjects import Subjects
+
+_WORD = re.compile(r"[a-z0-9]+")
+
+
+class HashProvider:
+    """Bag-of-words feature hashing: texts sharing words get similar vectors.
+
+    Deterministic and instant, for tests where the model itself does not matter.
+    """
+
+    def __init__(self, dimensions: int = 64, model: str = "test-hash") -> None:
+        self._dims = dimensions
+        self._model = model
+        self.calls = 0
+
+    @property
+    def model(self) -> str:
+        return self._model
+
+    @property
+    def dimensions(self) -> int:
+        return self._dims
+
+    def vector(self, text: str) -> np.ndarray:
+        v = np.zeros(self._dims, dtype=np.float32)
+        for word in _WORD.findall(text.lower()):
+            h = int.from_bytes(hashlib.blake2b(word.encode(), digest_size=8).digest(), "little")
+            v[h % self._dims] += 1.0 if (h >> 32) & 1 else -1.0
+        n = float(np.linalg.norm(v))
+        if n == 0:
+            v[0] = 1.0
+            n = 1.0
+        return v / n
+
+    async def aclose(self) -> None:
+        pass
+
+    async def __aenter__(self) -> HashProvider:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        pass
+
+    async def embed(self, texts: Sequence[str]) -> np.ndarray:
+        self.calls += 1
+        if not texts:
+            return np.zeros((0, self._dims), dtype=np.float32)
+        return np.stack([self.vector(t) for t in texts]).astype(np.float32)
+
+
+def entry_payload(value: Any, *, author: str = "tester", tags: list[str] | None = None,
+                  metadata: dict[str, Any] | None = None, created_at: datetime | None = None,
+                  content_type: str = "application/json") -> bytes:
+    return codec.encode({"v": 1, "value": value, "content_type": content_type, "tags": tags or [],
+                         "metadata": metadata or {}, "author": author,
+                         "created_at": created_at or datetime.now(UTC)})
+
+
+def memory_payload(mid: str, board: str, agent: str, text: str, **fields: Any) -> bytes:
+    rec: dict[str, Any] = {"v": 1, "id": mid, "board": board, "agent": agent, "text": text,
+                           "created_at": datetime.now(UTC)}
+    rec.update(fields)
+    return codec.encode(rec)
+
+
+async def put_entry(js: JetStreamContext, subjects: Subjects, board: str, section: str, key: str,
+                    value: Any, **kw: Any) -> int:
+    ack = await js.publish(subjects.entry(board, section, key), entry_payload(value, **kw))
+    return int(ack.seq)
+
+
+async def delete_entry(js: JetStreamContext, subjects: Subjects, board: str, section: str, key: str) -> int:
+    ack = await js.publish(subjects.entry(board, section, key), b"", headers={"KV-Operation": "DEL"})
+    return int(ack.seq)
+
+
+async def remember(js: JetStreamContext, board: str, agent: str, mid: str, text: str, **fields: Any) -> int:
+    ack = await js.publish(Subjects.memory(board, agent), memory_payload(mid, board, agent, text, **fields))
+    return int(ack.seq)
