@@ -119,6 +119,24 @@ class WorkerSettings(BaseModel):
     deadline_interval: float = Field(0.5, gt=0)
     #: Longest back-off while Postgres is unavailable.
     max_backoff: float = Field(5.0, gt=0)
+    #: Seconds JetStream waits for an ack before redelivering (a killed
+    #: worker's unacknowledged batch comes back after this).
+    ack_wait: float = Field(30.0, gt=0)
+    #: Unacknowledged messages a consumer may have out at once (all workers).
+    max_ack_pending: int = Field(20000, ge=1)
+    #: Messages larger than this go to the dead-letter table (None: the
+    #: bucket's max_value_size).
+    max_message_bytes: int | None = Field(None, ge=1)
+    #: Characters of an item's text that are indexed for keyword search.
+    max_index_chars: int = Field(100_000, ge=1000)
+    #: Seconds between lag reports in the log.
+    lag_interval: float = Field(10.0, gt=0)
+    #: Seconds between polls of the embedding queue when idle.
+    embed_poll: float = Field(1.0, gt=0)
+    #: Items per embedding batch (None: the provider's batch_size).
+    embed_batch_size: int | None = Field(None, ge=1)
+    #: Serve the search micro service from the worker process.
+    serve_search: bool = True
 
 
 class SearchSettings(BaseModel):
