@@ -273,7 +273,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     level = logging.WARNING - 10 * min(args.verbose, 2)
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        return asyncio.run(args.func(args))
+        code: int = asyncio.run(args.func(args))
+        return code
     except KeyboardInterrupt:
         return 130
     except BlackboardError as exc:

@@ -10,11 +10,9 @@ get; history, listings and watches use ordered consumers.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import math
 import re
-import secrets
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -26,7 +24,14 @@ from nats.aio.msg import Msg
 from nats.js import api
 
 from blackboard import codec
-from blackboard.entries import Change, Entry, Operation, decode_entry, encode_entry, parse_server_time
+from blackboard.entries import (
+    Change,
+    Entry,
+    Operation,
+    decode_entry,
+    encode_entry,
+    parse_server_time,
+)
 from blackboard.errors import (
     BlackboardError,
     ConflictError,
@@ -38,10 +43,13 @@ from blackboard.errors import (
     PayloadTooLargeError,
     TransportError,
 )
+from blackboard.publisher import RETRYABLE, Publisher
 from blackboard.settings import Settings
 from blackboard.subjects import Header, KeyParts, Subjects, validate_name
 
 __all__ = ["BoardStore", "Pipeline", "Watch", "WatchStart", "WriteOp"]
+
+_PIPELINE_RETRYABLE: tuple[type[BaseException], ...] = (*RETRYABLE, nats.js.errors.TooManyStalledMsgsError)
 
 log = logging.getLogger("blackboard.kv")
 
@@ -50,15 +58,6 @@ WatchStart = Literal["new", "current", "all"]
 _WRONG_LAST_SEQ = 10071
 _MSG_TOO_BIG = 10054
 _SEQ_RE = re.compile(r"(\d+)\s*$")
-_RETRYABLE = (
-    nats.errors.TimeoutError,
-    nats.js.errors.NoStreamResponseError,
-    nats.errors.NoRespondersError,
-    nats.errors.ConnectionReconnectingError,
-    nats.errors.OutboundBufferLimitError,
-    nats.errors.StaleConnectionError,
-    asyncio.TimeoutError,
-)
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,15 +97,13 @@ class BoardStore:
         self._js = nc.jetstream(timeout=settings.nats.request_timeout,
                                 publish_async_max_pending=settings.nats.max_pending_writes)
         self.subjects = Subjects(settings.board.bucket)
-        # Msg-Ids: a random per-store prefix and a counter (unique, and cheap).
-        self._id_prefix = secrets.token_hex(8)
-        self._id_counter = itertools.count(1)
+        self._publisher = Publisher(nc, self._js, settings.nats)
         self._max = settings.board.max_value_size
         self._direct_prefix = f"$JS.API.DIRECT.GET.{self.subjects.kv_stream}"
 
     # ------------------------------------------------------------------ writes
     def _msg_id(self) -> str:
-        return f"{self._id_prefix}{next(self._id_counter):x}"
+        return self._publisher.msg_id()
 
     def _prepare(
         self,
@@ -143,34 +140,10 @@ class BoardStore:
 
     async def _publish(self, prep: _Prepared) -> int:
         """Publish with retries until acked or the write timeout; returns the revision."""
-        loop = asyncio.get_running_loop()
-        nats_settings = self._settings.nats
-        deadline = loop.time() + nats_settings.write_timeout
-        delay = 0.05
-        while True:
-            remaining = deadline - loop.time()
-            timeout = max(0.05, min(nats_settings.request_timeout, remaining)) if remaining > 0 else \
-                nats_settings.request_timeout
-            try:
-                ack = await self._js.publish(prep.subject, prep.payload, timeout=timeout, headers=prep.headers)
-                return int(ack.seq)
-            except nats.js.errors.APIError as exc:
-                raise self._map_api_error(exc, prep) from exc
-            except nats.errors.MaxPayloadError as exc:
-                raise PayloadTooLargeError(len(prep.payload), self._nc.max_payload) from exc
-            except nats.errors.ConnectionClosedError as exc:
-                raise NotConnectedError("the NATS connection is closed") from exc
-            except _RETRYABLE as exc:
-                if loop.time() + delay >= deadline:
-                    if not self._nc.is_connected:
-                        raise NotConnectedError(
-                            f"not connected to NATS: write to {prep.key!r} not acknowledged within "
-                            f"{nats_settings.write_timeout:g}s") from exc
-                    raise OperationTimeoutError(
-                        f"write to {prep.key!r} not acknowledged within {nats_settings.write_timeout:g}s"
-                    ) from exc
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 1.0)
+        ack = await self._publisher.publish(prep.subject, prep.payload, prep.headers,
+                                            what=f"write to {prep.key!r}",
+                                            map_api_error=lambda exc: self._map_api_error(exc, prep))
+        return int(ack.seq)
 
     def _map_api_error(self, exc: nats.js.errors.APIError, prep: _Prepared) -> BlackboardError:
         if exc.err_code == _WRONG_LAST_SEQ:
@@ -287,11 +260,9 @@ class BoardStore:
                 return await self._nc.request(subject, payload, timeout=ns.request_timeout)
             except nats.errors.ConnectionClosedError as exc:
                 raise NotConnectedError("the NATS connection is closed") from exc
-            except _RETRYABLE as exc:
+            except RETRYABLE as exc:
                 if loop.time() + delay >= deadline:
-                    if not self._nc.is_connected:
-                        raise NotConnectedError(f"not connected to NATS: cannot read {what!r}") from exc
-                    raise OperationTimeoutError(f"reading {what!r} timed out") from exc
+                    raise self._publisher.timeout_error(f"reading {what!r}") from exc
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 1.0)
 
@@ -527,7 +498,7 @@ class Watch:
             sub, self._sub = self._sub, None
             try:
                 await sub.unsubscribe()
-            except (nats.errors.Error, asyncio.TimeoutError):  # connection gone: nothing to clean up
+            except (TimeoutError, nats.errors.Error):  # connection gone: nothing to clean up
                 pass
         if not self._closed:
             self._closed = True
@@ -575,7 +546,7 @@ class Pipeline:
         # outstanding (its semaphore), which bounds memory.
         try:
             fut = await self.store._js.publish_async(prep.subject, prep.payload, headers=prep.headers)
-        except (*_RETRYABLE, nats.js.errors.TooManyStalledMsgsError):
+        except _PIPELINE_RETRYABLE:
             fut = asyncio.get_running_loop().create_future()  # resolved by the retrying path in flush
         except nats.errors.ConnectionClosedError as exc:
             raise NotConnectedError("the NATS connection is closed") from exc
