@@ -1,19 +1,51 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import (
+    AfterValidator,
+    AwareDatetime,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    ValidationError,
+)
 
 from blackboard.errors import InvalidPayloadError
+from blackboard.subjects import validate_name
 
-__all__ = ["WireModel", "utcnow", "validate_wire"]
+__all__ = ["Name", "Timestamp", "WireModel", "utcnow", "validate_wire"]
 
 M = TypeVar("M", bound="WireModel")
 
 
 def utcnow() -> datetime:
     return datetime.now(UTC)
+
+
+def _parse_timestamp(value: Any) -> Any:
+    # The codec carries datetimes as ISO 8601 strings (JSON and msgpack alike);
+    # parse them here so that strict validation, which only takes datetime
+    # objects from Python input, accepts what the codec produced.
+    if isinstance(value, str):
+        try:
+            return datetime.fromisoformat(value)
+        except ValueError:
+            return value
+    return value
+
+
+#: A timezone-aware instant; ISO 8601 strings are accepted in strict mode too.
+Timestamp = Annotated[AwareDatetime, BeforeValidator(_parse_timestamp)]
+
+
+def _check_name(value: str) -> str:
+    return validate_name(value)
+
+
+#: A board, section, agent, proposal or topic token (see ``subjects.validate_name``).
+Name = Annotated[str, AfterValidator(_check_name)]
 
 
 class WireModel(BaseModel):
