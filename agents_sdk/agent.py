@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Generator
+from collections.abc import Generator, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from nats.aio.client import Client as NATS
 
 from agents_sdk.board import Board
+from agents_sdk.longterm import LongTermMemory, MemoryInput
+from agents_sdk.objects import ObjectStore
 from blackboard.connection import connect_nats
 from blackboard.kv import BoardStore
+from blackboard.schemas.memory import MemoryKind
 from blackboard.settings import Settings
 from blackboard.streams import ensure_streams
 from blackboard.subjects import validate_name
@@ -37,6 +40,9 @@ class Agent:
         self._store = BoardStore(nc, settings)
         self._boards: dict[str, Board] = {}
         self._views: dict[str, list[View]] = {}
+        self._longterm: LongTermMemory | None = None
+        #: Large binaries (JetStream object store).
+        self.objects = ObjectStore(self._store._js, settings.board.objects_bucket)
 
     @classmethod
     def connect(cls, agent_id: str, *, nats_url: str | None = None, settings: Settings | None = None,
@@ -66,6 +72,35 @@ class Agent:
         if board is None:
             board = self._boards[name] = Board(self, name)
         return board
+
+    # ------------------------------------------------------------ long-term memory
+    @property
+    def longterm(self) -> LongTermMemory:
+        if self._longterm is None:
+            self._longterm = LongTermMemory(self)
+        return self._longterm
+
+    async def remember(self, text: str, *, kind: MemoryKind = "episodic", tags: Sequence[str] = (),
+                       metadata: Mapping[str, Any] | None = None, importance: float = 0.5,
+                       board: str | None = None, source: str | None = None, read_only: bool = False,
+                       id: str | None = None) -> str:
+        """Store a long-term memory; returns its id once it is durably in JetStream.
+
+        The worker persists it to PostgreSQL and embeds it afterwards; it is
+        found by :meth:`recall` once embedded. ``board`` scopes the memory
+        (default ``"default"``).
+
+        Raises:
+            InvalidPayloadError, PayloadTooLargeError, InvalidKeyError: bad input.
+            NotConnectedError, OperationTimeoutError: not acknowledged in time.
+        """
+        return await self.longterm.remember(text, kind=kind, tags=tags, metadata=metadata,
+                                            importance=importance, board=board, source=source,
+                                            read_only=read_only, id=id)
+
+    async def remember_many(self, memories: Iterable[MemoryInput]) -> list[str]:
+        """Store many memories pipelined; returns their ids once all are acknowledged."""
+        return await self.longterm.remember_many(memories)
 
     def _register_view(self, view: View) -> None:
         self._views.setdefault(view.board.name, []).append(view)

@@ -183,6 +183,31 @@ class Board:
     async def sections(self) -> list[str]:
         return await self._store.sections(self.name)
 
+    async def attach(self, section: str, key: str, data: bytes, *, content_type: str,
+                     tags: Sequence[str] = (), metadata: Mapping[str, Any] | None = None) -> int:
+        """Store a large binary in the object store and write an entry referencing it.
+
+        The entry's ``content_type`` is the binary's; its value is an
+        :class:`~agents_sdk.objects.ObjectRef` (``{"$object": {...}}``).
+        Returns the entry's revision.
+        """
+        import hashlib
+
+        from agents_sdk.objects import object_name
+
+        name = object_name(self.name, section, key, hashlib.sha256(data).hexdigest())
+        ref = await self.agent.objects.put(name, data, content_type=content_type)
+        return await self.put(section, key, ref.to_value(), content_type=content_type, tags=tags,
+                              metadata=metadata)
+
+    async def fetch(self, section: str, key: str, *, revision: int | None = None) -> bytes:
+        """The bytes of an entry: the referenced object, or the entry's own bytes value."""
+        return await self.agent.objects.resolve(await self.get(section, key, revision=revision))
+
+    async def remember(self, text: str, **kwargs: Any) -> str:
+        """``agent.remember(text, board=<this board>, ...)``."""
+        return await self.agent.remember(text, board=self.name, **kwargs)
+
     def view(self, section: str | None = None, key: str | None = None) -> View:
         """A live local view of this board, a section, or one key.
 

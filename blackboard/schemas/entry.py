@@ -1,11 +1,10 @@
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Any, Literal
 
 from pydantic import Field
 
-from blackboard.schemas._base import WireModel
+from blackboard.schemas._base import Name, Timestamp, WireModel
 
 __all__ = ["ENTRY_SCHEMA_VERSION", "EntryEnvelope"]
 
@@ -29,4 +28,4 @@ class EntryEnvelope(WireModel):
     tags: list[str] = Field(default_factory=list, description="Free-form labels.")
     metadata: dict[str, Any] = Field(default_factory=dict, description="Free-form metadata.")
     author: str = Field(description="Agent id of the writer.")
-    created_at: datetime = Field(description="Writer's clock, RFC 3339 / ISO 8601 in UTC.")
+    created_at: Timestamp = Field(description="Writer's clock, RFC 3339 / ISO 8601 with a UTC offset.")

@@ -1,11 +1,10 @@
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Any, Literal
 
 from pydantic import Field
 
-from blackboard.schemas._base import WireModel
+from blackboard.schemas._base import Name, Timestamp, WireModel
 
 __all__ = ["MemoryKind", "MemoryRecord"]
 
@@ -17,8 +16,8 @@ class MemoryRecord(WireModel):
 
     v: Literal[1] = Field(1, description="Schema version.")
     id: str = Field(min_length=1, max_length=128, description="Unique id chosen by the writer.")
-    board: str = Field(description="Scope of the memory (a board name).")
-    agent: str = Field(description="Agent id of the writer.")
+    board: Name = Field(description="Scope of the memory (a board name).")
+    agent: Name = Field(description="Agent id of the writer.")
     kind: MemoryKind = "episodic"
     text: str = Field(min_length=1, description="The memory's text (what is embedded and searched).")
     tags: list[str] = Field(default_factory=list)
@@ -26,4 +25,4 @@ class MemoryRecord(WireModel):
     importance: float = Field(0.5, ge=0.0, le=1.0)
     source: str | None = Field(None, description="Where it came from (file path, URL...).")
     read_only: bool = False
-    created_at: datetime
+    created_at: Timestamp = Field(description="Writer's clock, RFC 3339 / ISO 8601 with a UTC offset.")

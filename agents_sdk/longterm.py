@@ -1,0 +1,113 @@
+"""Long-term memory, agent side: ``remember`` publishes to JetStream; the worker
+persists and embeds; ``recall`` asks the search service.
+
+``remember`` returns as soon as JetStream has acknowledged the memory: no
+embedding or LLM call on the write path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from blackboard import codec
+from blackboard.errors import InvalidPayloadError, PayloadTooLargeError
+from blackboard.publisher import Publisher
+from blackboard.schemas.memory import MemoryKind
+from blackboard.subjects import Header, Subjects
+
+if TYPE_CHECKING:
+    from agents_sdk.agent import Agent
+
+__all__ = ["DEFAULT_MEMORY_BOARD", "LongTermMemory", "MemoryInput"]
+
+DEFAULT_MEMORY_BOARD = "default"
+_KINDS = frozenset({"episodic", "semantic", "procedural", "knowledge", "summary"})
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryInput:
+    """One memory for :meth:`LongTermMemory.remember_many`."""
+
+    text: str
+    kind: MemoryKind = "episodic"
+    tags: Sequence[str] = ()
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+    importance: float = 0.5
+    board: str | None = None
+    source: str | None = None
+    read_only: bool = False
+    id: str | None = None
+
+
+class LongTermMemory:
+    """Publishes :class:`~blackboard.schemas.MemoryRecord` messages for one agent."""
+
+    def __init__(self, agent: Agent) -> None:
+        self._agent = agent
+        self._publisher = Publisher(agent.nc, agent._store._js, agent.settings.nats)
+        self._max = agent.settings.board.max_value_size
+
+    def _prepare(self, m: MemoryInput) -> tuple[str, str, bytes, dict[str, str]]:
+        if not isinstance(m.text, str) or not m.text.strip():
+            raise InvalidPayloadError("a memory needs non-empty text")
+        if m.kind not in _KINDS:
+            raise InvalidPayloadError(f"unknown memory kind {m.kind!r}; one of {sorted(_KINDS)}")
+        if not 0.0 <= m.importance <= 1.0:
+            raise InvalidPayloadError("importance must be between 0 and 1")
+        board = m.board or DEFAULT_MEMORY_BOARD
+        subject = Subjects.memory(board, self._agent.id)
+        memory_id = m.id or f"{self._agent.id}-{self._publisher.msg_id()}"
+        record = {
+            "v": 1, "id": memory_id, "board": board, "agent": self._agent.id, "kind": m.kind,
+            "text": m.text, "tags": list(m.tags), "metadata": dict(m.metadata),
+            "importance": float(m.importance), "source": m.source, "read_only": m.read_only,
+            "created_at": datetime.now(UTC).isoformat(),
+        }
+        payload = codec.encode(record)
+        if len(payload) > self._max:
+            raise PayloadTooLargeError(len(payload), self._max)
+        # The memory id is the Msg-Id: re-sending the same memory is deduplicated.
+        return memory_id, subject, payload, {Header.MSG_ID.value: memory_id}
+
+    async def remember(self, text: str, *, kind: MemoryKind = "episodic", tags: Sequence[str] = (),
+                       metadata: Mapping[str, Any] | None = None, importance: float = 0.5,
+                       board: str | None = None, source: str | None = None, read_only: bool = False,
+                       id: str | None = None) -> str:
+        """Store a long-term memory; returns its id once JetStream has it durably.
+
+        Raises:
+            InvalidPayloadError, PayloadTooLargeError, InvalidKeyError: bad input.
+            NotConnectedError, OperationTimeoutError: not acknowledged in time.
+        """
+        memory_id, subject, payload, headers = self._prepare(MemoryInput(
+            text, kind, tags, metadata or {}, importance, board, source, read_only, id))
+        await self._publisher.publish(subject, payload, headers, what=f"memory {memory_id!r}")
+        return memory_id
+
+    async def remember_many(self, memories: Iterable[MemoryInput]) -> list[str]:
+        """Store many memories pipelined (each acknowledged); returns their ids in order."""
+        js = self._agent._store._js
+        sent: list[tuple[str, str, bytes, dict[str, str], Any]] = []
+        for m in memories:
+            memory_id, subject, payload, headers = self._prepare(m)
+            try:
+                fut = await js.publish_async(subject, payload, headers=headers)
+            except Exception:  # resent below through the retrying path
+                fut = None
+            sent.append((memory_id, subject, payload, headers, fut))
+        ids: list[str] = []
+        for memory_id, subject, payload, headers, fut in sent:
+            ok = False
+            if fut is not None:
+                try:
+                    await fut
+                    ok = True
+                except Exception:
+                    ok = False
+            if not ok:
+                await self._publisher.publish(subject, payload, headers, what=f"memory {memory_id!r}")
+            ids.append(memory_id)
+        return ids

@@ -1,0 +1,144 @@
+"""Large binaries (screenshots, files) in the JetStream object store.
+
+Board entries don't carry big blobs: ``board.attach(...)`` stores the bytes as
+an object and writes an entry whose value is a reference::
+
+    {"$object": {"bucket": ..., "name": ..., "size": ..., "sha256": ..., "content_type": ...}}
+
+``board.fetch(entry)`` returns the bytes of either kind of entry. Object names
+include the content's SHA-256, so a reference always points at the bytes it
+was written with.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import nats.errors
+import nats.js.errors
+from nats.js import api
+from nats.js.object_store import ObjectStore as NatsObjectStore
+
+from blackboard.entries import Entry
+from blackboard.errors import InvalidPayloadError, NotFoundError, TransportError
+from blackboard.subjects import encode_key, validate_name
+
+__all__ = ["OBJECT_REF_KEY", "ObjectRef", "ObjectStore"]
+
+OBJECT_REF_KEY = "$object"
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectRef:
+    """Where a binary lives in the object store."""
+
+    bucket: str
+    name: str
+    size: int
+    sha256: str
+    content_type: str
+
+    def to_value(self) -> dict[str, Any]:
+        """The board-entry value referencing this object."""
+        return {OBJECT_REF_KEY: {"bucket": self.bucket, "name": self.name, "size": self.size,
+                                 "sha256": self.sha256, "content_type": self.content_type}}
+
+    @classmethod
+    def from_value(cls, value: Any) -> ObjectRef | None:
+        """The reference held by an entry value, or ``None`` if it holds none."""
+        if not isinstance(value, Mapping) or not isinstance(value.get(OBJECT_REF_KEY), Mapping):
+            return None
+        ref = value[OBJECT_REF_KEY]
+        try:
+            return cls(str(ref["bucket"]), str(ref["name"]), int(ref["size"]), str(ref["sha256"]),
+                       str(ref.get("content_type") or "application/octet-stream"))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise InvalidPayloadError(f"malformed object reference: {exc}") from exc
+
+
+def object_name(board: str, section: str, key: str, digest: str) -> str:
+    """``<board>/<section>/<key-token>/<sha256>``: immutable per content."""
+    return f"{validate_name(board, 'board')}/{validate_name(section, 'section')}/{encode_key(key)}/{digest}"
+
+
+class ObjectStore:
+    """The deployment's object store bucket, for one agent (``agent.objects``)."""
+
+    def __init__(self, js: Any, bucket: str) -> None:
+        self._js = js
+        self.bucket = bucket
+        self._store: NatsObjectStore | None = None
+
+    async def _get_store(self) -> NatsObjectStore:
+        if self._store is None:
+            try:
+                self._store = await self._js.object_store(self.bucket)
+            except nats.js.errors.NotFoundError as exc:
+                raise NotFoundError(self.bucket, f"object store {self.bucket!r} does not exist") from exc
+        return self._store
+
+    async def put(self, name: str, data: bytes, *, content_type: str = "application/octet-stream") -> ObjectRef:
+        """Store ``data`` under ``name`` (chunked by the object store); returns its reference.
+
+        Raises:
+            TransportError: the object store refused or timed out.
+        """
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise InvalidPayloadError("object data must be bytes")
+        data = bytes(data)
+        digest = hashlib.sha256(data).hexdigest()
+        store = await self._get_store()
+        meta = api.ObjectMeta(name=name, description=content_type,
+                              headers={"Content-Type": content_type})  # type: ignore[arg-type]
+        try:
+            await store.put(name, data, meta=meta)
+        except (nats.errors.Error, TimeoutError) as exc:
+            raise TransportError(f"storing object {name!r} failed: {exc!r}") from exc
+        return ObjectRef(self.bucket, name, len(data), digest, content_type)
+
+    async def get(self, name: str) -> bytes:
+        """The bytes of object ``name``.
+
+        Raises:
+            NotFoundError: no such object.
+        """
+        store = await self._get_store()
+        try:
+            result = await store.get(name)
+        except nats.js.errors.NotFoundError as exc:
+            raise NotFoundError(name, f"object {name!r} not found") from exc
+        except (nats.errors.Error, TimeoutError) as exc:
+            raise TransportError(f"reading object {name!r} failed: {exc!r}") from exc
+        return bytes(result.data or b"")
+
+    async def delete(self, name: str) -> None:
+        store = await self._get_store()
+        try:
+            await store.delete(name)
+        except nats.js.errors.NotFoundError as exc:
+            raise NotFoundError(name, f"object {name!r} not found") from exc
+
+    async def fetch(self, ref: ObjectRef) -> bytes:
+        """The bytes of a reference, checked against its SHA-256.
+
+        Raises:
+            InvalidPayloadError: the stored bytes don't match the reference.
+        """
+        data = await self.get(ref.name)
+        if hashlib.sha256(data).hexdigest() != ref.sha256:
+            raise InvalidPayloadError(f"object {ref.name!r} does not match its reference's sha256")
+        return data
+
+    async def resolve(self, entry: Entry) -> bytes:
+        """The bytes of an entry: its referenced object, or its own bytes value."""
+        ref = ObjectRef.from_value(entry.value)
+        if ref is not None:
+            return await self.fetch(ref)
+        if isinstance(entry.value, bytes):
+            return entry.value
+        if isinstance(entry.value, str):
+            return entry.value.encode()
+        raise InvalidPayloadError(f"entry {entry.section}/{entry.key} holds no binary")
