@@ -227,6 +227,12 @@ def decode_json_value(text: str | bytes) -> Any:
         raise InvalidPayloadError(f"invalid JSON: {exc}") from exc
 
 
+# Key order does not change the length, so sizing skips sort_keys.
+_SIZER = json.JSONEncoder(
+    separators=(",", ":"), ensure_ascii=False, allow_nan=False, default=_json_default
+)
+
+
 def make_item(
     item_id: int,
     step: int,
@@ -246,10 +252,16 @@ def make_item(
             raise InvalidPayloadError(f"custom field name {name!r} is reserved")
     if not math.isfinite(created_at):
         raise InvalidPayloadError("created_at must be finite")
-    item = MemoryItem(item_id, step, created_at, tags, **standard, extra=dict(extra))
-    size = len(encode_json_value(item.to_dict()).encode())
-    object.__setattr__(item, "nbytes", size)
-    return item
+    doc: dict[str, Any] = {"id": item_id, "step": step, "created_at": created_at, "tags": tags}
+    for name, value in standard.items():
+        if value is not None:
+            doc[name] = value
+    doc.update(extra)
+    try:
+        size = len(_SIZER.encode(doc).encode())
+    except (TypeError, ValueError) as exc:
+        raise InvalidPayloadError(f"not a JSON value: {exc}") from exc
+    return MemoryItem(item_id, step, created_at, tags, **standard, extra=extra, nbytes=size)
 
 
 def render_value(value: Any, max_chars: int | None = None) -> str:

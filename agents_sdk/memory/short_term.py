@@ -10,11 +10,15 @@ compact JSON encoding (:attr:`MemoryItem.nbytes`). An item larger than
 
 Tag-weighted retrieval: an item's score for weights ``{tag: w}`` is the sum of
 the weights of the queried tags it carries. Candidates are the items carrying
-at least one tag of positive weight (negative weights only lower scores). The
-best item is the highest-scoring one, ties broken by recency (highest id).
+at least one tag of positive weight (negative weights only lower scores; zero
+and unknown tags do nothing). The best item is the highest-scoring one, ties
+broken by recency (highest id). Weights are summed in a fixed order (positive
+ones, then negative ones, each by tag name), so the same tags always give the
+same float.
 
-Costs: ``add``, ``latest``, eviction and ``delete`` are O(1) (plus the item's
-tags); ``recent(n)`` is O(n). Tags are indexed in two levels, tag -> tag sets
+Costs: ``add``, ``latest``, eviction and ``delete`` take constant time in the
+number of items held (``add`` encodes the new item once to measure it);
+``recent(n)`` is O(n). Tags are indexed in two levels, tag -> tag sets
 -> item ids (newest last), so :meth:`ShortTermMemory.best` costs O(number of
 distinct tag sets carrying a queried tag), independent of the item count.
 Filtering by steps or tags uses the indexes; filtering by field names alone
@@ -45,9 +49,27 @@ __all__ = ["ShortTermMemory"]
 _TagSet = frozenset[str]
 
 
-def _score(tagset: _TagSet, weights: Mapping[str, float]) -> float:
-    # fsum is exact, so equal scores compare equal whatever the set's iteration order.
-    return math.fsum(weights.get(t, 0.0) for t in tagset)
+def _canonical(weights: Mapping[str, float]) -> list[tuple[str, float]]:
+    """Non-zero weights, positive ones first, each group sorted by tag.
+
+    Scores are summed in this order, so a tag set's score does not depend on
+    the iteration order of sets or of the caller's mapping.
+    """
+    for tag, weight in weights.items():
+        if not isinstance(weight, int | float) or not math.isfinite(weight):
+            raise InvalidPayloadError(f"weight of tag {tag!r} must be a finite number")
+    positive = sorted((t, float(w)) for t, w in weights.items() if w > 0)
+    negative = sorted((t, float(w)) for t, w in weights.items() if w < 0)
+    return positive + negative
+
+
+def _score(tags: Iterable[str], weights: Mapping[str, float]) -> float:
+    tagset = frozenset(tags)
+    total = 0.0
+    for tag, weight in _canonical(weights):
+        if tag in tagset:
+            total += weight
+    return total
 
 
 class ShortTermMemory:
@@ -334,19 +356,26 @@ class ShortTermMemory:
 
     # -- tag-weighted retrieval ----------------------------------------------
 
-    def _scored_groups(self, weights: Mapping[str, float]) -> list[tuple[float, _TagSet]]:
-        for tag, weight in weights.items():
-            if not isinstance(weight, int | float) or not math.isfinite(weight):
-                raise InvalidPayloadError(f"weight of tag {tag!r} must be a finite number")
-        positive = [t for t, w in weights.items() if w > 0]
-        scored = []
-        for tagset in self._tagsets_for(positive):
-            scored.append((_score(tagset, weights), tagset))
-        return scored
+    def _scored_groups(self, weights: Mapping[str, float]) -> dict[_TagSet, float]:
+        scores: dict[_TagSet, float] = {}
+        for tag, weight in _canonical(weights):
+            groups = self._tagsets_by_tag.get(tag, ())
+            if weight > 0:
+                for tagset in groups:
+                    scores[tagset] = scores.get(tagset, 0.0) + weight
+            else:
+                for tagset in groups:
+                    if tagset in scores:
+                        scores[tagset] += weight
+        return scores
 
     def score(self, item: MemoryItem, weights: Mapping[str, float]) -> float:
-        """An item's score for ``weights`` (sum of the weights of its tags)."""
-        return _score(frozenset(item.tags), weights)
+        """An item's score for ``weights`` (sum of the weights of its tags).
+
+        Raises:
+            InvalidPayloadError: a weight is not a finite number.
+        """
+        return _score(item.tags, weights)
 
     def best(self, weights: Mapping[str, float]) -> MemoryItem | None:
         """The best-scoring item for ``{tag: weight}``, the newest on ties.
@@ -359,8 +388,8 @@ class ShortTermMemory:
         scored = self._scored_groups(weights)
         if not scored:
             return None
-        top = max(score for score, _ in scored)
-        newest = max(next(reversed(self._by_tagset[ts])) for s, ts in scored if s == top)
+        top = max(scored.values())
+        newest = max(next(reversed(self._by_tagset[ts])) for ts, s in scored.items() if s == top)
         return self._items[newest]
 
     def best_all(self, weights: Mapping[str, float]) -> list[MemoryItem]:
@@ -372,9 +401,9 @@ class ShortTermMemory:
         scored = self._scored_groups(weights)
         if not scored:
             return []
-        top = max(score for score, _ in scored)
+        top = max(scored.values())
         ids: list[int] = []
-        for score, tagset in scored:
+        for tagset, score in scored.items():
             if score == top:
                 ids.extend(self._by_tagset[tagset])
         ids.sort(reverse=True)
@@ -390,11 +419,10 @@ class ShortTermMemory:
         Raises:
             InvalidPayloadError: a weight is not a finite number.
         """
-        scored = self._scored_groups(weights)
-        scored.sort(key=lambda pair: -pair[0])
+        scored = sorted(self._scored_groups(weights).items(), key=lambda pair: -pair[1])
         out: list[tuple[float, MemoryItem]] = []
-        for score, tier in itertools.groupby(scored, key=lambda pair: pair[0]):
-            streams = [reversed(self._by_tagset[ts]) for _, ts in tier]
+        for score, tier in itertools.groupby(scored, key=lambda pair: pair[1]):
+            streams = [reversed(self._by_tagset[ts]) for ts, _ in tier]
             for item_id in heapq.merge(*streams, reverse=True):
                 if limit is not None and len(out) >= limit:
                     return out
