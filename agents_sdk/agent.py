@@ -98,6 +98,10 @@ class Agent:
                                             importance=importance, board=board, source=source,
                                             read_only=read_only, id=id)
 
+    async def forget(self, ids: Sequence[str], *, board: str | None = None) -> None:
+        """Delete long-term memories by id (the workers apply it)."""
+        await self.longterm.forget(ids, board=board)
+
     async def remember_many(self, memories: Iterable[MemoryInput]) -> list[str]:
         """Store many memories pipelined; returns their ids once all are acknowledged."""
         return await self.longterm.remember_many(memories)

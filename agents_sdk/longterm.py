@@ -87,6 +87,24 @@ class LongTermMemory:
         await self._publisher.publish(subject, payload, headers, what=f"memory {memory_id!r}")
         return memory_id
 
+    async def forget(self, ids: Sequence[str], *, board: str | None = None) -> None:
+        """Ask the workers to delete memories (by id) of ``board``; returns once acknowledged.
+
+        Raises:
+            InvalidPayloadError: no ids.
+        """
+        ids = [str(i) for i in ids]
+        if not ids:
+            raise InvalidPayloadError("forget needs at least one memory id")
+        board = board or DEFAULT_MEMORY_BOARD
+        subject = Subjects.memory(board, self._agent.id)
+        msg_id = self._publisher.msg_id()
+        for start in range(0, len(ids), 1000):
+            record = {"v": 1, "op": "forget", "board": board, "agent": self._agent.id,
+                      "ids": ids[start:start + 1000], "created_at": datetime.now(UTC).isoformat()}
+            await self._publisher.publish(subject, codec.encode(record), {Header.MSG_ID.value: f"{msg_id}-{start}"},
+                                          what=f"forget of {len(ids)} memories")
+
     async def remember_many(self, memories: Iterable[MemoryInput]) -> list[str]:
         """Store many memories pipelined (each acknowledged); returns their ids in order."""
         js = self._agent._store._js

@@ -7,8 +7,22 @@ prints their JSON Schema.
 
 from blackboard.schemas._base import Name, Timestamp, WireModel, utcnow, validate_wire
 from blackboard.schemas.entry import ENTRY_SCHEMA_VERSION, EntryEnvelope
-from blackboard.schemas.memory import MemoryKind, MemoryRecord
+from blackboard.schemas.memory import MemoryForget, MemoryKind, MemoryRecord
 from blackboard.schemas.message import MessageEnvelope, MessageKind
+from blackboard.schemas.search import (
+    AsOfRequest,
+    EntryHit,
+    EntryRevision,
+    EntrySearchRequest,
+    EntrySearchResponse,
+    ErrorReply,
+    HistoryRequest,
+    HistoryResponse,
+    MemoryHit,
+    MemorySearchRequest,
+    MemorySearchResponse,
+    SearchMode,
+)
 from blackboard.schemas.vote import (
     Ballot,
     BallotRejection,
@@ -26,13 +40,25 @@ from blackboard.schemas.vote import (
 
 __all__ = [
     "ENTRY_SCHEMA_VERSION",
+    "AsOfRequest",
     "Ballot",
     "BallotRejection",
     "Choice",
     "CountedBallot",
     "EntryEnvelope",
+    "EntryHit",
+    "EntryRevision",
+    "EntrySearchRequest",
+    "EntrySearchResponse",
+    "ErrorReply",
+    "HistoryRequest",
+    "HistoryResponse",
+    "MemoryForget",
+    "MemoryHit",
     "MemoryKind",
     "MemoryRecord",
+    "MemorySearchRequest",
+    "MemorySearchResponse",
     "MessageEnvelope",
     "MessageKind",
     "Name",
@@ -42,6 +68,7 @@ __all__ = [
     "PolicyKind",
     "Proposal",
     "RejectReason",
+    "SearchMode",
     "TallyCounts",
     "Timestamp",
     "WireModel",
@@ -57,9 +84,19 @@ def json_schemas() -> dict[str, object]:
     models: list[type[WireModel]] = [
         EntryEnvelope,
         MemoryRecord,
+        MemoryForget,
         MessageEnvelope,
         Proposal,
         Ballot,
         Outcome,
+        MemorySearchRequest,
+        MemorySearchResponse,
+        EntrySearchRequest,
+        EntrySearchResponse,
+        HistoryRequest,
+        HistoryResponse,
+        AsOfRequest,
+        EntryRevision,
+        ErrorReply,
     ]
     return {m.__name__: m.model_json_schema() for m in models}

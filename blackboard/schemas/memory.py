@@ -26,3 +26,18 @@ class MemoryRecord(WireModel):
     source: str | None = Field(None, description="Where it came from (file path, URL...).")
     read_only: bool = False
     created_at: Timestamp = Field(description="Writer's clock, RFC 3339 / ISO 8601 with a UTC offset.")
+
+
+class MemoryForget(WireModel):
+    """Forget long-term memories by id (published on the same ``bb.mem.<board>.<agent>`` subject).
+
+    Told apart from a :class:`MemoryRecord` by ``op``. The worker deletes the
+    memories (and their embeddings) that belong to ``board``.
+    """
+
+    v: Literal[1] = Field(1, description="Schema version.")
+    op: Literal["forget"] = Field("forget", description="Discriminator: always 'forget'.")
+    board: Name = Field(description="Scope of the memories.")
+    agent: Name = Field(description="Agent id of the writer.")
+    ids: list[str] = Field(min_length=1, description="Ids of the memories to forget.")
+    created_at: Timestamp = Field(description="Writer's clock.")
