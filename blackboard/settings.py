@@ -144,6 +144,13 @@ class SearchSettings(BaseModel):
     #: HNSW ef_search for semantic queries.
     ef_search: int = Field(100, ge=1)
     timeout: float = Field(10.0, gt=0)
+    #: Hybrid search fetches top_k * hybrid_depth candidates from each retriever
+    #: (at least hybrid_min_candidates) before fusing them.
+    hybrid_depth: int = Field(4, ge=1)
+    hybrid_min_candidates: int = Field(50, ge=1)
+    #: Reciprocal-rank-fusion weights of the two retrievers.
+    semantic_weight: float = Field(1.0, ge=0)
+    keyword_weight: float = Field(1.0, ge=0)
 
 
 class DevSettings(BaseModel):

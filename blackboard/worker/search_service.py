@@ -1,0 +1,153 @@
+"""The search micro service (``nats.micro``): discoverable with ``$SRV.PING|INFO|STATS``.
+
+Endpoints (subjects from :meth:`Subjects.search`), all in the queue group
+``blackboard-search`` so that every worker process shares the requests:
+
+=========== ======================= =========================
+endpoint    request                 reply
+=========== ======================= =========================
+memories    MemorySearchRequest     MemorySearchResponse
+entries     EntrySearchRequest      EntrySearchResponse
+history     HistoryRequest          HistoryResponse
+as_of       AsOfRequest             EntryRevision
+status      (empty)                 worker status (lag, embedding backlog)
+=========== ======================= =========================
+
+Requests are handled concurrently (up to the pool size); errors are replied
+with ``Bb-Error`` and an ``ErrorReply`` body.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from nats.aio.client import Client as NATS
+from nats.micro import add_service
+from nats.micro.request import Request
+from nats.micro.service import Service
+from psycopg_pool import AsyncConnectionPool
+from pydantic import BaseModel
+
+from blackboard import codec
+from blackboard.embeddings import EmbeddingProvider
+from blackboard.errors import BlackboardError, InvalidPayloadError, NotFoundError
+from blackboard.schemas import validate_wire
+from blackboard.schemas.search import (
+    AsOfRequest,
+    EntrySearchRequest,
+    ErrorReply,
+    HistoryRequest,
+    MemorySearchRequest,
+)
+from blackboard.search import SearchEngine
+from blackboard.settings import Settings
+from blackboard.subjects import SEARCH_SERVICE, Header, Subjects
+
+__all__ = ["SEARCH_VERSION", "SearchService", "error_reply"]
+
+log = logging.getLogger("blackboard.worker.search")
+
+SEARCH_VERSION = "1.0.0"
+_CODES = {"NotFoundError": "404", "InvalidPayloadError": "400", "InvalidKeyError": "400"}
+
+
+def error_reply(exc: BaseException, encoding: codec.Encoding) -> tuple[bytes, dict[str, str]]:
+    """Body and headers of the error reply for ``exc`` (pure)."""
+    name = type(exc).__name__ if isinstance(exc, BlackboardError) else "SearchError"
+    message = str(exc) if isinstance(exc, BlackboardError) else f"internal error: {exc!r}"
+    key = getattr(exc, "key", None)
+    body = codec.encode(ErrorReply(error=name, message=message,
+                                   key=key if isinstance(key, str) else None).model_dump(), encoding)
+    headers = {Header.ERROR.value: name, "Nats-Service-Error": message[:200],
+               "Nats-Service-Error-Code": _CODES.get(name, "500"), **codec.headers_for(encoding)}
+    return body, headers
+
+
+class SearchService:
+    """Serves :class:`SearchEngine` over NATS."""
+
+    def __init__(self, nc: NATS, pool: AsyncConnectionPool, settings: Settings, *,
+                 provider: EmbeddingProvider | None,
+                 status: Callable[[], Awaitable[dict[str, Any]]] | None = None) -> None:
+        self.engine = SearchEngine(pool, provider, settings.search)
+        self._nc = nc
+        self._status = status
+        self._service: Service | None = None
+        self._sem = asyncio.Semaphore(max(1, settings.postgres.pool_max - 1))
+        self._inflight: set[asyncio.Task[None]] = set()
+        self._flusher: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        """Register the service and its endpoints."""
+        svc = await add_service(self._nc, name=SEARCH_SERVICE, version=SEARCH_VERSION,
+                                description="blackboard search: memories, entries, history, as-of",
+                                queue_group=SEARCH_SERVICE)
+        routes: dict[str, tuple[type[BaseModel] | None, Callable[[Any], Awaitable[Any]]]] = {
+            "memories": (MemorySearchRequest, self.engine.search_memories),
+            "entries": (EntrySearchRequest, self.engine.search_entries),
+            "history": (HistoryRequest, self.engine.history),
+            "as_of": (AsOfRequest, self.engine.as_of),
+            "status": (None, self._get_status),
+        }
+        for name, (model, fn) in routes.items():
+            await svc.add_endpoint(name=name, subject=Subjects.search(name), handler=self._handler(model, fn))
+        self._service = svc
+        self._flusher = asyncio.create_task(self._flush_loop())
+
+    async def stop(self) -> None:
+        if self._flusher is not None:
+            self._flusher.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._flusher
+        if self._service is not None:
+            await self._service.stop()
+            self._service = None
+        if self._inflight:
+            await asyncio.gather(*self._inflight, return_exceptions=True)
+
+    async def _get_status(self, _: Any) -> dict[str, Any]:
+        return await self._status() if self._status else {}
+
+    def _handler(self, model: type[BaseModel] | None,
+                 fn: Callable[[Any], Awaitable[Any]]) -> Callable[[Request], Awaitable[None]]:
+        async def handle(request: Request) -> None:
+            # nats-py runs a subscription's callbacks one at a time: answer in a
+            # task so slow queries do not queue the fast ones behind them.
+            task = asyncio.create_task(self._answer(request, model, fn))
+            self._inflight.add(task)
+            task.add_done_callback(self._inflight.discard)
+
+        return handle
+
+    async def _answer(self, request: Request, model: type[BaseModel] | None,
+                      fn: Callable[[Any], Awaitable[Any]]) -> None:
+        encoding = codec.encoding_of(request.headers)
+        try:
+            async with self._sem:
+                req: Any = None
+                if model is not None:
+                    req = validate_wire(model, codec.decode(request.data, encoding))  # type: ignore[type-var]
+                result = await fn(req)
+            data = result.model_dump() if isinstance(result, BaseModel) else result
+            await request.respond(codec.encode(data, encoding), headers=codec.headers_for(encoding) or None)
+        except (InvalidPayloadError, NotFoundError, BlackboardError) as exc:
+            body, headers = error_reply(exc, encoding)
+            with contextlib.suppress(Exception):
+                await request.respond(body, headers=headers)
+        except Exception as exc:
+            log.exception("search request on %s failed", request.subject)
+            body, headers = error_reply(exc, encoding)
+            with contextlib.suppress(Exception):
+                await request.respond(body, headers=headers)
+
+    async def _flush_loop(self) -> None:
+        while True:
+            await asyncio.sleep(1.0)
+            try:
+                await self.engine.flush_touched()
+            except Exception as exc:
+                log.debug("cannot record last_accessed: %r", exc)

@@ -1,0 +1,226 @@
+"""The search service: every mode and filter returns the right items; history and as-of reads."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+import pytest
+import pytest_asyncio
+from nats.aio.client import Client as NATS
+
+from agents_sdk.search import SearchClient, raise_for_error
+from blackboard import codec
+from blackboard.connection import connect_nats
+from blackboard.errors import InvalidPayloadError, NotFoundError, SearchError
+from blackboard.schemas.search import ErrorReply
+from blackboard.search import rrf
+from blackboard.settings import Settings, WorkerSettings
+from blackboard.streams import ensure_streams
+from blackboard.subjects import Subjects
+from blackboard.worker import Worker
+from tests._worker_helpers import HashProvider, delete_entry, put_entry, remember
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+
+
+@dataclass
+class Corpus:
+    a: str
+    b: str
+    client: SearchClient
+    nc: NATS
+    seqs: dict[str, int]
+    t_before_update: datetime
+
+
+@pytest_asyncio.fixture(loop_scope="session", scope="module")
+async def corpus(nats_server: object, postgres_server: object) -> AsyncIterator[Corpus]:
+    from tests.conftest import make_settings
+
+    import uuid
+    tag = uuid.uuid4().hex[:10]
+    a, b = f"sa{tag}", f"sb{tag}"
+    base: Settings = make_settings(nats_server.url, postgres_server.dsn)  # type: ignore[attr-defined]
+    s = base.model_copy(update={"worker": WorkerSettings(name=f"search{tag}", batch_wait=0.02)})
+    nc = await connect_nats(s.nats, name="test-search")
+    js = nc.jetstream()
+    await ensure_streams(js, s)
+    subj = Subjects(s.board.bucket)
+    seqs: dict[str, int] = {}
+    seqs["m1"] = await remember(js, a, "alice", f"{a}-m1",
+                                "the deploy to production failed because the database migration timed out",
+                                kind="episodic", tags=["ops", "incident"], metadata={"service": "api", "env": "prod"})
+    seqs["m2"] = await remember(js, a, "bob", f"{a}-m2", "always run database migrations before deploying the api",
+                                kind="procedural", tags=["ops"], metadata={"service": "api"})
+    seqs["m3"] = await remember(js, a, "carol", f"{a}-m3", "the cafeteria serves pizza on fridays",
+                                kind="semantic", tags=["food"])
+    seqs["m4"] = await remember(js, b, "alice", f"{b}-m4", "database backups run nightly at two",
+                                kind="knowledge", tags=["ops", "backup"], metadata={"env": "prod"})
+    for i in range(300):  # many close matches, so that a selective filter defeats a plain ANN scan
+        await remember(js, a, "filler", f"{a}-f{i}", f"database migration deploy note {i}", kind="episodic")
+    seqs["needle"] = await remember(js, a, "dora", f"{a}-needle", "a remark on schema changes", tags=["needle"])
+    seqs["plan1"] = await put_entry(js, subj, a, "notes", "plan", {"title": "migrate the database"}, author="bob")
+    seqs["lunch"] = await put_entry(js, subj, a, "notes", "lunch", "pizza friday", author="carol", tags=["food"])
+    seqs["db"] = await put_entry(js, subj, a, "facts", "db", "postgres eighteen with pgvector", author="bob",
+                                 metadata={"verified": True})
+    seqs["gone"] = await put_entry(js, subj, a, "facts", "gone", "database to be deleted", author="bob")
+    seqs["gone_del"] = await delete_entry(js, subj, a, "facts", "gone")
+    provider = HashProvider()
+    async with Worker(s, provider=provider) as w:
+        await w.wait_caught_up(60, embedded=True)
+        t_before = datetime.now(UTC)
+        seqs["plan2"] = await put_entry(js, subj, a, "notes", "plan", {"title": "migrate the database twice"},
+                                        author="bob")
+        await w.wait_caught_up(60, embedded=True)
+        yield Corpus(a, b, SearchClient(nc, s), nc, seqs, t_before)
+    await nc.close()
+
+
+def test_rrf_fuses_and_normalises() -> None:
+    fused = rrf({"semantic": [(1, 0.9), (2, 0.8)], "keyword": [(2, 3.0), (3, 1.0)]})
+    assert [f.item for f in fused] == [2, 1, 3]
+    assert fused[0].parts == {"semantic": 0.8, "keyword": 3.0}
+    top = rrf({"semantic": [(7, 1.0)], "keyword": [(7, 1.0)]})
+    assert top[0].score == pytest.approx(1.0)
+
+
+async def test_keyword_mode_matches_words(corpus: Corpus) -> None:
+    hits = await corpus.client.recall("pizza", board=corpus.a, mode="keyword")
+    assert [h.id for h in hits] == [f"{corpus.a}-m3"]
+    assert hits[0].score > 0 and hits[0].revision == corpus.seqs["m3"] and hits[0].agent == "carol"
+
+
+async def test_semantic_mode_ranks_by_meaning(corpus: Corpus) -> None:
+    hits = await corpus.client.recall("cafeteria pizza fridays", board=corpus.a, mode="semantic", top_k=3)
+    assert hits[0].id == f"{corpus.a}-m3"
+    assert hits[0].score > hits[1].score >= hits[2].score
+
+
+async def test_hybrid_mode_fuses_both(corpus: Corpus) -> None:
+    hits = await corpus.client.recall("why did the production deploy fail", boards=[corpus.a], top_k=5)
+    assert hits[0].id == f"{corpus.a}-m1"
+    assert set(hits[0].scores) == {"semantic", "keyword"} and 0 < hits[0].score <= 1.0
+
+
+async def test_filters_board_kind_author_tags_metadata(corpus: Corpus) -> None:
+    c, a, b = corpus.client, corpus.a, corpus.b
+    ids = lambda hits: {h.id for h in hits}  # noqa: E731
+    assert ids(await c.recall("database", boards=[a, b], tags_any=["backup"])) == {f"{b}-m4"}
+    assert ids(await c.recall("database", board=b)) == {f"{b}-m4"}
+    assert ids(await c.recall("database", boards=[a, b], kind="procedural")) == {f"{a}-m2"}
+    assert ids(await c.recall("database", boards=[a, b], kinds=["procedural", "knowledge"])) == {f"{a}-m2", f"{b}-m4"}
+    assert ids(await c.recall("database", boards=[a, b], author="alice")) == {f"{a}-m1", f"{b}-m4"}
+    assert ids(await c.recall("database", boards=[a, b], tags_all=["ops", "incident"])) == {f"{a}-m1"}
+    assert ids(await c.recall("database", boards=[a, b], tags_any=["incident", "backup"])) == {f"{a}-m1", f"{b}-m4"}
+    assert ids(await c.recall("database", boards=[a, b], metadata={"env": "prod"})) == {f"{a}-m1", f"{b}-m4"}
+    assert ids(await c.recall("database", boards=[a, b], metadata={"service": "api", "env": "prod"})) == {f"{a}-m1"}
+    for mode in ("semantic", "keyword"):
+        assert ids(await c.recall("database", board=b, mode=mode)) == {f"{b}-m4"}
+
+
+async def test_time_range_filter(corpus: Corpus) -> None:
+    future = datetime.now(UTC) + timedelta(days=1)
+    assert await corpus.client.recall("database", board=corpus.a, since=future) == []
+    hits = await corpus.client.recall("database", board=corpus.b, until=future,
+                                      since=datetime.now(UTC) - timedelta(hours=1))
+    assert [h.id for h in hits] == [f"{corpus.b}-m4"]
+
+
+async def test_top_k_and_min_score(corpus: Corpus) -> None:
+    hits = await corpus.client.recall("database migration deploy", board=corpus.a, top_k=7, mode="semantic")
+    assert len(hits) == 7
+    strict = await corpus.client.recall("database migration deploy", board=corpus.a, mode="semantic",
+                                        min_score=0.99, top_k=50)
+    assert strict and all(h.score >= 0.99 for h in strict) and len(strict) < 50
+
+
+async def test_selective_filter_still_finds_the_item(corpus: Corpus) -> None:
+    # 300 memories are closer to the query than the needle; only the filter finds it.
+    for mode in ("semantic", "hybrid"):
+        hits = await corpus.client.recall("database migration deploy", board=corpus.a, tags_all=["needle"],
+                                          mode=mode)
+        assert [h.id for h in hits] == [f"{corpus.a}-needle"]
+    hits = await corpus.client.recall("database migration deploy", board=corpus.a, author="dora",
+                                      mode="semantic", top_k=3)
+    assert [h.id for h in hits] == [f"{corpus.a}-needle"]
+
+
+async def test_entry_search_current_values_sections_and_no_deleted(corpus: Corpus) -> None:
+    c, a = corpus.client, corpus.a
+    hits = await c.search_entries("database", board=a, top_k=10)
+    keys = {(h.section, h.key) for h in hits}
+    assert ("notes", "plan") in keys and ("facts", "gone") not in keys
+    plan = next(h for h in hits if h.key == "plan")
+    assert plan.value == {"title": "migrate the database twice"} and plan.revision == corpus.seqs["plan2"]
+    assert {h.key for h in await c.search_entries("pizza", board=a, section="notes", mode="keyword")} == {"lunch"}
+    assert {h.key for h in await c.search_entries("pgvector postgres", board=a, section="facts",
+                                                  metadata={"verified": True})} == {"db"}
+    assert await c.search_entries("pizza", board=a, section="facts", mode="keyword") == []
+    assert {h.key for h in await c.search_entries("pizza", board=a, tags_any=["food"])} == {"lunch"}
+    assert {h.key for h in await c.search_entries("database", board=a, author="carol")} <= {"lunch"}
+
+
+async def test_history_and_as_of(corpus: Corpus) -> None:
+    c, a, s = corpus.client, corpus.a, corpus.seqs
+    revs = await c.history(a, "notes", "plan")
+    assert [r.revision for r in revs] == [s["plan1"], s["plan2"]]
+    assert revs[0].value == {"title": "migrate the database"} and revs[1].author == "bob"
+    assert [r.revision for r in await c.history(a, "notes", "plan", limit=1)] == [s["plan2"]]
+    assert (await c.as_of(a, "notes", "plan", revision=s["plan2"] - 1)).revision == s["plan1"]
+    assert (await c.as_of(a, "notes", "plan", revision=s["plan2"])).value == {"title": "migrate the database twice"}
+    assert (await c.as_of(a, "notes", "plan", at=corpus.t_before_update)).revision == s["plan1"]
+    gone = await c.history(a, "facts", "gone")
+    assert [r.op for r in gone] == ["PUT", "DEL"]
+    assert (await c.as_of(a, "facts", "gone", revision=s["gone"])).value == "database to be deleted"
+    with pytest.raises(NotFoundError):
+        await c.as_of(a, "facts", "gone", revision=s["gone_del"])
+    with pytest.raises(NotFoundError):
+        await c.as_of(a, "notes", "plan", revision=s["plan1"] - 1)
+    with pytest.raises(NotFoundError):
+        await c.history(a, "notes", "never-written")
+    with pytest.raises(InvalidPayloadError):
+        await c.as_of(a, "notes", "plan")
+
+
+async def test_invalid_request_gets_a_typed_error_reply(corpus: Corpus) -> None:
+    msg = await corpus.nc.request(Subjects.search("memories"), codec.encode({"v": 1, "query": ""}), timeout=5)
+    assert msg.headers is not None and msg.headers["Bb-Error"] == "InvalidPayloadError"
+    with pytest.raises(InvalidPayloadError):
+        raise_for_error(msg.headers, msg.data)
+    # JSON clients get JSON back
+    msg = await corpus.nc.request(Subjects.search("history"), json.dumps(
+        {"board": corpus.a, "section": "notes", "key": "nope"}).encode(), headers={"Bb-Encoding": "json"}, timeout=5)
+    assert msg.headers is not None and msg.headers["Bb-Error"] == "NotFoundError"
+    assert ErrorReply.model_validate_json(msg.data).error == "NotFoundError"
+
+
+def test_raise_for_error_maps_classes() -> None:
+    body = codec.encode(ErrorReply(error="SearchError", message="boom").model_dump())
+    with pytest.raises(SearchError, match="boom"):
+        raise_for_error({"Bb-Error": "SearchError"}, body)
+    raise_for_error({}, b"")
+
+
+async def test_service_is_discoverable_and_reports_status(corpus: Corpus) -> None:
+    msg = await corpus.nc.request("$SRV.INFO.blackboard-search", b"", timeout=5)
+    info = json.loads(msg.data)
+    assert info["name"] == "blackboard-search"
+    assert {e["name"] for e in info["endpoints"]} >= {"memories", "entries", "history", "as_of", "status"}
+    status = await corpus.client.status()
+    assert "lag" in status and status["embedding"]["model"] == "test-hash"
+
+
+async def test_no_service_raises_search_error(nats_factory: object) -> None:
+    from tests.conftest import make_settings
+
+    server = nats_factory()  # type: ignore[operator]
+    s = make_settings(server.url)
+    nc = await connect_nats(s.nats, name="nosvc")
+    try:
+        with pytest.raises(SearchError, match="not running"):
+            await SearchClient(nc, s).recall("anything")
+    finally:
+        await nc.close()
