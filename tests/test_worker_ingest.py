@@ -22,7 +22,14 @@ from blackboard.subjects import Subjects
 from blackboard.worker import Worker
 from blackboard.worker.decode import EntryRow
 from blackboard.worker.handlers import write_entries
-from tests._worker_helpers import HashProvider, delete_entry, entry_payload, put_entry, remember
+from tests._worker_helpers import (
+    HashProvider,
+    delete_entry,
+    entry_payload,
+    memory_payload,
+    put_entry,
+    remember,
+)
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -101,6 +108,34 @@ async def test_memory_with_same_id_is_replaced_forward_only(pg_settings: Setting
     async with Worker(s, provider=HashProvider(), serve_search=False) as w:
         await w.wait_caught_up(30)
     assert _rows(s, "SELECT text FROM bb_memories WHERE id = %s", f"{unique}-m") == [("second version",)]
+
+
+async def test_forget_deletes_memories_and_keeps_them_deleted(pg_settings: Settings, nc: NATS,
+                                                              unique: str) -> None:
+    s = _worker_settings(pg_settings, unique)
+    js = nc.jetstream()
+    old = memory_payload(f"{unique}-a", unique, "alice", "an old copy")
+    await remember(js, unique, "alice", f"{unique}-a", "forget me")
+    await remember(js, unique, "alice", f"{unique}-b", "keep me")
+    forget = codec.encode({"v": 1, "op": "forget", "board": unique, "agent": "alice", "ids": [f"{unique}-a"],
+                           "created_at": datetime.now(UTC)})
+    await js.publish(Subjects.memory(unique, "alice"), forget)
+    async with Worker(s, provider=HashProvider(), serve_search=False) as w:
+        await w.wait_caught_up(30, embedded=True)
+        assert w.embedder is not None and w.embedder.space is not None
+        table = w.embedder.space.table_name("memory")
+        assert _rows(s, "SELECT id FROM bb_memories WHERE board = %s", unique) == [(f"{unique}-b",)]
+        # An older copy delivered late (a smaller stream sequence) stays forgotten.
+        from blackboard.worker.decode import RawMessage, decode_memory
+        from blackboard.worker.handlers import write_memories
+        late = decode_memory(RawMessage("BB_MEMORY", 1, Subjects.memory(unique, "alice"), {}, old,
+                                        datetime.now(UTC)), max_bytes=10**6, index_chars=10**5)
+        assert w.pool is not None
+        async with w.pool.connection() as conn, conn.transaction():
+            await write_memories(conn, [late])
+    assert _rows(s, "SELECT id FROM bb_memories WHERE board = %s", unique) == [(f"{unique}-b",)]
+    assert len(_rows(s, f"SELECT 1 FROM {table} v JOIN bb_memories m ON m.mid = v.item WHERE m.board = %s",
+                     unique)) == 1
 
 
 async def test_garbage_goes_to_dead_letters_and_worker_keeps_going(pg_settings: Settings, nc: NATS,

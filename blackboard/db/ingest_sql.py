@@ -14,12 +14,16 @@ __all__ = [
     "COPY_MEMORIES",
     "CREATE_STAGE_ENTRIES",
     "CREATE_STAGE_MEMORIES",
+    "DELETE_FORGOTTEN",
     "INSERT_DEAD_LETTER",
     "MOVE_ENTRIES_CURRENT",
     "MOVE_ENTRY_REVISIONS",
     "MOVE_MEMORIES",
+    "SPACES",
     "TRUNCATE_STAGE_ENTRIES",
     "TRUNCATE_STAGE_MEMORIES",
+    "UNQUEUE_MEMORIES",
+    "UPSERT_FORGET",
 ]
 
 ENTRY_COLUMNS = ("stream", "seq", "board", "section", "key", "op", "value", "value_raw", "content_type",
@@ -81,9 +85,11 @@ COPY_MEMORIES = f"COPY bb_stage_memories ({', '.join(MEMORY_COLUMNS)}) FROM STDI
 
 MOVE_MEMORIES = """
 WITH latest AS (
-    SELECT DISTINCT ON (id) *
-    FROM bb_stage_memories
-    ORDER BY id, seq DESC
+    SELECT DISTINCT ON (s.id) s.*
+    FROM bb_stage_memories s
+    WHERE NOT EXISTS (SELECT 1 FROM bb_memory_forgets f
+                      WHERE f.id = s.id AND f.board = s.board AND f.seq > s.seq)
+    ORDER BY s.id, s.seq DESC
 ), up AS (
     INSERT INTO bb_memories AS m (id, board, agent, kind, text, tags, metadata, importance, source,
                                   read_only, created_at, updated_at, stream, seq, search_text)
@@ -102,6 +108,21 @@ WITH latest AS (
 INSERT INTO bb_embed_queue (item_type, item)
 SELECT 'memory', mid FROM up
 ON CONFLICT (item_type, item) DO UPDATE SET enqueued_at = clock_timestamp(), lease_until = NULL"""
+
+#: Record forget tombstones: (id, board, stream, seq) rows.
+UPSERT_FORGET = """
+INSERT INTO bb_memory_forgets AS f (id, board, stream, seq) VALUES (%s, %s, %s, %s)
+ON CONFLICT (id, board) DO UPDATE SET stream = EXCLUDED.stream, seq = EXCLUDED.seq
+WHERE f.seq < EXCLUDED.seq"""
+
+#: Delete memories forgotten by a tombstone newer than the stored version.
+DELETE_FORGOTTEN = """
+DELETE FROM bb_memories m USING bb_memory_forgets f
+WHERE f.id = m.id AND f.board = m.board AND f.seq > m.seq AND m.id = ANY(%s)
+RETURNING m.mid"""
+
+SPACES = "SELECT id, model, dims FROM bb_embedding_spaces"
+UNQUEUE_MEMORIES = "DELETE FROM bb_embed_queue WHERE item_type = 'memory' AND item = ANY(%s)"
 
 INSERT_DEAD_LETTER = """
 INSERT INTO bb_dead_letters (stream, seq, subject, reason, data, headers)

@@ -17,12 +17,13 @@ from typing import Any
 
 from blackboard import codec
 from blackboard.errors import InvalidKeyError, InvalidPayloadError
-from blackboard.schemas import EntryEnvelope, MemoryRecord, validate_wire
+from blackboard.schemas import EntryEnvelope, MemoryForget, MemoryRecord, validate_wire
 from blackboard.subjects import Header, Subjects, validate_name
 
 __all__ = [
     "DeadLetter",
     "EntryRow",
+    "ForgetRow",
     "MemoryRow",
     "RawMessage",
     "decode_entry",
@@ -104,6 +105,16 @@ class MemoryRow:
     read_only: bool
     created_at: datetime
     search_text: str
+
+
+@dataclass(frozen=True, slots=True)
+class ForgetRow:
+    """A request to forget memories of a board by id (a memory-stream message)."""
+
+    stream: str
+    seq: int
+    board: str
+    ids: list[str]
 
 
 def _text_ok(s: str) -> bool:
@@ -236,7 +247,7 @@ def decode_entry(msg: RawMessage, subjects: Subjects, *, max_bytes: int, index_c
                     msg.timestamp, text)
 
 
-def decode_memory(msg: RawMessage, *, max_bytes: int, index_chars: int) -> MemoryRow:
+def decode_memory(msg: RawMessage, *, max_bytes: int, index_chars: int) -> MemoryRow | ForgetRow:
     """Decode one memory-stream message.
 
     The board and agent of the record must match its subject
@@ -248,7 +259,16 @@ def decode_memory(msg: RawMessage, *, max_bytes: int, index_chars: int) -> Memor
     tokens = msg.subject.split(".")
     if len(tokens) != 4 or tokens[:2] != ["bb", "mem"]:
         raise InvalidPayloadError(f"bad memory subject {msg.subject!r}")
-    rec = validate_wire(MemoryRecord, _payload(msg, max_bytes))
+    data = _payload(msg, max_bytes)
+    if isinstance(data, dict) and data.get("op") == "forget":
+        forget = validate_wire(MemoryForget, data)
+        if forget.board != tokens[2] or forget.agent != tokens[3]:
+            raise InvalidPayloadError(
+                f"forget board/agent {forget.board!r}/{forget.agent!r} do not match subject {msg.subject!r}")
+        for mid in forget.ids:
+            _check_text(mid, "an id")
+        return ForgetRow(msg.stream, msg.seq, forget.board, list(forget.ids))
+    rec = validate_wire(MemoryRecord, data)
     if rec.board != tokens[2] or rec.agent != tokens[3]:
         raise InvalidPayloadError(
             f"record board/agent {rec.board!r}/{rec.agent!r} do not match subject {msg.subject!r}")

@@ -14,12 +14,21 @@ from dataclasses import dataclass
 from typing import Any
 
 import psycopg
+from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from blackboard.db import ingest_sql as q
+from blackboard.db.spaces import Space
 from blackboard.settings import Settings
 from blackboard.subjects import MEMORY_STREAM, Subjects
-from blackboard.worker.decode import EntryRow, MemoryRow, RawMessage, decode_entry, decode_memory
+from blackboard.worker.decode import (
+    EntryRow,
+    ForgetRow,
+    MemoryRow,
+    RawMessage,
+    decode_entry,
+    decode_memory,
+)
 
 __all__ = ["Conn", "StreamHandler", "default_handlers", "write_entries", "write_memories"]
 
@@ -62,8 +71,36 @@ async def write_entries(conn: Conn, rows: Sequence[EntryRow]) -> None:
     await conn.execute(q.MOVE_ENTRIES_CURRENT)
 
 
-async def write_memories(conn: Conn, rows: Sequence[MemoryRow]) -> None:
-    """Store (or replace, by id, forward only) memories and queue their embeddings."""
+async def write_memories(conn: Conn, rows: Sequence[MemoryRow | ForgetRow]) -> None:
+    """Store (or replace, by id, forward only) memories and queue their embeddings; apply forgets.
+
+    A forget deletes the stored versions older than itself and leaves a
+    tombstone, so an older copy arriving later is not stored again.
+    """
+    forgets = [r for r in rows if isinstance(r, ForgetRow)]
+    if forgets:
+        async with conn.cursor() as cur:
+            await cur.executemany(q.UPSERT_FORGET, [(i, f.board, f.stream, f.seq) for f in forgets for i in f.ids])
+    memories = [r for r in rows if isinstance(r, MemoryRow)]
+    if memories:
+        await _write_memory_rows(conn, memories)
+    if forgets:
+        ids = sorted({i for f in forgets for i in f.ids})
+        cur = await conn.execute(q.DELETE_FORGOTTEN, (ids,))
+        mids = [int(r[0]) for r in await cur.fetchall()]
+        if mids:
+            await _delete_vectors(conn, mids)
+
+
+async def _delete_vectors(conn: Conn, mids: list[int]) -> None:
+    cur = await conn.execute(q.SPACES)
+    for sid, model, dims in await cur.fetchall():
+        space = Space(int(sid), str(model), int(dims))
+        await conn.execute(sql.SQL("DELETE FROM {} WHERE item = ANY(%s)").format(space.table("memory")), (mids,))
+    await conn.execute(q.UNQUEUE_MEMORIES, (mids,))
+
+
+async def _write_memory_rows(conn: Conn, rows: Sequence[MemoryRow]) -> None:
     await conn.execute(q.CREATE_STAGE_MEMORIES)
     await conn.execute(q.TRUNCATE_STAGE_MEMORIES)
     async with conn.cursor() as cur, cur.copy(q.COPY_MEMORIES) as copy:
@@ -84,7 +121,7 @@ def default_handlers(settings: Settings) -> list[StreamHandler]:
     def entry(msg: RawMessage) -> EntryRow:
         return decode_entry(msg, subjects, max_bytes=max_bytes, index_chars=chars)
 
-    def memory(msg: RawMessage) -> MemoryRow:
+    def memory(msg: RawMessage) -> MemoryRow | ForgetRow:
         return decode_memory(msg, max_bytes=max_bytes, index_chars=chars)
 
     return [
