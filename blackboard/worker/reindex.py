@@ -1,0 +1,143 @@
+"""``blackboard reindex``: embed everything again with the configured model and dimension.
+
+The new vectors go into fresh tables (``<space table>_new``) without an index,
+written with binary COPY in big batches (bound by the model, not by HNSW
+inserts); the HNSW index is then built once over the full table (with a large
+``maintenance_work_mem``), and the new tables replace the space's tables in
+one transaction. Searches keep using the old tables (or find none, for a new
+model) until the swap. Items stored while reindexing are queued as usual and
+embedded by the workers after the swap.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+from psycopg import sql
+
+from blackboard.db import migrate
+from blackboard.db.pool import connect
+from blackboard.db.spaces import (
+    ItemType,
+    Space,
+    create_space_tables,
+    drop_space_tables,
+    ensure_space,
+    hnsw_index,
+)
+from blackboard.embeddings import EmbeddingProvider
+from blackboard.settings import Settings
+from blackboard.worker.embedder import MAX_EMBED_CHARS, load_provider, memory_embed_text
+
+__all__ = ["reindex"]
+
+log = logging.getLogger("blackboard.reindex")
+
+_SELECT = {
+    "memory": "SELECT mid, seq, text, metadata FROM bb_memories WHERE mid > %s ORDER BY mid LIMIT %s",
+    "entry": ("SELECT eid, revision, search_text, NULL FROM bb_entries WHERE eid > %s AND NOT deleted "
+              "AND search_text <> '' ORDER BY eid LIMIT %s"),
+}
+_COUNT = {"memory": "SELECT count(*) FROM bb_memories",
+          "entry": "SELECT count(*) FROM bb_entries WHERE NOT deleted AND search_text <> ''"}
+_NEW = "_new"
+
+
+def _progress_bar(total: int, enabled: bool) -> Callable[[int], None]:
+    if not enabled:
+        return lambda n: None
+    try:
+        from tqdm import tqdm
+
+        bar = tqdm(total=total, unit="item", desc="reindex", file=sys.stderr)
+        return lambda n: bar.update(n)
+    except ImportError:  # pragma: no cover
+        done = [0]
+
+        def step(n: int) -> None:
+            done[0] += n
+            print(f"\rreindex: {done[0]}/{total}", end="", file=sys.stderr, flush=True)
+
+        return step
+
+
+async def reindex(settings: Settings, *, progress: bool = True, provider: EmbeddingProvider | None = None,
+                  batch_size: int = 256) -> dict[str, Any]:
+    """Re-embed every memory and entry into the space of the configured model.
+
+    Returns:
+        Counts and timings: ``{"space", "model", "dims", "memories", "entries", "seconds", ...}``.
+
+    Raises:
+        StorageError: PostgreSQL unreachable. EmbeddingError: the model failed.
+    """
+    await migrate(settings)
+    owned = provider is None
+    prov = provider or load_provider(settings)
+    conn = await connect(settings.postgres, autocommit=True, name="blackboard-reindex")
+    t0 = time.perf_counter()
+    stats: dict[str, Any] = {}
+    try:
+        space = await ensure_space(conn, prov.model, prov.dimensions)
+        async with conn.transaction():
+            await drop_space_tables(conn, space, suffix=_NEW)
+            await create_space_tables(conn, space, suffix=_NEW, index=False)
+        totals = {t: int(((await (await conn.execute(_COUNT[t])).fetchone()) or (0,))[0])
+                  for t in ("memory", "entry")}
+        step = _progress_bar(sum(totals.values()), progress)
+        model_s = 0.0
+        for item_type in ("memory", "entry"):
+            last, n = 0, 0
+            while True:
+                rows = await (await conn.execute(_SELECT[item_type], (last, batch_size))).fetchall()
+                if not rows:
+                    break
+                texts = [memory_embed_text(r[2], r[3]) if item_type == "memory" else str(r[2])[:MAX_EMBED_CHARS]
+                         for r in rows]
+                t1 = time.perf_counter()
+                vectors = await prov.embed(texts)
+                model_s += time.perf_counter() - t1
+                await _copy(conn, space, item_type, [(int(r[0]), int(r[1])) for r in rows], vectors)
+                last = int(rows[-1][0])
+                n += len(rows)
+                step(len(rows))
+            stats["memories" if item_type == "memory" else "entries"] = n
+        t_index = time.perf_counter()
+        await conn.execute("SET maintenance_work_mem = '1GB'")
+        for item_type in ("memory", "entry"):
+            await conn.execute(hnsw_index(space, item_type, _NEW))
+        stats["index_seconds"] = time.perf_counter() - t_index
+        async with conn.transaction():
+            await drop_space_tables(conn, space)
+            for item_type in ("memory", "entry"):
+                await _rename(conn, space, item_type)
+        stats.update(space=space.id, model=space.model, dims=space.dims, model_seconds=model_s,
+                     seconds=time.perf_counter() - t0)
+        log.info("reindex done: %s", stats)
+        return stats
+    finally:
+        await conn.close()
+        if owned:
+            await prov.aclose()
+
+
+async def _copy(conn: Any, space: Space, item_type: ItemType, ids: list[tuple[int, int]], vectors: Any) -> None:
+    async with conn.cursor() as cur, cur.copy(
+            sql.SQL("COPY {} (item, revision, embedding) FROM STDIN WITH (FORMAT BINARY)").format(
+                space.table(item_type, _NEW))) as copy:
+        copy.set_types(["int8", "int8", "vector"])
+        for (item, rev), vec in zip(ids, vectors, strict=True):
+            await copy.write_row((item, rev, vec))
+
+
+async def _rename(conn: Any, space: Space, item_type: ItemType) -> None:
+    new, final = space.table_name(item_type, _NEW), space.table_name(item_type)
+    await conn.execute(sql.SQL("ALTER TABLE {} RENAME TO {}").format(sql.Identifier(new), sql.Identifier(final)))
+    await conn.execute(sql.SQL("ALTER INDEX {} RENAME TO {}").format(
+        sql.Identifier(f"{new}_hnsw"), sql.Identifier(f"{final}_hnsw")))
+    await conn.execute(sql.SQL("ALTER INDEX {} RENAME TO {}").format(
+        sql.Identifier(f"{new}_pkey"), sql.Identifier(f"{final}_pkey")))
