@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 import psycopg
 from pgvector.psycopg import register_vector_async
@@ -67,7 +68,7 @@ async def open_pool(settings: PostgresSettings, *, name: str = "blackboard",
 
 
 async def connect(settings: PostgresSettings, *, autocommit: bool = True,
-                  name: str = "blackboard") -> psycopg.AsyncConnection[tuple[object, ...]]:
+                  name: str = "blackboard") -> psycopg.AsyncConnection[tuple[Any, ...]]:
     """One connection outside the pool (migrations, reindex).
 
     Raises:

@@ -37,14 +37,15 @@ __all__ = ["reindex"]
 
 log = logging.getLogger("blackboard.reindex")
 
-_SELECT = {
+_SELECT: dict[str, str] = {
     "memory": "SELECT mid, seq, text, metadata FROM bb_memories WHERE mid > %s ORDER BY mid LIMIT %s",
     "entry": ("SELECT eid, revision, search_text, NULL FROM bb_entries WHERE eid > %s AND NOT deleted "
               "AND search_text <> '' ORDER BY eid LIMIT %s"),
 }
-_COUNT = {"memory": "SELECT count(*) FROM bb_memories",
+_COUNT: dict[str, str] = {"memory": "SELECT count(*) FROM bb_memories",
           "entry": "SELECT count(*) FROM bb_entries WHERE NOT deleted AND search_text <> ''"}
 _NEW = "_new"
+_TYPES: tuple[ItemType, ...] = ("memory", "entry")
 
 
 def _progress_bar(total: int, enabled: bool) -> Callable[[int], None]:
@@ -87,10 +88,10 @@ async def reindex(settings: Settings, *, progress: bool = True, provider: Embedd
             await drop_space_tables(conn, space, suffix=_NEW)
             await create_space_tables(conn, space, suffix=_NEW, index=False)
         totals = {t: int(((await (await conn.execute(_COUNT[t])).fetchone()) or (0,))[0])
-                  for t in ("memory", "entry")}
+                  for t in _TYPES}
         step = _progress_bar(sum(totals.values()), progress)
         model_s = 0.0
-        for item_type in ("memory", "entry"):
+        for item_type in _TYPES:
             last, n = 0, 0
             while True:
                 rows = await (await conn.execute(_SELECT[item_type], (last, batch_size))).fetchall()
@@ -108,12 +109,12 @@ async def reindex(settings: Settings, *, progress: bool = True, provider: Embedd
             stats["memories" if item_type == "memory" else "entries"] = n
         t_index = time.perf_counter()
         await conn.execute("SET maintenance_work_mem = '1GB'")
-        for item_type in ("memory", "entry"):
+        for item_type in _TYPES:
             await conn.execute(hnsw_index(space, item_type, _NEW))
         stats["index_seconds"] = time.perf_counter() - t_index
         async with conn.transaction():
             await drop_space_tables(conn, space)
-            for item_type in ("memory", "entry"):
+            for item_type in _TYPES:
                 await _rename(conn, space, item_type)
         stats.update(space=space.id, model=space.model, dims=space.dims, model_seconds=model_s,
                      seconds=time.perf_counter() - t0)
