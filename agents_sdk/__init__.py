@@ -2,6 +2,9 @@
 
 from agents_sdk.agent import Agent
 from agents_sdk.board import Board, BoardPipeline
+from agents_sdk.longterm import MemoryInput
+from agents_sdk.objects import ObjectRef, ObjectStore
+from agents_sdk.view import View
 from blackboard.entries import Change, Entry, Operation
 from blackboard.errors import (
     BlackboardError,
@@ -26,12 +29,16 @@ __all__ = [
     "Entry",
     "InvalidKeyError",
     "InvalidPayloadError",
+    "MemoryInput",
     "NotConnectedError",
     "NotFoundError",
+    "ObjectRef",
+    "ObjectStore",
     "Operation",
     "OperationTimeoutError",
     "PayloadTooLargeError",
     "Settings",
+    "View",
     "Watch",
     "WriteOp",
 ]
