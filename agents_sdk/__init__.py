@@ -2,19 +2,27 @@
 
 from agents_sdk.agent import Agent
 from agents_sdk.board import Board, BoardPipeline
+from agents_sdk.inbox import Inbox, Message
 from agents_sdk.longterm import MemoryInput
+from agents_sdk.messaging import Handler, Messenger, Sent, Subscriptions
 from agents_sdk.objects import ObjectRef, ObjectStore
 from agents_sdk.view import View
 from blackboard.entries import Change, Entry, Operation
 from blackboard.errors import (
     BlackboardError,
     ConflictError,
+    InboxBusyError,
     InvalidKeyError,
     InvalidPayloadError,
+    MessagingError,
+    NoHandlerError,
+    NoResponderError,
     NotConnectedError,
     NotFoundError,
     OperationTimeoutError,
     PayloadTooLargeError,
+    RemoteError,
+    RequestTimeoutError,
 )
 from blackboard.kv import Watch, WriteOp
 from blackboard.settings import Settings
@@ -27,9 +35,17 @@ __all__ = [
     "Change",
     "ConflictError",
     "Entry",
+    "Handler",
+    "Inbox",
+    "InboxBusyError",
     "InvalidKeyError",
     "InvalidPayloadError",
     "MemoryInput",
+    "Message",
+    "MessagingError",
+    "Messenger",
+    "NoHandlerError",
+    "NoResponderError",
     "NotConnectedError",
     "NotFoundError",
     "ObjectRef",
@@ -37,7 +53,11 @@ __all__ = [
     "Operation",
     "OperationTimeoutError",
     "PayloadTooLargeError",
+    "RemoteError",
+    "RequestTimeoutError",
+    "Sent",
     "Settings",
+    "Subscriptions",
     "View",
     "Watch",
     "WriteOp",

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Generator, Iterable, Mapping, Sequence
+from collections.abc import Collection, Generator, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from nats.aio.client import Client as NATS
 
 from agents_sdk.board import Board
+from agents_sdk.inbox import Inbox
 from agents_sdk.longterm import LongTermMemory, MemoryInput
+from agents_sdk.messaging import Handler, Messenger, Sent, Subscriptions
 from agents_sdk.objects import ObjectStore
+from blackboard import codec
 from blackboard.connection import connect_nats
 from blackboard.kv import BoardStore
 from blackboard.schemas.memory import MemoryKind
@@ -41,6 +44,7 @@ class Agent:
         self._boards: dict[str, Board] = {}
         self._views: dict[str, list[View]] = {}
         self._longterm: LongTermMemory | None = None
+        self._messenger: Messenger | None = None
         #: Large binaries (JetStream object store).
         self.objects = ObjectStore(self._store._js, settings.board.objects_bucket)
 
@@ -106,6 +110,69 @@ class Agent:
         """Store many memories pipelined; returns their ids once all are acknowledged."""
         return await self.longterm.remember_many(memories)
 
+    # ------------------------------------------------------------ messages
+    @property
+    def messaging(self) -> Messenger:
+        """This agent's messaging (see :mod:`agents_sdk.messaging`); the methods below delegate to it."""
+        if self._messenger is None:
+            self._messenger = Messenger(self.id, self.nc, self.settings)
+        return self._messenger
+
+    async def send(self, to: str | Sequence[str], type: str, body: Any = None, *, board: str | None = None,
+                   correlation_id: str | None = None, metadata: Mapping[str, Any] | None = None,
+                   encoding: codec.Encoding = "msgpack") -> Sent:
+        """Send a direct message to one agent (or several); returns once JetStream stored it.
+
+        Raises:
+            InvalidKeyError: invalid agent id. Others: see :meth:`Messenger.send`.
+        """
+        return await self.messaging.send(to, type, body, board=board, correlation_id=correlation_id,
+                                         metadata=metadata, encoding=encoding)
+
+    async def publish(self, topic: str, type: str, body: Any = None, **kwargs: Any) -> Sent:
+        """Publish a topic message to the agents subscribed to a matching pattern."""
+        return await self.messaging.publish(topic, type, body, **kwargs)
+
+    def inbox(self, *, types: Collection[str] | None = None, batch: int | None = None,
+              timeout: float | None = None, limit: int | None = None, include_own: bool = False) -> Inbox:
+        """This agent's durable inbox, in order: ``async for msg in agent.inbox(): ...; await msg.ack()``."""
+        return self.messaging.inbox(types=types, batch=batch, timeout=timeout, limit=limit,
+                                    include_own=include_own)
+
+    async def request(self, to: str, type: str, body: Any = None, *, timeout: float | None = None,
+                      **kwargs: Any) -> Any:
+        """Ask agent ``to`` and return its reply body.
+
+        Raises:
+            NoResponderError, NoHandlerError, RequestTimeoutError, RemoteError: see
+                :meth:`Messenger.request`.
+        """
+        return await self.messaging.request(to, type, body, timeout=timeout, **kwargs)
+
+    async def handle(self, type: str, fn: Handler) -> None:
+        """Answer requests of ``type`` (``"*"``: any) with ``fn(request) -> reply body``."""
+        await self.messaging.handle(type, fn)
+
+    async def join(self, board: str | Board) -> None:
+        """Receive ``board``'s broadcasts in the inbox from now on (durable)."""
+        await self.messaging.join(board if isinstance(board, str) else board.name)
+
+    async def leave(self, board: str | Board) -> None:
+        """Stop receiving ``board``'s broadcasts."""
+        await self.messaging.leave(board if isinstance(board, str) else board.name)
+
+    async def subscribe(self, pattern: str) -> None:
+        """Receive topic messages matching ``pattern`` in the inbox from now on (durable)."""
+        await self.messaging.subscribe(pattern)
+
+    async def unsubscribe(self, pattern: str) -> None:
+        """Remove a topic subscription."""
+        await self.messaging.unsubscribe(pattern)
+
+    async def subscriptions(self) -> Subscriptions:
+        """Boards joined and topic patterns subscribed to."""
+        return await self.messaging.subscriptions()
+
     def _register_view(self, view: View) -> None:
         self._views.setdefault(view.board.name, []).append(view)
 
@@ -124,6 +191,8 @@ class Agent:
         for views in list(self._views.values()):
             for view in list(views):
                 await view.close()
+        if self._messenger is not None:
+            await self._messenger.close()
         if not self.nc.is_closed:
             await self.nc.drain()
 

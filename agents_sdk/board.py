@@ -14,6 +14,7 @@ from blackboard.subjects import validate_name
 
 if TYPE_CHECKING:
     from agents_sdk.agent import Agent
+    from agents_sdk.messaging import Sent
     from agents_sdk.view import View
 
 __all__ = ["Board"]
@@ -207,6 +208,10 @@ class Board:
     async def remember(self, text: str, **kwargs: Any) -> str:
         """``agent.remember(text, board=<this board>, ...)``."""
         return await self.agent.remember(text, board=self.name, **kwargs)
+
+    async def broadcast(self, type: str, body: Any = None, **kwargs: Any) -> Sent:
+        """Send a message to every agent that joined this board (see ``agent.join``)."""
+        return await self.agent.messaging.broadcast(self.name, type, body, **kwargs)
 
     def view(self, section: str | None = None, key: str | None = None) -> View:
         """A live local view of this board, a section, or one key.

@@ -16,7 +16,10 @@
     │   └── OperationTimeoutError
     ├── MessagingError
     │   ├── NoResponderError             (to)
-    │   └── RequestTimeoutError          (to, timeout)
+    │   │   └── NoHandlerError           (to, type: the agent listens, not for this type)
+    │   ├── RequestTimeoutError          (to, timeout)
+    │   ├── RemoteError                  (to, type, error, message: the handler raised)
+    │   └── InboxBusyError               (agent: an inbox reader is already open)
     ├── VoteError
     │   ├── ProposalNotFoundError        (proposal_id)
     │   ├── ProposalClosedError          (proposal_id)
@@ -41,6 +44,7 @@ __all__ = [
     "DeadlinePassedError",
     "DevStackError",
     "EmbeddingError",
+    "InboxBusyError",
     "IneligibleVoterError",
     "InvalidBallotError",
     "InvalidKeyError",
@@ -48,6 +52,7 @@ __all__ = [
     "LLMError",
     "MigrationError",
     "MessagingError",
+    "NoHandlerError",
     "NoResponderError",
     "NotConnectedError",
     "NotFoundError",
@@ -55,6 +60,7 @@ __all__ = [
     "PayloadTooLargeError",
     "ProposalClosedError",
     "ProposalNotFoundError",
+    "RemoteError",
     "RequestTimeoutError",
     "SearchError",
     "StorageError",
@@ -163,6 +169,34 @@ class RequestTimeoutError(MessagingError, TimeoutError):
         self.to = to
         self.timeout = timeout
         super().__init__(f"request to {to!r} got no reply within {timeout:g}s")
+
+
+class NoHandlerError(NoResponderError):
+    """The agent answers requests, but has no handler for this request type."""
+
+    def __init__(self, to: str, type: str) -> None:
+        self.to = to
+        self.type = type
+        MessagingError.__init__(self, f"agent {to!r} has no handler for requests of type {type!r}")
+
+
+class RemoteError(MessagingError):
+    """The request handler of the other agent raised; ``error`` is its class name."""
+
+    def __init__(self, to: str, type: str, error: str, message: str) -> None:
+        self.to = to
+        self.type = type
+        self.error = error
+        self.message = message
+        super().__init__(f"handler of {type!r} at {to!r} failed: {error}: {message}")
+
+
+class InboxBusyError(MessagingError):
+    """An inbox reader of this agent is already open in this process (one reader at a time)."""
+
+    def __init__(self, agent: str) -> None:
+        self.agent = agent
+        super().__init__(f"the inbox of {agent!r} is already being read")
 
 
 class VoteError(BlackboardError):

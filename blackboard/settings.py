@@ -21,6 +21,7 @@ __all__ = [
     "DevSettings",
     "EmbeddingSettings",
     "LLMSettings",
+    "MessagingSettings",
     "NatsSettings",
     "PostgresSettings",
     "SearchSettings",
@@ -153,6 +154,21 @@ class SearchSettings(BaseModel):
     keyword_weight: float = Field(1.0, ge=0)
 
 
+class MessagingSettings(BaseModel):
+    """Agent messages: durable inboxes and request/reply (see docs/messaging.md)."""
+
+    #: Messages fetched from the inbox consumer per pull request.
+    inbox_batch: int = Field(64, ge=1, le=10_000)
+    #: Seconds the server waits for an ack before it may redeliver; the SDK
+    #: keeps held messages alive (in-progress) well within it.
+    inbox_ack_wait: float = Field(30.0, ge=1)
+    #: Delivered but unacknowledged inbox messages at most (the inbox stalls
+    #: at this many until some are acknowledged).
+    inbox_max_ack_pending: int = Field(1000, ge=1)
+    #: Default seconds ``agent.request`` waits for a reply.
+    request_timeout: float = Field(5.0, gt=0)
+
+
 class DevSettings(BaseModel):
     data_dir: Path = Path(".blackboard")
     host: str = "127.0.0.1"
@@ -177,4 +193,5 @@ class Settings(BaseSettings):
     llm: LLMSettings = LLMSettings()
     worker: WorkerSettings = WorkerSettings()
     search: SearchSettings = SearchSettings()
+    messaging: MessagingSettings = MessagingSettings()
     dev: DevSettings = DevSettings()

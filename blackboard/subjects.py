@@ -13,6 +13,7 @@ Layout (``<bucket>`` defaults to ``blackboard``)::
     bb.msg.board.<board>                            broadcasts to a board's agents
     bb.msg.topic.<topic tokens...>                  topic messages
     bb.rpc.<agent>                                  request/reply (core NATS)
+    inbox-<agent>                                   an agent's durable inbox consumer on BB_MSG
     bb.vote.<board>.<proposal>.proposal|ballot|outcome   consensus voting
     bb.search.<endpoint>                            search micro service
 """
@@ -31,6 +32,7 @@ __all__ = [
     "MAX_KEY_TOKEN_LENGTH",
     "MEMORY_STREAM",
     "MESSAGE_STREAM",
+    "RPC_QUEUE_GROUP",
     "SEARCH_SERVICE",
     "VOTE_STREAM",
     "Header",
@@ -54,6 +56,8 @@ MEMORY_STREAM = "BB_MEMORY"
 MESSAGE_STREAM = "BB_MSG"
 VOTE_STREAM = "BB_VOTE"
 SEARCH_SERVICE = "blackboard-search"
+#: Queue group of request handlers on ``bb.rpc.<agent>`` (processes of one agent share the load).
+RPC_QUEUE_GROUP = "bb-rpc"
 
 
 class Header(StrEnum):
@@ -208,17 +212,41 @@ class Subjects:
         return f"bb.msg.board.{validate_name(board, 'board')}"
 
     @staticmethod
-    def topic(topic: str) -> str:
+    def topic(topic: str, *, pattern: bool = True) -> str:
         """A topic subject; ``topic`` is dot-separated tokens, e.g. ``build.failed``.
 
-        Patterns for subscriptions may use ``*`` and a trailing ``>``.
+        Patterns for subscriptions may use ``*`` and a trailing ``>``;
+        ``pattern=False`` (publishing) refuses wildcards.
         """
+        if not isinstance(topic, str):
+            raise InvalidKeyError(str(topic), "a topic must be a string")
         tokens = topic.split(".")
         for i, tok in enumerate(tokens):
-            if tok == "*" or (tok == ">" and i == len(tokens) - 1):
+            if pattern and (tok == "*" or (tok == ">" and i == len(tokens) - 1)):
                 continue
             validate_name(tok, "topic token")
         return "bb.msg.topic." + topic
+
+    @staticmethod
+    def inbox_consumer(agent: str) -> str:
+        """The durable consumer on ``BB_MSG`` that is ``agent``'s inbox: ``inbox-<agent>``."""
+        return f"inbox-{validate_name(agent, 'agent')}"
+
+    @staticmethod
+    def inbox_start_key(filter_subject: str) -> str:
+        """Consumer metadata key holding the stream sequence a filter was added at."""
+        return f"bb.start:{filter_subject}"
+
+    @staticmethod
+    def consumer_reset_api(stream: str, consumer: str) -> str:
+        """The JetStream API subject that resets a consumer to its ack floor (nats-server 2.14+)."""
+        # Both names come from this module (stream constants, inbox_consumer).
+        return f"$JS.API.CONSUMER.RESET.{stream}.{consumer}"
+
+    @staticmethod
+    def reply_inbox(prefix: str, token: str) -> str:
+        """A reply subject under a client's reply subscription; ``token="*"`` gives that subscription."""
+        return f"{prefix}.{token if token == '*' else validate_name(token, 'reply token')}"
 
     @staticmethod
     def messages_all() -> str:
