@@ -28,6 +28,8 @@
     │   └── InvalidBallotError           (proposal_id, reason)
     ├── SearchError
     ├── EmbeddingError
+    │   ├── EmbeddingModelUnavailableError (model, reason)
+    │   └── EmbeddingRequestError        (status, attempts)
     ├── LLMError                         (chat model call failed)
     ├── StorageError                     (Postgres side)
     │   └── MigrationError               (version)
@@ -44,6 +46,8 @@ __all__ = [
     "DeadlinePassedError",
     "DevStackError",
     "EmbeddingError",
+    "EmbeddingModelUnavailableError",
+    "EmbeddingRequestError",
     "InboxBusyError",
     "IneligibleVoterError",
     "InvalidBallotError",
@@ -241,6 +245,28 @@ class SearchError(BlackboardError):
 
 class EmbeddingError(BlackboardError):
     """An embedding provider failed (after its retries)."""
+
+
+class EmbeddingModelUnavailableError(EmbeddingError):
+    """The local model's files are not installed, or not the expected files."""
+
+    def __init__(self, model: str, reason: str) -> None:
+        self.model = model
+        self.reason = reason
+        super().__init__(f"embedding model {model!r} is unavailable: {reason}")
+
+
+class EmbeddingRequestError(EmbeddingError):
+    """An embeddings API request failed: not retryable, or out of retries.
+
+    ``status`` is the last HTTP status (None when no response came back);
+    ``attempts`` counts the requests made.
+    """
+
+    def __init__(self, message: str, *, status: int | None, attempts: int) -> None:
+        self.status = status
+        self.attempts = attempts
+        super().__init__(f"{message} (status {status}, after {attempts} attempt(s))")
 
 
 class LLMError(BlackboardError):

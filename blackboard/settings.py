@@ -99,6 +99,13 @@ class EmbeddingSettings(BaseModel):
     api_key: SecretStr | None = None
     batch_size: int = Field(64, ge=1)
     max_retries: int = Field(5, ge=0)
+    #: Seconds one embeddings API request may take (openai provider).
+    timeout: float = Field(30.0, gt=0)
+    #: Send ``dimensions`` with each request (openai provider); turn off for
+    #: OpenAI-compatible servers that reject the parameter.
+    send_dimensions: bool = True
+    #: onnxruntime intra-op threads of the local provider (0: one per core).
+    threads: int = Field(0, ge=0)
 
 
 class LLMSettings(BaseModel):
