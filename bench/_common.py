@@ -1,0 +1,277 @@
+"""Shared helpers of the benchmark scripts (``bench/*.py``).
+
+* :func:`embedded_nats`: a throw-away nats-server with JetStream on a free
+  port, storing in a temporary directory.
+* :func:`percentile`, :class:`LatencyStats`, :func:`median`: figures.
+* :func:`alternate`: run variants (e.g. "raw" and "sdk") in alternating order
+  for several rounds, so that drift and noise on a small machine hit both;
+  :func:`interleaved_ops` does the same at a finer grain, alternating blocks
+  of a few hundred timed operations.
+* :class:`Table`: an aligned text table with figures next to their raw
+  baseline, the ratio, and whether a target is met.
+
+Benchmarks are scripts, not tests: they print figures next to the raw layer
+measured in the same run, as ratios.
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+import statistics
+import tempfile
+import time
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TypeVar
+
+from blackboard.embedded import EmbeddedNats
+
+__all__ = [
+    "LatencyStats",
+    "Row",
+    "Table",
+    "alternate",
+    "embedded_nats",
+    "interleaved_ops",
+    "median",
+    "percentile",
+]
+
+T = TypeVar("T")
+
+
+@contextmanager
+def embedded_nats(sync_interval: str = "1s", *, keep: bool = False) -> Iterator[EmbeddedNats]:
+    """A nats-server with JetStream on a free port, in a temporary directory.
+
+    Args:
+        sync_interval: JetStream fsync policy (``always`` or a duration).
+        keep: keep the data directory afterwards (its path is printed).
+
+    Raises:
+        DevStackError: the server binary is missing or the server died.
+    """
+    tmp = Path(tempfile.mkdtemp(prefix="bb-bench-"))
+    server = EmbeddedNats(tmp / "nats", port=0, sync_interval=sync_interval)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+        if keep:
+            print(f"kept server data in {tmp}")
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def percentile(values: Sequence[float], p: float) -> float:
+    """The ``p``-th percentile (0-100) by linear interpolation; NaN when empty."""
+    if not values:
+        return math.nan
+    data = sorted(values)
+    if len(data) == 1:
+        return float(data[0])
+    rank = (len(data) - 1) * p / 100.0
+    lo = math.floor(rank)
+    hi = min(lo + 1, len(data) - 1)
+    return float(data[lo] + (data[hi] - data[lo]) * (rank - lo))
+
+
+def median(values: Sequence[float]) -> float:
+    """The median, ignoring NaNs; NaN when nothing is left."""
+    clean = [v for v in values if not math.isnan(v)]
+    return float(statistics.median(clean)) if clean else math.nan
+
+
+@dataclass(frozen=True, slots=True)
+class LatencyStats:
+    """Count, throughput and latency percentiles of one measured run (seconds)."""
+
+    n: int
+    elapsed: float
+    p50: float
+    p99: float
+    mean: float
+
+    @property
+    def rate(self) -> float:
+        """Operations per second."""
+        return self.n / self.elapsed if self.elapsed > 0 else math.nan
+
+    @classmethod
+    def of(cls, latencies: Sequence[float], elapsed: float | None = None, n: int | None = None) -> LatencyStats:
+        """Summarise per-operation latencies (``elapsed`` defaults to their sum)."""
+        total = sum(latencies)
+        return cls(
+            n=len(latencies) if n is None else n,
+            elapsed=total if elapsed is None else elapsed,
+            p50=percentile(latencies, 50),
+            p99=percentile(latencies, 99),
+            mean=total / len(latencies) if latencies else math.nan,
+        )
+
+
+async def alternate(
+    rounds: int,
+    variants: Mapping[str, Callable[[int], Awaitable[T]]],
+    *,
+    between: Callable[[], Awaitable[None]] | None = None,
+) -> dict[str, list[T]]:
+    """Run every variant once per round, alternating their order each round.
+
+    Round ``r`` runs the variants in their given order when ``r`` is even and
+    reversed when it is odd, so that warm-up, drift and background noise do not
+    systematically favour one. Each variant gets the round number.
+
+    Returns:
+        The results of each variant, one per round, by variant name.
+    """
+    names = list(variants)
+    results: dict[str, list[T]] = {name: [] for name in names}
+    for r in range(rounds):
+        order = names if r % 2 == 0 else list(reversed(names))
+        for name in order:
+            if between is not None:
+                await between()
+            results[name].append(await variants[name](r))
+    return results
+
+
+async def interleaved_ops(
+    rounds: int,
+    ops_per_round: int,
+    block: int,
+    setups: Mapping[str, Callable[[int], Awaitable[Callable[[int], Awaitable[object]]]]],
+) -> dict[str, list[LatencyStats]]:
+    """Time sequential operations of several variants in alternating blocks.
+
+    For each round every variant is set up (``setups[name](round)``, not
+    timed), which returns the operation to time (called with the operation's
+    index). The round's operations then run in blocks of ``block``, the
+    variants taking turns block by block (order reversed every block), so
+    that background noise hits all variants alike. Latency is measured per
+    operation; throughput is operations over the time spent in the variant's
+    own blocks.
+
+    Returns:
+        One :class:`LatencyStats` per round for each variant, by name.
+    """
+    names = list(setups)
+    results: dict[str, list[LatencyStats]] = {name: [] for name in names}
+    clock = time.perf_counter
+    for r in range(rounds):
+        ops = {name: await setups[name](r) for name in names}
+        latencies: dict[str, list[float]] = {name: [] for name in names}
+        elapsed = dict.fromkeys(names, 0.0)
+        for b, first in enumerate(range(0, ops_per_round, block)):
+            last = min(first + block, ops_per_round)
+            for name in names if b % 2 == 0 else reversed(names):
+                op, append = ops[name], latencies[name].append
+                start = clock()
+                for i in range(first, last):
+                    t = clock()
+                    await op(i)
+                    append(clock() - t)
+                elapsed[name] += clock() - start
+        for name in names:
+            results[name].append(LatencyStats.of(latencies[name], elapsed[name]))
+    return results
+
+
+def _fmt(value: float, unit: str) -> str:
+    if math.isnan(value):
+        return "-"
+    if unit == "us":
+        return f"{value * 1e6:,.0f} µs"
+    if unit == "ms":
+        return f"{value * 1e3:,.2f} ms"
+    if unit == "/s":
+        return f"{value:,.0f}/s"
+    return f"{value:,.3g}{unit}"
+
+
+@dataclass(slots=True)
+class Row:
+    """One line of a :class:`Table`: a measured figure next to its baseline.
+
+    The ratio is always measured / baseline; a target says which way it must
+    go: ``min_ratio`` (throughputs) or ``max_ratio`` (latencies).
+    """
+
+    name: str
+    measured: float
+    baseline: float
+    unit: str
+    min_ratio: float | None = None
+    max_ratio: float | None = None
+    note: str = ""
+    #: Overrides measured / baseline, e.g. with the median of paired per-round ratios.
+    paired_ratio: float | None = None
+
+    @property
+    def ratio(self) -> float:
+        if self.paired_ratio is not None:
+            return self.paired_ratio
+        if self.baseline == 0 or math.isnan(self.baseline) or math.isnan(self.measured):
+            return math.nan
+        return self.measured / self.baseline
+
+    @property
+    def target(self) -> str:
+        if self.min_ratio is not None:
+            return f">= {self.min_ratio:g}x"
+        if self.max_ratio is not None:
+            return f"<= {self.max_ratio:g}x"
+        return ""
+
+    @property
+    def verdict(self) -> str:
+        r = self.ratio
+        if math.isnan(r):
+            return ""
+        if self.min_ratio is not None:
+            return "ok" if r >= self.min_ratio else "MISS"
+        if self.max_ratio is not None:
+            return "ok" if r <= self.max_ratio else "MISS"
+        return ""
+
+
+@dataclass(slots=True)
+class Table:
+    """An aligned text table of figures next to their baselines, with ratios."""
+
+    title: str
+    measured_label: str = "measured"
+    baseline_label: str = "baseline"
+    rows: list[Row] = field(default_factory=list)
+
+    def add(self, name: str, measured: float, baseline: float, unit: str, *, min_ratio: float | None = None,
+            max_ratio: float | None = None, note: str = "", ratio: float | None = None) -> Row:
+        """Add a row and return it (``ratio`` overrides measured / baseline)."""
+        row = Row(name, measured, baseline, unit, min_ratio, max_ratio, note, ratio)
+        self.rows.append(row)
+        return row
+
+    @property
+    def misses(self) -> list[Row]:
+        """Rows whose target is not met."""
+        return [r for r in self.rows if r.verdict == "MISS"]
+
+    def render(self) -> str:
+        """The table as text."""
+        header = ["", self.measured_label, self.baseline_label, "ratio", "target", "", "note"]
+        lines = [[r.name, _fmt(r.measured, r.unit), _fmt(r.baseline, r.unit),
+                  "-" if math.isnan(r.ratio) else f"{r.ratio:.2f}x", r.target, r.verdict, r.note]
+                 for r in self.rows]
+        widths = [max(len(row[i]) for row in [header, *lines]) for i in range(len(header))]
+        right = {1, 2, 3}
+
+        def fmt_line(cells: list[str]) -> str:
+            out = [c.rjust(widths[i]) if i in right else c.ljust(widths[i]) for i, c in enumerate(cells)]
+            return "  ".join(out).rstrip()
+
+        rule = "-" * len(fmt_line(header))
+        return "\n".join([self.title, rule, fmt_line(header), rule, *map(fmt_line, lines), rule])

@@ -1,0 +1,502 @@
+"""Board benchmark: the SDK next to raw nats-py on the same embedded server.
+
+Measures, in one run on a nats-server it starts itself (JetStream, temporary
+directory, ``sync_interval`` from the settings default unless
+``--sync-interval`` is given):
+
+* put, get and compare-and-set update: throughput and p50/p99 latency of
+  ``Board.put`` / ``Board.get`` / ``Board.update`` next to nats-py's
+  ``kv.put`` / ``kv.get`` / ``kv.update`` on the same bucket. The raw calls
+  send the same bytes the SDK sends (an envelope encoded once, beforehand),
+  so the SDK's figure includes encoding the envelope, validating the names and
+  keys, the ``Nats-Msg-Id`` header and decoding on reads;
+* the pipelined write path (``async with board.pipeline() as p``) next to raw
+  ``js.publish_async`` + ``gather``, with the same bound on pending acks;
+* watch fan-out: one writer at a fixed rate, 20 watchers, delivery latency
+  (write call to a watcher's ``async for`` step), SDK ``Board.watch`` next to
+  nats-py ``kv.watch``.
+
+Raw and SDK rounds alternate (order reversed every round) and every figure is
+the median over rounds; ratios are medians of the per-round ratios. Targets:
+SDK >= 0.9x raw for put/get/CAS, pipelined >= 0.8x raw, fan-out p99 <= 1.25x
+raw. ``--profile`` prints where the SDK spends its time (cProfile).
+
+Run: ``python bench/board_bench.py`` (60-90 s on 2 cores).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import cProfile
+import gc
+import io
+import itertools
+import json
+import math
+import platform
+import pstats
+import sys
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):  # run as a script: make ``bench`` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from importlib.metadata import version as _version
+
+import nats
+from nats.aio.client import Client as NATS
+from nats.js import JetStreamContext
+from nats.js.kv import KeyValue
+
+from agents_sdk import Agent, Board, Watch
+from bench._common import (
+    LatencyStats,
+    Table,
+    alternate,
+    embedded_nats,
+    interleaved_ops,
+    median,
+    percentile,
+)
+from blackboard.entries import encode_entry
+from blackboard.settings import Settings
+
+BOARD = "bench"
+TARGET_SEQ = 0.9
+TARGET_PIPE = 0.8
+TARGET_FANOUT_P99 = 1.25
+
+
+@dataclass(frozen=True, slots=True)
+class FanoutStats:
+    """Delivery latencies of one fan-out run (seconds)."""
+
+    deliveries: int
+    p50: float
+    p99: float
+    all_p50: float
+    all_p99: float
+
+
+@dataclass(slots=True)
+class Ctx:
+    args: argparse.Namespace
+    settings: Settings
+    agent: Agent
+    board: Board
+    raw_nc: NATS
+    js: JetStreamContext
+    kv: KeyValue
+    value: dict[str, Any]
+    payload: bytes
+    msg_ids: Iterator[int] = field(default_factory=itertools.count)
+
+    def msg_id(self) -> dict[str, str]:
+        """A ``Nats-Msg-Id`` header like the SDK's (16 hex digits and a counter)."""
+        return {"Nats-Msg-Id": f"0123456789abcdef{next(self.msg_ids):x}"}
+
+
+# ----------------------------------------------------------------- sequential
+# Each function sets a variant up for round ``r`` (outside the timing) and
+# returns the operation to time; ``interleaved_ops`` runs SDK and raw
+# operations in alternating blocks.
+Op = Callable[[int], Awaitable[Any]]
+
+
+async def sdk_put(ctx: Ctx, r: int) -> Op:
+    section, keys, value, board = f"put-sdk-{r}", ctx.args.keys, ctx.value, ctx.board
+    return lambda i: board.put(section, f"k{i % keys}", value)
+
+
+async def raw_put(ctx: Ctx, r: int) -> Op:
+    prefix, keys, payload, kv = f"{BOARD}.put-raw-{r}.k", ctx.args.keys, ctx.payload, ctx.kv
+    return lambda i: kv.put(f"{prefix}{i % keys}", payload)
+
+
+async def raw_put_id(ctx: Ctx, r: int) -> Op:
+    """kv.put's publish plus the SDK's Nats-Msg-Id header: the protocol's cost without the SDK."""
+    prefix, keys, payload, js = f"$KV.{ctx.settings.board.bucket}.{BOARD}.put-id-{r}.k", ctx.args.keys, \
+        ctx.payload, ctx.js
+    return lambda i: js.publish(f"{prefix}{i % keys}", payload, headers=ctx.msg_id())
+
+
+async def _prefill(ctx: Ctx, section: str) -> None:
+    async with ctx.board.pipeline() as p:
+        for i in range(ctx.args.keys):
+            await p.put(section, f"k{i}", ctx.value)
+
+
+async def sdk_get(ctx: Ctx, r: int) -> Op:
+    section, keys, board = f"get-sdk-{r}", ctx.args.keys, ctx.board
+    await _prefill(ctx, section)
+    return lambda i: board.get(section, f"k{i % keys}")
+
+
+async def raw_get(ctx: Ctx, r: int) -> Op:
+    section, keys, kv = f"get-raw-{r}", ctx.args.keys, ctx.kv
+    await _prefill(ctx, section)  # the same envelopes, written by the SDK
+    prefix = f"{BOARD}.{section}.k"
+    return lambda i: kv.get(f"{prefix}{i % keys}")
+
+
+async def sdk_cas(ctx: Ctx, r: int) -> Op:
+    section, keys, value, board = f"cas-sdk-{r}", ctx.args.keys, ctx.value, ctx.board
+    revs = [await board.put(section, f"k{i}", value) for i in range(keys)]
+
+    async def op(i: int) -> None:
+        j = i % keys
+        revs[j] = await board.update(section, f"k{j}", value, expected_revision=revs[j])
+
+    return op
+
+
+async def raw_cas(ctx: Ctx, r: int) -> Op:
+    keys, payload, kv = ctx.args.keys, ctx.payload, ctx.kv
+    names = [f"{BOARD}.cas-raw-{r}.k{i}" for i in range(keys)]
+    revs = [await kv.put(name, payload) for name in names]
+
+    async def op(i: int) -> None:
+        j = i % keys
+        revs[j] = await kv.update(names[j], payload, last=revs[j])
+
+    return op
+
+
+# ------------------------------------------------------------------ pipelined
+async def sdk_pipeline(ctx: Ctx, r: int) -> LatencyStats:
+    section, keys, value, n = f"pipe-sdk-{r}", ctx.args.keys, ctx.value, ctx.args.pipeline_ops
+    start = time.perf_counter()
+    async with ctx.board.pipeline() as p:
+        for i in range(n):
+            await p.put(section, f"k{i % keys}", value)
+    elapsed = time.perf_counter() - start
+    return LatencyStats(n, elapsed, math.nan, math.nan, elapsed / n)
+
+
+async def _raw_pipeline(ctx: Ctx, section: str, with_id: bool) -> LatencyStats:
+    js = ctx.raw_nc.jetstream(timeout=ctx.settings.nats.request_timeout,
+                              publish_async_max_pending=ctx.settings.nats.max_pending_writes)
+    prefix = f"$KV.{ctx.settings.board.bucket}.{BOARD}.{section}.k"
+    keys, payload, n = ctx.args.keys, ctx.payload, ctx.args.pipeline_ops
+    start = time.perf_counter()
+    if with_id:
+        futures = [await js.publish_async(f"{prefix}{i % keys}", payload, headers=ctx.msg_id()) for i in range(n)]
+    else:
+        futures = [await js.publish_async(f"{prefix}{i % keys}", payload) for i in range(n)]
+    acks = await asyncio.gather(*futures)
+    elapsed = time.perf_counter() - start
+    assert len(acks) == n
+    return LatencyStats(n, elapsed, math.nan, math.nan, elapsed / n)
+
+
+async def raw_pipeline(ctx: Ctx, r: int) -> LatencyStats:
+    return await _raw_pipeline(ctx, f"pipe-raw-{r}", False)
+
+
+async def raw_pipeline_id(ctx: Ctx, r: int) -> LatencyStats:
+    return await _raw_pipeline(ctx, f"pipe-id-{r}", True)
+
+
+# -------------------------------------------------------------------- fan-out
+class _Sink:
+    """Arrival times of the fan-out messages, per watcher; ``done`` when all arrived."""
+
+    def __init__(self, watchers: int, count: int) -> None:
+        self.count = count
+        self.received: list[list[tuple[int, float]]] = [[] for _ in range(watchers)]
+        self.done = asyncio.Event()
+        self._complete = 0
+
+    def record(self, watcher: int, key: str) -> None:
+        out = self.received[watcher]
+        out.append((int(key[key.rindex("m") + 1:]), time.perf_counter()))
+        if len(out) == self.count:
+            self._complete += 1
+            if self._complete == len(self.received):
+                self.done.set()
+
+
+#: Starts the watchers feeding a sink; returns their tasks and a stop function.
+_StartWatchers = Callable[[_Sink], Awaitable[tuple[list[asyncio.Task[None]], Callable[[], Awaitable[None]]]]]
+
+
+async def _fanout(ctx: Ctx, start_watchers: _StartWatchers, write: Callable[[int], Awaitable[Any]]) -> FanoutStats:
+    rate = ctx.args.rate
+    count = int(rate * ctx.args.fanout_seconds)
+    sink = _Sink(ctx.args.watchers, count)
+    tasks, stop = await start_watchers(sink)
+    sent: list[float] = [0.0] * count
+    clock = time.perf_counter
+    t0 = clock()
+    for i in range(count):
+        delay = t0 + i / rate - clock()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        sent[i] = clock()
+        await write(i)
+    try:
+        await asyncio.wait_for(sink.done.wait(), 10.0)
+    except TimeoutError:
+        missing = sum(count - len(r) for r in sink.received)
+        raise RuntimeError(f"fan-out: {missing} deliveries missing 10 s after the last write") from None
+    finally:
+        await stop()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    per_delivery = [t - sent[i] for r in sink.received for i, t in r]
+    last_arrival = [0.0] * count
+    for r in sink.received:
+        for i, t in r:
+            last_arrival[i] = max(last_arrival[i], t)
+    all_got = [last_arrival[i] - sent[i] for i in range(count)]
+    return FanoutStats(len(per_delivery), percentile(per_delivery, 50), percentile(per_delivery, 99),
+                       percentile(all_got, 50), percentile(all_got, 99))
+
+
+async def sdk_fanout(ctx: Ctx, r: int) -> FanoutStats:
+    section, board, value = f"fan-sdk-{r}", ctx.board, ctx.value
+
+    async def start(sink: _Sink) -> tuple[list[asyncio.Task[None]], Callable[[], Awaitable[None]]]:
+        watches = [board.watch(section) for _ in sink.received]
+        for w in watches:
+            await w.start()
+
+        async def consume(n: int, w: Watch) -> None:
+            async for change in w:
+                sink.record(n, change.entry.key)
+
+        async def stop() -> None:
+            for w in watches:
+                await w.stop()
+
+        return [asyncio.create_task(consume(n, w)) for n, w in enumerate(watches)], stop
+
+    return await _fanout(ctx, start, lambda i: board.put(section, f"m{i}", value))
+
+
+async def raw_fanout(ctx: Ctx, r: int) -> FanoutStats:
+    kv, payload, prefix = ctx.kv, ctx.payload, f"{BOARD}.fan-raw-{r}."
+
+    async def start(sink: _Sink) -> tuple[list[asyncio.Task[None]], Callable[[], Awaitable[None]]]:
+        watchers = [await kv.watch(prefix + "*") for _ in sink.received]
+
+        async def consume(n: int, w: KeyValue.KeyWatcher) -> None:
+            async for entry in w:
+                if entry is not None:  # nats-py's "initial values done" marker
+                    sink.record(n, entry.key)
+
+        async def stop() -> None:
+            for w in watchers:
+                await w.stop()  # type: ignore[no-untyped-call]
+
+        return [asyncio.create_task(consume(n, w)) for n, w in enumerate(watchers)], stop
+
+    return await _fanout(ctx, start, lambda i: kv.put(f"{prefix}m{i}", payload))
+
+
+# ---------------------------------------------------------------------- main
+async def _between() -> None:
+    gc.collect()
+    await asyncio.sleep(0.05)
+
+
+def _ratio_median(sdk: list[float], raw: list[float]) -> float:
+    return median([s / r for s, r in zip(sdk, raw, strict=True) if r > 0])
+
+
+_PROFILED: dict[str, Callable[[Ctx, int], Awaitable[Any]]] = {
+    "put": sdk_put, "get": sdk_get, "cas": sdk_cas, "pipeline": sdk_pipeline, "fanout": sdk_fanout,
+}
+
+
+async def _profile(ctx: Ctx, which: list[str], top: int) -> str:
+    """cProfile of one SDK round of each phase in ``which``, one report per phase."""
+    out = io.StringIO()
+    for n, name in enumerate(which):
+        prof = cProfile.Profile()
+        if name in ("put", "get", "cas"):
+            op = await _PROFILED[name](ctx, 900 + n)
+            prof.enable()
+            for i in range(ctx.args.ops):
+                await op(i)
+        else:
+            prof.enable()
+            await _PROFILED[name](ctx, 900 + n)
+        prof.disable()
+        print(f"==== cProfile: SDK {name} (one round) ====", file=out)
+        stats = pstats.Stats(prof, stream=out).strip_dirs()
+        stats.sort_stats("tottime").print_stats(top)
+        stats.sort_stats("cumulative").print_stats(top)
+    return out.getvalue()
+
+
+def _report(ctx: Ctx, seq: dict[str, dict[str, list[LatencyStats]]],
+            fan: dict[str, list[FanoutStats]]) -> tuple[Table, dict[str, Any]]:
+    """The result table (medians over rounds, ratios = medians of per-round ratios) and a summary."""
+    table = Table("board_bench (median of rounds; ratio = SDK / raw, median of the per-round ratios)",
+                  measured_label="SDK", baseline_label="raw nats-py")
+    summary: dict[str, Any] = {"envelope_bytes": len(ctx.payload)}
+
+    def med(stats: list[LatencyStats], attr: str) -> float:
+        return median([getattr(x, attr) for x in stats])
+
+    labels = {"put": "put", "get": "get (direct)", "cas": "CAS update"}
+    for name in ("put", "get", "cas"):
+        sdk, raw = seq[name]["sdk"], seq[name]["raw"]
+        ratio = _ratio_median([x.rate for x in sdk], [x.rate for x in raw])
+        table.add(f"{labels[name]} throughput", med(sdk, "rate"), med(raw, "rate"), "/s", min_ratio=TARGET_SEQ,
+                  ratio=ratio, note="raw: kv.put" if name == "put" else
+                  "raw: kv.get (direct)" if name == "get" else "raw: kv.update")
+        table.add(f"{labels[name]} p50", med(sdk, "p50"), med(raw, "p50"), "us")
+        table.add(f"{labels[name]} p99", med(sdk, "p99"), med(raw, "p99"), "us")
+        summary[name] = {"sdk_rate": med(sdk, "rate"), "raw_rate": med(raw, "rate"), "ratio": ratio,
+                         "sdk_p50_us": med(sdk, "p50") * 1e6, "raw_p50_us": med(raw, "p50") * 1e6,
+                         "sdk_p99_us": med(sdk, "p99") * 1e6, "raw_p99_us": med(raw, "p99") * 1e6}
+        if "raw+id" in seq[name]:
+            rid = seq[name]["raw+id"]
+            id_ratio = _ratio_median([x.rate for x in sdk], [x.rate for x in rid])
+            table.add(f"{labels[name]} throughput vs raw + Msg-Id", med(sdk, "rate"), med(rid, "rate"), "/s",
+                      ratio=id_ratio, note="raw: js.publish with the SDK's Nats-Msg-Id header")
+            summary[name].update(raw_id_rate=med(rid, "rate"), ratio_vs_raw_id=id_ratio)
+    sdk, raw, rid = seq["pipeline"]["sdk"], seq["pipeline"]["raw"], seq["pipeline"]["raw+id"]
+    ratio = _ratio_median([x.rate for x in sdk], [x.rate for x in raw])
+    id_ratio = _ratio_median([x.rate for x in sdk], [x.rate for x in rid])
+    table.add("pipelined writes", med(sdk, "rate"), med(raw, "rate"), "/s", min_ratio=TARGET_PIPE, ratio=ratio,
+              note="raw: js.publish_async + gather")
+    table.add("pipelined writes vs raw + Msg-Id", med(sdk, "rate"), med(rid, "rate"), "/s", ratio=id_ratio,
+              note="raw: the same with the SDK's Nats-Msg-Id header")
+    summary["pipeline"] = {"sdk_rate": med(sdk, "rate"), "raw_rate": med(raw, "rate"), "ratio": ratio,
+                           "raw_id_rate": med(rid, "rate"), "ratio_vs_raw_id": id_ratio}
+    sdk_f, raw_f = fan["sdk"], fan["raw"]
+    watchers = ctx.args.watchers
+    p99_ratio = _ratio_median([f.p99 for f in sdk_f], [f.p99 for f in raw_f])
+    table.add(f"fan-out p50 ({watchers} watchers)", median([f.p50 for f in sdk_f]), median([f.p50 for f in raw_f]),
+              "ms", ratio=_ratio_median([f.p50 for f in sdk_f], [f.p50 for f in raw_f]))
+    table.add(f"fan-out p99 ({watchers} watchers)", median([f.p99 for f in sdk_f]), median([f.p99 for f in raw_f]),
+              "ms", max_ratio=TARGET_FANOUT_P99, ratio=p99_ratio, note="raw: kv.watch")
+    table.add("fan-out, all watchers got it: p50", median([f.all_p50 for f in sdk_f]),
+              median([f.all_p50 for f in raw_f]), "ms")
+    table.add("fan-out, all watchers got it: p99", median([f.all_p99 for f in sdk_f]),
+              median([f.all_p99 for f in raw_f]), "ms")
+    summary["fanout"] = {"sdk_p50_ms": median([f.p50 for f in sdk_f]) * 1e3,
+                         "raw_p50_ms": median([f.p50 for f in raw_f]) * 1e3,
+                         "sdk_p99_ms": median([f.p99 for f in sdk_f]) * 1e3,
+                         "raw_p99_ms": median([f.p99 for f in raw_f]) * 1e3, "p99_ratio": p99_ratio}
+    return table, summary
+
+
+async def run(args: argparse.Namespace) -> int:
+    base = Settings()
+    sync_interval = args.sync_interval or base.nats.sync_interval
+    with embedded_nats(sync_interval) as server:
+        settings = base.model_copy(update={"nats": base.nats.model_copy(update={"url": server.url})})
+        raw_nc = await nats.connect(server.url, name="bench-raw", pending_size=64 * 1024 * 1024)
+        try:
+            async with Agent.connect("bench-sdk", settings=settings) as agent:
+                js = raw_nc.jetstream(timeout=settings.nats.request_timeout)
+                kv = await js.key_value(settings.board.bucket)
+                value = {"text": "x" * args.value_bytes, "n": 12345}
+                payload = encode_entry(value, author=agent.id)
+                ctx = Ctx(args, settings, agent, agent.board(BOARD), raw_nc, js, kv, value, payload)
+                return await _measure(ctx, sync_interval, raw_nc)
+        finally:
+            await raw_nc.close()
+
+
+async def _measure(ctx: Ctx, sync_interval: str, raw_nc: NATS) -> int:
+    args = ctx.args
+    print(f"board_bench: python {platform.python_version()}, nats-py {_version('nats-py')}, "
+          f"nats-server {raw_nc.connected_server_version}, sync_interval={sync_interval}, "
+          f"envelope {len(ctx.payload)} B, {args.rounds} rounds x {args.ops} ops (blocks of {args.block}), "
+          f"pipeline {args.pipeline_rounds} x {args.pipeline_ops}, fan-out {args.fanout_rounds} rounds x "
+          f"{args.watchers} watchers x {args.rate:g}/s x {args.fanout_seconds:g}s", flush=True)
+    started = time.perf_counter()
+
+    def bind(fn: Callable[[Ctx, int], Awaitable[Any]]) -> Callable[[int], Awaitable[Any]]:
+        return lambda r: fn(ctx, r)
+
+    # warm-up (not measured): connections, caches, stream files
+    await interleaved_ops(1, args.ops, args.block, {"raw": bind(raw_put), "sdk": bind(sdk_put)})
+
+    seq: dict[str, dict[str, list[LatencyStats]]] = {}
+    phases: list[tuple[str, dict[str, Callable[[Ctx, int], Awaitable[Op]]]]] = [
+        ("put", {"raw": raw_put, "raw+id": raw_put_id, "sdk": sdk_put}),
+        ("get", {"raw": raw_get, "sdk": sdk_get}),
+        ("cas", {"raw": raw_cas, "sdk": sdk_cas}),
+    ]
+    for name, fns in phases:
+        seq[name] = await interleaved_ops(args.rounds, args.ops, args.block,
+                                          {v: bind(fn) for v, fn in fns.items()})
+        print(f"  {name}: done ({time.perf_counter() - started:.0f}s)", flush=True)
+    seq["pipeline"] = await alternate(
+        args.pipeline_rounds,
+        {"raw": bind(raw_pipeline), "raw+id": bind(raw_pipeline_id), "sdk": bind(sdk_pipeline)},
+        between=_between)
+    print(f"  pipeline: done ({time.perf_counter() - started:.0f}s)", flush=True)
+    fan = await alternate(args.fanout_rounds, {"raw": bind(raw_fanout), "sdk": bind(sdk_fanout)},
+                          between=_between)
+    print(f"  fan-out: done ({time.perf_counter() - started:.0f}s)", flush=True)
+
+    table, summary = _report(ctx, seq, fan)
+    summary["sync_interval"] = sync_interval
+    print()
+    print(table.render())
+    print("per-round ratios (SDK/raw): " + ", ".join(
+        f"{name} " + " ".join(f"{s.rate / r.rate:.2f}" for s, r in zip(seq[name]["sdk"], seq[name]["raw"],
+                                                                        strict=True))
+        for name in ("put", "get", "cas", "pipeline"))
+        + "; fan-out p99 " + " ".join(f"{s.p99 / r.p99:.2f}" for s, r in zip(fan["sdk"], fan["raw"], strict=True)))
+    misses = table.misses
+    print(f"targets: put/get/CAS >= {TARGET_SEQ}x raw, pipelined >= {TARGET_PIPE}x raw async publish, "
+          f"fan-out p99 <= {TARGET_FANOUT_P99}x raw KV watch -> "
+          + ("all met" if not misses else "missed: " + ", ".join(r.name for r in misses)))
+    print(f"total {time.perf_counter() - started:.0f}s")
+    if args.json:
+        print(json.dumps(summary, sort_keys=True))
+    if args.profile is not None:
+        print()
+        print(await _profile(ctx, args.profile, args.profile_top))
+    return 0
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Command-line options."""
+    parser = argparse.ArgumentParser(description="Board benchmark: SDK next to raw nats-py KV.")
+    parser.add_argument("--sync-interval", default=None,
+                        help="JetStream sync_interval of the embedded server ('always' or a duration; "
+                             "default: the settings default)")
+    parser.add_argument("--rounds", type=int, default=10, help="rounds of put/get/CAS (default 10)")
+    parser.add_argument("--ops", type=int, default=1000, help="sequential ops per round and variant")
+    parser.add_argument("--block", type=int, default=100,
+                        help="sequential ops per block; SDK and raw blocks alternate (default 100)")
+    parser.add_argument("--pipeline-rounds", type=int, default=12, help="rounds of pipelined writes (default 12)")
+    parser.add_argument("--pipeline-ops", type=int, default=5000, help="pipelined writes per round and variant")
+    parser.add_argument("--fanout-rounds", type=int, default=5, help="rounds of fan-out (default 5)")
+    parser.add_argument("--keys", type=int, default=100, help="distinct keys the ops cycle over")
+    parser.add_argument("--value-bytes", type=int, default=200, help="size of the text in the value")
+    parser.add_argument("--watchers", type=int, default=20)
+    parser.add_argument("--rate", type=float, default=500.0, help="fan-out writes per second")
+    parser.add_argument("--fanout-seconds", type=float, default=1.5, help="fan-out writing time per round")
+    parser.add_argument("--json", action="store_true", help="also print the summary as one JSON line")
+    parser.add_argument("--profile", nargs="*", choices=sorted(_PROFILED), default=None,
+                        help="afterwards, cProfile one SDK round of these phases (all when none named)")
+    parser.add_argument("--profile-top", type=int, default=30)
+    args = parser.parse_args(argv)
+    if args.profile is not None and not args.profile:
+        args.profile = list(_PROFILED)
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point."""
+    return asyncio.run(run(parse_args(argv)))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
