@@ -61,7 +61,10 @@ def test_write_doc_refreshes_a_stale_copy_and_check_doc_detects_it(tmp_path: Pat
     stale.write_text(splice_doc(doc, "stale\n"), encoding="utf-8")
     assert main(["--check-doc", str(stale)]) == 1
     assert main(["--write-doc", str(stale)]) == 0
-    assert stale.read_text(encoding="utf-8") == doc
+    fresh = stale.read_text(encoding="utf-8")
+    assert doc_section(fresh) == render_schemas(json_schemas())
+    assert fresh.split(BEGIN_MARKER)[0] == doc.split(BEGIN_MARKER)[0]
+    assert fresh.split(END_MARKER)[1] == doc.split(END_MARKER)[1]
     assert main(["--check-doc", str(stale)]) == 0
 
 
