@@ -7,6 +7,7 @@ embedding or LLM call on the write path.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -14,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from blackboard import codec
 from blackboard.errors import InvalidPayloadError, PayloadTooLargeError
-from blackboard.publisher import Publisher
+from blackboard.publisher import RETRYABLE, Ack, Publisher
 from blackboard.schemas.memory import MemoryKind
 from blackboard.subjects import Header, Subjects
 
@@ -106,26 +107,30 @@ class LongTermMemory:
                                           what=f"forget of {len(ids)} memories")
 
     async def remember_many(self, memories: Iterable[MemoryInput]) -> list[str]:
-        """Store many memories pipelined (each acknowledged); returns their ids in order."""
-        js = self._agent._store._js
-        sent: list[tuple[str, str, bytes, dict[str, str], Any]] = []
+        """Store many memories pipelined (each acknowledged); returns their ids in order.
+
+        Raises:
+            the first error of :meth:`remember` (the other memories are still stored).
+        """
+        timeout = self._agent.settings.nats.request_timeout
+        sent: list[tuple[str, str, bytes, dict[str, str], asyncio.Future[Ack] | None]] = []
         for m in memories:
             memory_id, subject, payload, headers = self._prepare(m)
+            fut: asyncio.Future[Ack] | None
             try:
-                fut = await js.publish_async(subject, payload, headers=headers)
-            except Exception:  # resent below through the retrying path
-                fut = None
+                fut = await self._publisher.send(subject, payload, headers)
+            except RETRYABLE:
+                fut = None  # re-sent below through the retrying path
             sent.append((memory_id, subject, payload, headers, fut))
+        pending = [f for *_, f in sent if f is not None and not f.done()]
+        if pending:
+            await asyncio.wait(pending, timeout=timeout)
         ids: list[str] = []
         for memory_id, subject, payload, headers, fut in sent:
-            ok = False
-            if fut is not None:
-                try:
-                    await fut
-                    ok = True
-                except Exception:
-                    ok = False
-            if not ok:
+            if fut is None or not fut.done() or fut.cancelled() or fut.exception() is not None:
+                if fut is not None and not fut.done():
+                    self._publisher.forget(fut)
+                # same Msg-Id (the memory id): deduplicated if the first copy landed
                 await self._publisher.publish(subject, payload, headers, what=f"memory {memory_id!r}")
             ids.append(memory_id)
         return ids

@@ -49,7 +49,7 @@ from blackboard.subjects import Header, KeyParts, Subjects, validate_name
 
 __all__ = ["BoardStore", "Pipeline", "Watch", "WatchStart", "WriteOp"]
 
-_PIPELINE_RETRYABLE: tuple[type[BaseException], ...] = (*RETRYABLE, nats.js.errors.TooManyStalledMsgsError)
+_PIPELINE_RETRYABLE: tuple[type[BaseException], ...] = RETRYABLE
 
 log = logging.getLogger("blackboard.kv")
 
@@ -140,10 +140,14 @@ class BoardStore:
 
     async def _publish(self, prep: _Prepared) -> int:
         """Publish with retries until acked or the write timeout; returns the revision."""
+        return await self._publish_prepared(prep, resend=False)
+
+    async def _publish_prepared(self, prep: _Prepared, *, resend: bool) -> int:
         ack = await self._publisher.publish(prep.subject, prep.payload, prep.headers,
                                             what=f"write to {prep.key!r}",
-                                            map_api_error=lambda exc: self._map_api_error(exc, prep))
-        return int(ack.seq)
+                                            map_api_error=lambda exc: self._map_api_error(exc, prep),
+                                            stream=self.subjects.kv_stream, resend=resend)
+        return ack.seq
 
     def _map_api_error(self, exc: nats.js.errors.APIError, prep: _Prepared) -> BlackboardError:
         if exc.err_code == _WRONG_LAST_SEQ:
@@ -542,14 +546,16 @@ class Pipeline:
         return await self._send(self.store._prepare_delete(board, section, key, None, purge))
 
     async def _send(self, prep: _Prepared) -> asyncio.Future[Any]:
-        # nats-py's publish_async waits by itself while too many acks are
-        # outstanding (its semaphore), which bounds memory.
+        # The publisher waits by itself while max_pending_writes acks are
+        # outstanding, which bounds memory.
         try:
-            fut = await self.store._js.publish_async(prep.subject, prep.payload, headers=prep.headers)
+            fut = await self.store._publisher.send(prep.subject, prep.payload, prep.headers)
         except _PIPELINE_RETRYABLE:
             fut = asyncio.get_running_loop().create_future()  # resolved by the retrying path in flush
         except nats.errors.ConnectionClosedError as exc:
             raise NotConnectedError("the NATS connection is closed") from exc
+        except nats.errors.MaxPayloadError as exc:
+            raise PayloadTooLargeError(len(prep.payload), self.store._nc.max_payload) from exc
         self._sent.append((prep, fut))
         return fut
 
@@ -576,9 +582,9 @@ class Pipeline:
                 if isinstance(exc, nats.js.errors.APIError):
                     raise self.store._map_api_error(exc, prep) from exc
                 if not fut.done():
-                    fut.cancel()
-                # No ack (or a transport error): retry with the same Msg-Id.
-                revisions.append(await self.store._publish(prep))
+                    self.store._publisher.forget(fut)
+                # No ack (or a transport error): re-send with the same Msg-Id.
+                revisions.append(await self.store._publish_prepared(prep, resend=True))
             except BlackboardError as err:
                 revisions.append(-1)
                 first_error = first_error or err

@@ -323,3 +323,22 @@ async def test_pipelined_cas_conflict_is_reported(settings: Settings, unique: st
         with pytest.raises(ConflictError):
             await pipe.flush()
         assert (await board.get("s", "k")).value == 1
+
+
+async def test_cas_retry_after_lost_ack_returns_own_revision(settings: Settings, unique: str) -> None:
+    """nats-server checks the expected sequence before deduplicating: a re-sent
+    CAS write whose first copy was applied must still report success."""
+    async with Agent.connect("a1", settings=settings) as agent:
+        store = agent.store
+        rev = await agent.board(unique).put("s", "counter", 1)
+        prep = store._prepare(unique, "s", "counter", 2, author="a1", content_type=None, tags=(),
+                              metadata=None, expected_revision=rev, ttl=None, encoding="msgpack")
+        first = await store._publish(prep)  # applied; pretend its ack was lost
+        again = await store._publish_prepared(prep, resend=True)  # same Msg-Id
+        assert again == first
+        # a genuinely stale CAS is still a conflict
+        other = store._prepare(unique, "s", "counter", 3, author="a1", content_type=None, tags=(),
+                               metadata=None, expected_revision=rev, ttl=None, encoding="msgpack")
+        with pytest.raises(ConflictError):
+            await store._publish_prepared(other, resend=True)
+        assert len(await agent.board(unique).history("s", "counter")) == 2
