@@ -92,7 +92,7 @@ class ObjectStore:
         digest = hashlib.sha256(data).hexdigest()
         store = await self._get_store()
         meta = api.ObjectMeta(name=name, description=content_type,
-                              headers={"Content-Type": content_type})  # type: ignore[arg-type]
+                              headers={"Content-Type": content_type})
         try:
             await store.put(name, data, meta=meta)
         except (nats.errors.Error, TimeoutError) as exc:

@@ -62,11 +62,21 @@ def decode(data: bytes, encoding: Encoding = "msgpack") -> Any:
         raise InvalidPayloadError(f"payload is not valid {encoding}: {exc}") from exc
 
 
-def encoding_of(headers: Mapping[str, str] | None) -> Encoding:
-    """The encoding a message declares (msgpack when no header says otherwise)."""
+def encoding_of(headers: Mapping[str, str] | None, data: bytes | None = None) -> Encoding:
+    """The encoding of a message: its ``Bb-Encoding`` header, else sniffed, else msgpack.
+
+    Without a header, a payload starting with ``{`` (after white space) is
+    JSON: every wire object is a map, and a msgpack map never starts with that
+    byte (fixmap is 0x80-0x8f, map16/map32 0xde/0xdf). This lets tools that
+    cannot set headers (``nats kv put``) write JSON entries.
+    """
     if headers:
         value = headers.get(Header.ENCODING.value)
-        if value is not None and value.lower() == "json":
+        if value is not None:
+            return "json" if value.lower() == "json" else "msgpack"
+    if data:
+        head = data[:64].lstrip()
+        if head[:1] == b"{":
             return "json"
     return "msgpack"
 

@@ -158,7 +158,7 @@ def decode_entry(
     op = _operation(headers)
     if op is not Operation.PUT or not data:
         return Entry(parts.board, parts.section, parts.key, revision, operation=op, stored_at=stored_at)
-    obj = codec.decode(data, codec.encoding_of(headers))
+    obj = codec.decode(data, codec.encoding_of(headers, data))
     if not isinstance(obj, dict) or "value" not in obj:
         raise InvalidPayloadError(f"entry {parts.board}.{parts.section}.{parts.key}@{revision} is not an envelope")
     created = obj.get("created_at")

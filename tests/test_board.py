@@ -342,3 +342,17 @@ async def test_cas_retry_after_lost_ack_returns_own_revision(settings: Settings,
         with pytest.raises(ConflictError):
             await store._publish_prepared(other, resend=True)
         assert len(await agent.board(unique).history("s", "counter")) == 2
+
+
+async def test_json_written_without_header_is_read(settings: Settings, unique: str) -> None:
+    """`nats kv put` cannot set headers: a JSON envelope is recognised by its first byte."""
+    import json
+
+    async with Agent.connect("reader", settings=settings) as agent:
+        js = agent.nc.jetstream()
+        kv = await js.key_value(settings.board.bucket)
+        envelope = {"v": 1, "value": {"n": 1}, "content_type": "application/json", "tags": ["cli"],
+                    "metadata": {}, "author": "shell", "created_at": "2026-01-01T00:00:00+00:00"}
+        await kv.put(f"{unique}.s.k", json.dumps(envelope).encode())
+        entry = await agent.board(unique).get("s", "k")
+        assert (entry.value, entry.author, entry.tags) == ({"n": 1}, "shell", ("cli",))

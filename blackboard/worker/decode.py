@@ -215,7 +215,7 @@ def memory_search_text(text: str, tags: list[str], metadata: Mapping[str, Any], 
 def _payload(msg: RawMessage, max_bytes: int) -> Any:
     if len(msg.data) > max_bytes:
         raise InvalidPayloadError(f"oversized: {len(msg.data)} bytes > limit {max_bytes}")
-    return codec.decode(msg.data, codec.encoding_of(msg.headers))
+    return codec.decode(msg.data, codec.encoding_of(msg.headers, msg.data))
 
 
 def decode_entry(msg: RawMessage, subjects: Subjects, *, max_bytes: int, index_chars: int) -> EntryRow:
