@@ -1,0 +1,154 @@
+"""Search latency p50/p95 per mode at 100k memories, through the SDK and the NATS service.
+
+The memories are synthetic sentences (a Zipf-distributed vocabulary) COPYed
+straight into ``bb_memories``; their vectors are *random unit vectors* COPYed
+into the local model's space (embedding 100k texts with the real model would
+take ~15 min here), and the HNSW index is built once afterwards. Queries are
+embedded with the real local model, so the semantic and hybrid figures include
+the query embedding. Raw layers next to them: a core NATS request/reply round
+trip, the bare ANN query in SQL, and one query embedding.
+
+Usage: python bench/search_bench.py [--n 100000] [--queries 300]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import random
+import shutil
+import statistics
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+import numpy as np
+from psycopg import sql
+from psycopg.types.json import Jsonb
+
+from agents_sdk.search import SearchClient
+from blackboard.connection import connect_nats
+from blackboard.db import migrate, open_pool
+from blackboard.db.spaces import ensure_space, hnsw_index
+from blackboard.embedded import EmbeddedNats, EmbeddedPostgres
+from blackboard.embeddings import provider_from_settings
+from blackboard.settings import NatsSettings, PostgresSettings, Settings, WorkerSettings
+from blackboard.streams import ensure_streams
+from blackboard.worker import Worker
+
+
+def _pct(xs: list[float], p: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, round(p / 100 * (len(xs) - 1)))]
+
+
+def _vocab(rng: random.Random, n: int = 3000) -> list[str]:
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    return ["".join(rng.choice(letters) for _ in range(rng.randint(3, 9))) for _ in range(n)]
+
+
+async def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--n", type=int, default=100_000)
+    ap.add_argument("--queries", type=int, default=300)
+    args = ap.parse_args()
+    rng = random.Random(7)
+    vocab = _vocab(rng)
+    weights = [1 / (i + 1) for i in range(len(vocab))]
+    root = Path(tempfile.mkdtemp(prefix="bb-search-bench-"))
+    os.chmod(root, 0o755)
+    ns, pg = EmbeddedNats(root / "nats", port=0, sync_interval="1s"), EmbeddedPostgres(root / "pg", port=0)
+    ns.start()
+    pg.start()
+    try:
+        s = Settings().model_copy(update={
+            "nats": NatsSettings(url=ns.url), "postgres": PostgresSettings(dsn=pg.dsn),  # type: ignore[arg-type]
+            "worker": WorkerSettings(lag_interval=600)})
+        await migrate(s)
+        prov = provider_from_settings(s.embedding)
+        boards = [f"b{i}" for i in range(20)]
+        kinds = ["episodic", "semantic", "procedural", "knowledge"]
+        t0 = time.perf_counter()
+        async with open_pool(s.postgres) as pool:
+            async with pool.connection() as conn:
+                space = await ensure_space(conn, prov.model, prov.dimensions)
+                await conn.execute(sql.SQL("DROP INDEX IF EXISTS {}").format(
+                    sql.Identifier(space.table_name("memory") + "_hnsw")))
+                await conn.commit()
+                now = datetime.now(UTC)
+                async with conn.cursor() as cur, cur.copy(
+                        "COPY bb_memories (id, board, agent, kind, text, tags, metadata, created_at, updated_at, "
+                        "stream, seq, search_text) FROM STDIN") as copy:
+                    for i in range(args.n):
+                        text = " ".join(rng.choices(vocab, weights, k=14))
+                        await copy.write_row((f"m{i}", boards[i % 20], f"agent{i % 50}", kinds[i % 4], text,
+                                              [f"t{i % 10}"], Jsonb({"n": i % 100}), now, now, "BB_MEMORY",
+                                              i + 1, text))
+                await conn.commit()
+                vecs = np.random.default_rng(1).standard_normal((args.n, prov.dimensions)).astype(np.float32)
+                vecs /= np.linalg.norm(vecs, axis=1, keepdims=True)
+                async with conn.cursor() as cur, cur.copy(sql.SQL(
+                        "COPY {} (item, revision, embedding) FROM STDIN WITH (FORMAT BINARY)").format(
+                        space.table("memory"))) as copy:
+                    copy.set_types(["int8", "int8", "vector"])
+                    for i in range(args.n):
+                        await copy.write_row((i + 1, i + 1, vecs[i]))
+                await conn.commit()
+                load_s = time.perf_counter() - t0
+                t1 = time.perf_counter()
+                await conn.execute("SET maintenance_work_mem = '1GB'")
+                await conn.execute(hnsw_index(space, "memory"))
+                await conn.execute("VACUUM ANALYZE bb_memories")
+                await conn.commit()
+                index_s = time.perf_counter() - t1
+                print(f"{args.n} memories loaded in {load_s:.1f}s, HNSW built in {index_s:.1f}s")
+                # raw ANN query
+                raw: list[float] = []
+                for _ in range(100):
+                    q = vecs[rng.randrange(args.n)]
+                    t = time.perf_counter()
+                    await (await conn.execute(sql.SQL("SELECT item FROM {} ORDER BY embedding <=> %s LIMIT 10")
+                                              .format(space.table("memory")), (q,))).fetchall()
+                    raw.append((time.perf_counter() - t) * 1000)
+                await conn.rollback()
+        queries = [" ".join(rng.choices(vocab[:800], k=5)) for _ in range(args.queries)]
+        nc = await connect_nats(s.nats, name="bench")
+        await ensure_streams(nc.jetstream(), s)
+        async with prov, Worker(s, provider=prov):
+            emb: list[float] = []
+            for qtext in queries[:100]:
+                t = time.perf_counter()
+                await prov.embed([qtext])
+                emb.append((time.perf_counter() - t) * 1000)
+            rtt: list[float] = []
+            sub = await nc.subscribe("bench.echo", cb=lambda m: m.respond(b"x"))  # type: ignore[arg-type,return-value]
+            for _ in range(200):
+                t = time.perf_counter()
+                await nc.request("bench.echo", b"x", timeout=2)
+                rtt.append((time.perf_counter() - t) * 1000)
+            await sub.unsubscribe()
+            client = SearchClient(nc, s)
+            print(f"raw: NATS request/reply p50 {_pct(rtt, 50):.2f} ms; ANN top-10 SQL p50 {_pct(raw, 50):.2f} / "
+                  f"p95 {_pct(raw, 95):.2f} ms; one query embedding p50 {_pct(emb, 50):.2f} / p95 {_pct(emb, 95):.2f} ms")
+            for mode in ("keyword", "semantic", "hybrid"):
+                for label, kw in (("no filter", {}), ("board filter", {"board": "b3"}),
+                                  ("board+tag+kind", {"board": "b3", "tags_any": ["t3"], "kind": "semantic"})):
+                    lat: list[float] = []
+                    for qtext in queries:
+                        t = time.perf_counter()
+                        await client.recall(qtext, mode=mode, top_k=10, **kw)  # type: ignore[arg-type]
+                        lat.append((time.perf_counter() - t) * 1000)
+                    print(f"{mode:8s} {label:15s} p50 {_pct(lat, 50):6.2f} ms  p95 {_pct(lat, 95):6.2f} ms  "
+                          f"mean {statistics.mean(lat):6.2f} ms  (p95 / raw ANN p95 = "
+                          f"{_pct(lat, 95) / _pct(raw, 95):.1f}x)")
+        await nc.close()
+    finally:
+        pg.stop()
+        ns.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
