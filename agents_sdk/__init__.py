@@ -7,11 +7,15 @@ from agents_sdk.longterm import MemoryInput
 from agents_sdk.messaging import Handler, Messenger, Sent, Subscriptions
 from agents_sdk.objects import ObjectRef, ObjectStore
 from agents_sdk.view import View
+from agents_sdk.voting import BallotReceipt, ProposalHandle, VoteEvent, VoteWatch, Voting
 from blackboard.entries import Change, Entry, Operation
 from blackboard.errors import (
     BlackboardError,
     ConflictError,
+    DeadlinePassedError,
     InboxBusyError,
+    IneligibleVoterError,
+    InvalidBallotError,
     InvalidKeyError,
     InvalidPayloadError,
     MessagingError,
@@ -20,24 +24,34 @@ from blackboard.errors import (
     NotConnectedError,
     NotFoundError,
     OperationTimeoutError,
+    OutcomeTimeoutError,
     PayloadTooLargeError,
+    ProposalClosedError,
+    ProposalNotFoundError,
     RemoteError,
     RequestTimeoutError,
+    VoteError,
 )
 from blackboard.kv import Watch, WriteOp
+from blackboard.schemas import Ballot, Outcome, Policy, Proposal, TallyCounts
 from blackboard.settings import Settings
 
 __all__ = [
     "Agent",
+    "Ballot",
+    "BallotReceipt",
     "BlackboardError",
     "Board",
     "BoardPipeline",
     "Change",
     "ConflictError",
+    "DeadlinePassedError",
     "Entry",
     "Handler",
     "Inbox",
     "InboxBusyError",
+    "IneligibleVoterError",
+    "InvalidBallotError",
     "InvalidKeyError",
     "InvalidPayloadError",
     "MemoryInput",
@@ -52,13 +66,25 @@ __all__ = [
     "ObjectStore",
     "Operation",
     "OperationTimeoutError",
+    "Outcome",
+    "OutcomeTimeoutError",
     "PayloadTooLargeError",
+    "Policy",
+    "Proposal",
+    "ProposalClosedError",
+    "ProposalHandle",
+    "ProposalNotFoundError",
     "RemoteError",
     "RequestTimeoutError",
     "Sent",
     "Settings",
     "Subscriptions",
+    "TallyCounts",
     "View",
+    "VoteError",
+    "VoteEvent",
+    "VoteWatch",
+    "Voting",
     "Watch",
     "WriteOp",
 ]

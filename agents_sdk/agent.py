@@ -12,6 +12,7 @@ from agents_sdk.inbox import Inbox
 from agents_sdk.longterm import LongTermMemory, MemoryInput
 from agents_sdk.messaging import Handler, Messenger, Sent, Subscriptions
 from agents_sdk.objects import ObjectStore
+from agents_sdk.voting import Voting
 from blackboard import codec
 from blackboard.connection import connect_nats
 from blackboard.kv import BoardStore
@@ -45,6 +46,7 @@ class Agent:
         self._views: dict[str, list[View]] = {}
         self._longterm: LongTermMemory | None = None
         self._messenger: Messenger | None = None
+        self._voting: Voting | None = None
         #: Large binaries (JetStream object store).
         self.objects = ObjectStore(self._store._js, settings.board.objects_bucket)
 
@@ -117,6 +119,14 @@ class Agent:
         if self._messenger is None:
             self._messenger = Messenger(self.id, self.nc, self.settings)
         return self._messenger
+
+    @property
+    def voting(self) -> Voting:
+        """This agent's consensus voting (see :mod:`agents_sdk.voting`); ``Board.propose``,
+        ``Board.vote`` and ``Board.proposal`` delegate to it."""
+        if self._voting is None:
+            self._voting = Voting(self)
+        return self._voting
 
     async def send(self, to: str | Sequence[str], type: str, body: Any = None, *, board: str | None = None,
                    correlation_id: str | None = None, metadata: Mapping[str, Any] | None = None,
@@ -193,6 +203,8 @@ class Agent:
                 await view.close()
         if self._messenger is not None:
             await self._messenger.close()
+        if self._voting is not None:
+            await self._voting.close()
         if not self.nc.is_closed:
             await self.nc.drain()
 

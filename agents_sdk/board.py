@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
+from agents_sdk.voting import NO_VALUE, BallotReceipt, DeadlineSpec, ProposalHandle, VoteWatch
 from blackboard.codec import Encoding
 from blackboard.entries import Entry, Operation, default_content_type
 from blackboard.errors import ConflictError, NotFoundError
 from blackboard.kv import BoardStore, Pipeline, Watch, WatchStart, WriteOp
+from blackboard.schemas import Policy, PolicyKind
 from blackboard.subjects import validate_name
 
 if TYPE_CHECKING:
@@ -212,6 +214,35 @@ class Board:
     async def broadcast(self, type: str, body: Any = None, **kwargs: Any) -> Sent:
         """Send a message to every agent that joined this board (see ``agent.join``)."""
         return await self.agent.messaging.broadcast(self.name, type, body, **kwargs)
+
+    # ------------------------------------------------------------------ voting
+    async def propose(self, section: str, key: str, candidates: Sequence[Any] | None = None, *,
+                      value: Any = NO_VALUE, policy: Policy | PolicyKind = "majority",
+                      voters: Sequence[str] | None = None, deadline: DeadlineSpec = None,
+                      question: str = "", proposal_id: str | None = None) -> ProposalHandle:
+        """Put the value of ``(section, key)`` to a vote; see :meth:`agents_sdk.voting.Voting.propose`.
+
+        ``await (await board.propose(...)).outcome()`` waits for the result; an
+        accepted value is written to the entry once.
+        """
+        return await self.agent.voting.propose(self.name, section, key, candidates, value=value, policy=policy,
+                                               voters=voters, deadline=deadline, question=question,
+                                               proposal_id=proposal_id)
+
+    async def vote(self, proposal_id: str, choice: Any, *, reason: str | None = None, index: bool = False,
+                   ballot_id: str | None = None) -> BallotReceipt:
+        """Cast this agent's ballot; see :meth:`agents_sdk.voting.Voting.vote` (typed errors
+        for unknown or closed proposals, ineligible voters and late ballots)."""
+        return await self.agent.voting.vote(self.name, proposal_id, choice, reason=reason, index=index,
+                                            ballot_id=ballot_id)
+
+    async def proposal(self, proposal_id: str) -> ProposalHandle:
+        """A handle on an existing proposal of this board (``ProposalNotFoundError`` if none)."""
+        return await self.agent.voting.proposal(self.name, proposal_id)
+
+    def watch_votes(self, proposal_id: str | None = None, *, start: Literal["new", "all"] = "new") -> VoteWatch:
+        """Watch this board's proposals, ballots and outcomes (or one proposal's)."""
+        return self.agent.voting.watch(self.name, proposal_id, start=start)
 
     def view(self, section: str | None = None, key: str | None = None) -> View:
         """A live local view of this board, a section, or one key.

@@ -25,7 +25,8 @@
     │   ├── ProposalClosedError          (proposal_id)
     │   ├── IneligibleVoterError         (proposal_id, voter)
     │   ├── DeadlinePassedError          (proposal_id)
-    │   └── InvalidBallotError           (proposal_id, reason)
+    │   ├── InvalidBallotError           (proposal_id, reason)
+    │   └── OutcomeTimeoutError          (proposal_id, timeout: not decided in time)
     ├── SearchError
     ├── EmbeddingError
     │   ├── EmbeddingModelUnavailableError (model, reason)
@@ -61,6 +62,7 @@ __all__ = [
     "NotConnectedError",
     "NotFoundError",
     "OperationTimeoutError",
+    "OutcomeTimeoutError",
     "PayloadTooLargeError",
     "ProposalClosedError",
     "ProposalNotFoundError",
@@ -237,6 +239,15 @@ class InvalidBallotError(VoteError, ValueError):
         self.proposal_id = proposal_id
         self.reason = reason
         super().__init__(f"invalid ballot for {proposal_id!r}: {reason}")
+
+
+class OutcomeTimeoutError(VoteError, TimeoutError):
+    """A proposal had no committed outcome within the time waited for it."""
+
+    def __init__(self, proposal_id: str, timeout: float) -> None:
+        self.proposal_id = proposal_id
+        self.timeout = timeout
+        super().__init__(f"proposal {proposal_id!r} has no outcome after {timeout:g}s")
 
 
 class SearchError(BlackboardError):

@@ -125,6 +125,9 @@ class WorkerSettings(BaseModel):
     embed: bool = True
     #: Seconds between deadline checks of open proposals.
     deadline_interval: float = Field(0.5, gt=0)
+    #: Seconds the worker leaves a decided (or recorded but unapplied) vote
+    #: outcome to the agents that saw the decision before committing it itself.
+    vote_commit_grace: float = Field(2.0, ge=0)
     #: Longest back-off while Postgres is unavailable.
     max_backoff: float = Field(5.0, gt=0)
     #: Seconds JetStream waits for an ack before redelivering (a killed

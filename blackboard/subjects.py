@@ -14,7 +14,7 @@ Layout (``<bucket>`` defaults to ``blackboard``)::
     bb.msg.topic.<topic tokens...>                  topic messages
     bb.rpc.<agent>                                  request/reply (core NATS)
     inbox-<agent>                                   an agent's durable inbox consumer on BB_MSG
-    bb.vote.<board>.<proposal>.proposal|ballot|outcome   consensus voting
+    bb.vote.<board>.<proposal>.proposal|ballot|close|outcome|applied   consensus voting
     bb.search.<endpoint>                            search micro service
 """
 
@@ -34,6 +34,7 @@ __all__ = [
     "MESSAGE_STREAM",
     "RPC_QUEUE_GROUP",
     "SEARCH_SERVICE",
+    "VOTE_KINDS",
     "VOTE_STREAM",
     "Header",
     "KeyParts",
@@ -55,6 +56,9 @@ MAX_KEY_TOKEN_LENGTH = 1024
 MEMORY_STREAM = "BB_MEMORY"
 MESSAGE_STREAM = "BB_MSG"
 VOTE_STREAM = "BB_VOTE"
+#: Message kinds of a proposal's subjects (see docs/voting.md): the proposal,
+#: ballots, deadline close requests, the recorded outcome and its application.
+VOTE_KINDS = ("proposal", "ballot", "close", "outcome", "applied")
 SEARCH_SERVICE = "blackboard-search"
 #: Queue group of request handlers on ``bb.rpc.<agent>`` (processes of one agent share the load).
 RPC_QUEUE_GROUP = "bb-rpc"
@@ -78,6 +82,9 @@ class Header(StrEnum):
     STATUS = "Status"
     #: Set on an error reply of a request handler: the error class name.
     ERROR = "Bb-Error"
+    #: On a recorded vote outcome: the target entry's revision when it was
+    #: recorded (0: absent); the accepted value is written after it.
+    BASE_REVISION = "Bb-Base-Revision"
 
 
 def validate_name(value: str, what: str = "name") -> str:
@@ -259,9 +266,22 @@ class Subjects:
     # -- voting ----------------------------------------------------------
     @staticmethod
     def vote(board: str, proposal_id: str, kind: str) -> str:
-        if kind not in ("proposal", "ballot", "outcome"):
-            raise InvalidKeyError(kind, "vote subject kind must be proposal, ballot or outcome")
+        """``bb.vote.<board>.<proposal>.<kind>``; ``kind`` is one of :data:`VOTE_KINDS`."""
+        if kind not in VOTE_KINDS:
+            raise InvalidKeyError(kind, f"vote subject kind must be one of {', '.join(VOTE_KINDS)}")
         return f"bb.vote.{validate_name(board, 'board')}.{validate_name(proposal_id, 'proposal id')}.{kind}"
+
+    @staticmethod
+    def parse_vote(subject: str) -> tuple[str, str, str]:
+        """Split a vote subject into ``(board, proposal_id, kind)``.
+
+        Raises:
+            InvalidKeyError: not a ``bb.vote.<board>.<proposal>.<kind>`` subject.
+        """
+        parts = subject.split(".")
+        if len(parts) != 5 or parts[:2] != ["bb", "vote"] or parts[4] not in VOTE_KINDS:
+            raise InvalidKeyError(subject, "not a vote subject")
+        return validate_name(parts[2], "board"), validate_name(parts[3], "proposal id"), parts[4]
 
     @staticmethod
     def vote_filter(board: str | None = None, proposal_id: str | None = None) -> str:
@@ -275,6 +295,13 @@ class Subjects:
     @staticmethod
     def votes_all() -> str:
         return "bb.vote.>"
+
+    # -- JetStream API ------------------------------------------------------
+    @staticmethod
+    def direct_get(stream: str, last_by_subject: str | None = None) -> str:
+        """The direct-get API subject of a stream (optionally: the last message of a subject)."""
+        base = f"$JS.API.DIRECT.GET.{stream}"
+        return base if last_by_subject is None else f"{base}.{last_by_subject}"
 
     # -- search service ----------------------------------------------------
     @staticmethod

@@ -124,7 +124,10 @@ def default_handlers(settings: Settings) -> list[StreamHandler]:
     def memory(msg: RawMessage) -> MemoryRow | ForgetRow:
         return decode_memory(msg, max_bytes=max_bytes, index_chars=chars)
 
+    from blackboard.worker.voting import vote_handler  # imports this module
+
     return [
         StreamHandler("entries", subjects.kv_stream, subjects.entry_filter(), entry, write_entries, True),
         StreamHandler("memories", MEMORY_STREAM, Subjects.memory_all(), memory, write_memories, True),
+        vote_handler(settings),
     ]

@@ -30,6 +30,7 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 from blackboard.db import ingest_sql as q
 from blackboard.errors import InvalidPayloadError
 from blackboard.settings import Settings
+from blackboard.votelog import jetstream_time
 from blackboard.worker.decode import DeadLetter, RawMessage
 from blackboard.worker.handlers import Conn, StreamHandler
 
@@ -56,7 +57,10 @@ def backoff_delays(first: float, maximum: float) -> Callable[[], float]:
 def to_raw(msg: Msg) -> RawMessage:
     """The fields of a JetStream message the decoders need."""
     md = msg.metadata
-    return RawMessage(md.stream, md.sequence.stream, msg.subject, msg.headers or {}, msg.data, md.timestamp)
+    # The exact server time (nats-py's metadata.timestamp goes through a float
+    # and can be 1 µs off, which a recount of a vote deadline would notice).
+    stamp = jetstream_time(msg.reply) or md.timestamp
+    return RawMessage(md.stream, md.sequence.stream, msg.subject, msg.headers or {}, msg.data, stamp)
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,6 +27,7 @@ from blackboard.streams import ensure_streams
 from blackboard.worker.embedder import Embedder, EmbeddingProvider, load_provider
 from blackboard.worker.handlers import StreamHandler, default_handlers
 from blackboard.worker.ingest import ConsumerLag, IngestLoop, backoff_delays
+from blackboard.worker.voting import VoteCloser
 
 __all__ = ["Worker", "run_worker"]
 
@@ -58,6 +59,8 @@ class Worker:
         self.loops: list[IngestLoop] = []
         self.embedder: Embedder | None = None
         self.search: Any = None
+        #: Closes expired proposals and finishes vote commits (docs/voting.md).
+        self.votes: VoteCloser | None = None
         self.started_at = 0.0
         self._owned_provider: EmbeddingProvider | None = None
 
@@ -90,6 +93,9 @@ class Worker:
                 await loop.setup()
                 self.loops.append(loop)
                 self._spawn(f"ingest {handler.name}", loop.run)
+            self.votes = VoteCloser(self._nc, s)
+            await self.votes.setup()
+            self._spawn("vote closer", self.votes.run)
             if self._serve_search:
                 from blackboard.worker.search_service import SearchService
 
