@@ -17,6 +17,7 @@ from blackboard import codec
 from blackboard.connection import connect_nats
 from blackboard.kv import BoardStore
 from blackboard.schemas.memory import MemoryKind
+from blackboard.schemas.message_search import MessageHit
 from blackboard.settings import Settings
 from blackboard.streams import ensure_streams
 from blackboard.subjects import validate_name
@@ -182,6 +183,10 @@ class Agent:
     async def subscriptions(self) -> Subscriptions:
         """Boards joined and topic patterns subscribed to."""
         return await self.messaging.subscriptions()
+
+    async def search_messages(self, query: str | None = None, **filters: Any) -> list[MessageHit]:
+        """Search stored messages by keyword and/or filters (see :meth:`Messenger.search`)."""
+        return await self.messaging.search(query, **filters)
 
     def _register_view(self, view: View) -> None:
         self._views.setdefault(view.board.name, []).append(view)

@@ -34,6 +34,7 @@ import nats.errors
 import nats.js.errors
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
 from nats.js import JetStreamContext, api
 
 from blackboard import codec
@@ -49,7 +50,7 @@ from blackboard.errors import (
 )
 from blackboard.schemas import MessageEnvelope, MessageKind, validate_wire
 from blackboard.settings import Settings
-from blackboard.subjects import MESSAGE_STREAM, Subjects
+from blackboard.subjects import MESSAGE_STREAM, Header, Subjects
 
 __all__ = [
     "Inbox",
@@ -71,8 +72,16 @@ log = logging.getLogger("agents_sdk.inbox")
 
 _START_PREFIX = Subjects.inbox_start_key("")
 _SERVER_METADATA_PREFIX = "_nats."
-#: Longest single pull request; the reader re-polls after it.
+#: Longest wait of the reader between checks (stop, deadline, lost requests).
 _MAX_POLL = 5.0
+#: A pull request lives this long on the server; heartbeats come every _PULL_HEARTBEAT
+#: while it waits, so a request lost to a reconnect is noticed after _STALE_PULL.
+_PULL_EXPIRES = 30.0
+_PULL_HEARTBEAT = 1.0
+_STALE_PULL = 3.0
+_STATUS = Header.STATUS.value
+_DESCRIPTION = Header.DESCRIPTION.value
+_PENDING_MSGS = Header.PENDING_MESSAGES.value
 
 
 # --------------------------------------------------------------------------- pure
@@ -489,13 +498,21 @@ class Inbox:
         if limit is not None and limit < 0:
             raise ValueError("limit must be >= 0")
         self._consumer = consumer
+        self._nc = consumer._nc
         self._settings = settings
         self._types = frozenset(types) if types is not None else None
         self._batch = batch or settings.messaging.inbox_batch
         self._timeout = timeout
         self._limit = limit
         self._include_own = include_own
-        self._psub: JetStreamContext.PullSubscription | None = None
+        self._sub: Subscription | None = None
+        self._deliver = ""
+        self._pull_subject = Subjects.consumer_next_api(MESSAGE_STREAM, consumer.name)
+        #: Messages asked for with pull requests and not yet received.
+        self._outstanding = 0
+        self._last_activity = 0.0
+        self._arrived = asyncio.Event()
+        self._error: BlackboardError | None = None
         self._buffer: deque[Msg] = deque()
         self._held: dict[int, Msg] = {}
         self._keepalive: asyncio.Task[None] | None = None
@@ -510,7 +527,7 @@ class Inbox:
 
     @property
     def unacknowledged(self) -> int:
-        """Messages fetched or yielded and not yet settled."""
+        """Messages received or yielded and not yet settled."""
         return len(self._held)
 
     async def open(self) -> None:
@@ -535,7 +552,9 @@ class Inbox:
             info = await self._consumer.ensure()
             await self._consumer.reset_if_pending(info)
             async with _nats_errors(f"inbox {self._consumer.name}"):
-                self._psub = await self._consumer._js.pull_subscribe_bind(self._consumer.name, MESSAGE_STREAM)
+                self._deliver = self._nc.new_inbox()
+                self._sub = await self._nc.subscribe(self._deliver, cb=self._on_msg)
+            self._last_activity = asyncio.get_running_loop().time()
             self._keepalive = asyncio.create_task(self._keep_alive(), name=f"inbox keepalive {self._consumer.agent}")
         except BaseException:
             await self.close()
@@ -546,13 +565,14 @@ class Inbox:
         if self._closed:
             return
         self._closed = True
+        self._arrived.set()
         if self._keepalive is not None:
             self._keepalive.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._keepalive
-        if self._psub is not None:
+        if self._sub is not None:
             with contextlib.suppress(nats.errors.Error):
-                await self._psub.unsubscribe()
+                await self._sub.unsubscribe()
         self._buffer.clear()
         if self._consumer.reader is self:
             self._consumer.reader = None
@@ -586,40 +606,70 @@ class Inbox:
                     if msg is not None:
                         self._yielded += 1
                         return msg
+                if self._error is not None:
+                    raise self._error
                 if self._closed:
                     raise StopAsyncIteration
+                self._arrived.clear()
+                await self._request()
+                if self._buffer or self._closed:
+                    continue
                 wait = _MAX_POLL if deadline is None else min(_MAX_POLL, deadline - loop.time())
                 if wait <= 0:
                     await self.close()
                     raise StopAsyncIteration
-                await self._fill(max(wait, 0.05))
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._arrived.wait(), wait)
         finally:
             self._busy = False
 
-    async def _fill(self, wait: float) -> None:
-        assert self._psub is not None
-        try:
-            msgs = await self._psub.fetch(self._batch, timeout=wait)
-        except TimeoutError:  # nats.errors.TimeoutError too: nothing arrived
+    # -- continuous pull: a standing pull request, topped up at half the batch --
+    async def _request(self) -> None:
+        """Ask for more messages when fewer than half a batch are on their way or buffered."""
+        loop = asyncio.get_running_loop()
+        if self._outstanding and loop.time() - self._last_activity > _STALE_PULL:
+            # No message or heartbeat for a while: the request was lost (reconnect, server restart).
+            self._outstanding = 0
+        want = self._batch - self._outstanding - len(self._buffer)
+        if want < max(1, self._batch // 2):
             return
+        request = {"batch": want, "expires": int(_PULL_EXPIRES * 1e9), "idle_heartbeat": int(_PULL_HEARTBEAT * 1e9)}
+        try:
+            await self._nc.publish(self._pull_subject, json.dumps(request).encode(), reply=self._deliver)
         except nats.errors.ConnectionClosedError as exc:
-            if self._closed:
-                return
-            raise NotConnectedError("inbox: the NATS connection is closed") from exc
-        except nats.js.errors.APIError as exc:
-            raise TransportError(f"inbox {self._consumer.name}: {exc.description} (code {exc.err_code})") from exc
-        except nats.errors.Error as exc:  # reconnecting, slow consumer...: poll again shortly
-            if self._closed:
-                return
-            log.debug("inbox %s: fetch failed: %r", self._consumer.name, exc)
+            if not self._closed:
+                raise NotConnectedError("inbox: the NATS connection is closed") from exc
+            return
+        except nats.errors.Error as exc:  # reconnecting: the next round asks again
+            log.debug("inbox %s: pull request failed: %r", self._consumer.name, exc)
             await asyncio.sleep(0.1)
             return
-        for m in msgs:
-            seq = _stream_seq(m)
-            if seq is None or seq in self._held:
-                continue  # a redelivery of a message we still hold: the held copy is the one settled
-            self._held[seq] = m
-            self._buffer.append(m)
+        self._outstanding += want
+        self._last_activity = loop.time()
+
+    async def _on_msg(self, m: Msg) -> None:
+        """Subscription callback: buffer a message, or account for a status of a pull request."""
+        self._last_activity = asyncio.get_running_loop().time()
+        status = m.headers.get(_STATUS) if m.headers else None
+        if status:
+            if status == "100":  # idle heartbeat: the request is alive
+                return
+            # 404/408: the request ended (expired or nothing left); 409: refused or
+            # interrupted. Nats-Pending-Messages tells how much of it was unused.
+            pending = m.headers.get(_PENDING_MSGS) if m.headers else None
+            self._outstanding = max(0, self._outstanding - int(pending)) if pending else 0
+            description = (m.headers or {}).get(_DESCRIPTION, "")
+            if status == "409" and "deleted" in description.lower():
+                self._error = TransportError(f"inbox {self._consumer.name}: the consumer was deleted")
+            self._arrived.set()
+            return
+        self._outstanding = max(0, self._outstanding - 1)
+        seq = _stream_seq(m)
+        if seq is None or seq in self._held:
+            return  # a redelivery of a message we still hold: the held copy is the one settled
+        self._held[seq] = m
+        self._buffer.append(m)
+        self._arrived.set()
 
     async def _admit(self, raw: Msg) -> Message | None:
         """The message to yield, or None after settling one the reader skips."""

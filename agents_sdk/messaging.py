@@ -28,7 +28,7 @@ import secrets
 from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Literal
 
 import nats.errors
 import nats.js.errors
@@ -44,6 +44,7 @@ from agents_sdk.inbox import (
     with_grant,
     without_grant,
 )
+from agents_sdk.search import raise_for_error
 from blackboard import codec
 from blackboard.errors import (
     InvalidKeyError,
@@ -56,9 +57,15 @@ from blackboard.errors import (
     PayloadTooLargeError,
     RemoteError,
     RequestTimeoutError,
+    SearchError,
     TransportError,
 )
-from blackboard.schemas import MessageEnvelope, MessageKind
+from blackboard.schemas import MessageEnvelope, MessageKind, validate_wire
+from blackboard.schemas.message_search import (
+    MessageHit,
+    MessageSearchRequest,
+    MessageSearchResponse,
+)
 from blackboard.settings import Settings
 from blackboard.subjects import RPC_QUEUE_GROUP, Header, Subjects, validate_name
 
@@ -218,6 +225,10 @@ class Messenger:
                            recipients=recipients, board=board, correlation_id=correlation_id,
                            metadata=metadata)
         payload = self._checked(encode_envelope(env, encoding))
+        if len(recipients) == 1:  # the common case, without gather's extra task
+            r = recipients[0]
+            return Sent(env.id, (await self._publish(Subjects.direct(r), payload,
+                                                     self._headers(f"{env.id}:{r}", encoding)),))
         seqs = await asyncio.gather(*(
             self._publish(Subjects.direct(r), payload, self._headers(f"{env.id}:{r}", encoding))
             for r in recipients))
@@ -514,6 +525,41 @@ class Messenger:
             await self._nc.publish(reply, payload, headers=headers or None)
         except nats.errors.Error as exc:
             log.info("%s: could not send a reply to %s: %r", self.agent, reply, exc)
+
+    # ------------------------------------------------------------ search
+    async def search(self, query: str | None = None, *, senders: Sequence[str] = (),
+                     recipients: Sequence[str] = (), kinds: Sequence[MessageKind] = (),
+                     types: Sequence[str] = (), boards: Sequence[str] = (), topics: Sequence[str] = (),
+                     correlation_id: str | None = None, since: datetime | None = None,
+                     until: datetime | None = None, top_k: int = 50,
+                     order: Literal["newest", "oldest"] = "newest") -> list[MessageHit]:
+        """Search the messages the workers stored in PostgreSQL (``bb.search.messages``).
+
+        With ``query``: messages matching any of its words, best first
+        (keyword search over type, topic and body text); without: the matching
+        messages by time. Filters are ANDed; list filters match any element.
+
+        Raises:
+            InvalidPayloadError: the service refused the request.
+            SearchError: the search service is not running, timed out or failed.
+        """
+        try:
+            req = MessageSearchRequest(query=query, senders=list(senders), recipients=list(recipients),
+                                       kinds=list(kinds), types=list(types), boards=list(boards),
+                                       topics=list(topics), correlation_id=correlation_id, since=since,
+                                       until=until, top_k=top_k, order=order)
+        except ValueError as exc:
+            raise InvalidPayloadError(f"invalid message search: {exc}") from exc
+        timeout = self._settings.search.timeout
+        try:
+            msg = await self._nc.request(Subjects.search("messages"), codec.encode(req.model_dump(exclude_none=True)),
+                                         timeout=timeout)
+        except nats.errors.NoRespondersError as exc:
+            raise SearchError("the search service is not running (start a worker)") from exc
+        except TimeoutError as exc:
+            raise SearchError(f"the search service did not answer within {timeout:g}s") from exc
+        raise_for_error(msg.headers, msg.data)
+        return validate_wire(MessageSearchResponse, codec.decode(msg.data, codec.encoding_of(msg.headers))).hits
 
     # ------------------------------------------------------------ lifecycle
     async def close(self) -> None:

@@ -80,6 +80,10 @@ class Header(StrEnum):
     SUBJECT = "Nats-Subject"
     TIMESTAMP = "Nats-Time-Stamp"
     STATUS = "Status"
+    #: Text of a status reply (e.g. ``Consumer Deleted``).
+    DESCRIPTION = "Description"
+    #: On a pull request's end-of-request status: how many of its messages were not sent.
+    PENDING_MESSAGES = "Nats-Pending-Messages"
     #: Set on an error reply of a request handler: the error class name.
     ERROR = "Bb-Error"
     #: On a recorded vote outcome: the target entry's revision when it was
@@ -249,6 +253,11 @@ class Subjects:
         """The JetStream API subject that resets a consumer to its ack floor (nats-server 2.14+)."""
         # Both names come from this module (stream constants, inbox_consumer).
         return f"$JS.API.CONSUMER.RESET.{stream}.{consumer}"
+
+    @staticmethod
+    def consumer_next_api(stream: str, consumer: str) -> str:
+        """The JetStream API subject of a pull request (``$JS.API.CONSUMER.MSG.NEXT``)."""
+        return f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{consumer}"
 
     @staticmethod
     def reply_inbox(prefix: str, token: str) -> str:

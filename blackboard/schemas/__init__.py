@@ -9,6 +9,11 @@ from blackboard.schemas._base import Name, Timestamp, WireModel, utcnow, validat
 from blackboard.schemas.entry import ENTRY_SCHEMA_VERSION, EntryEnvelope
 from blackboard.schemas.memory import MemoryForget, MemoryKind, MemoryRecord
 from blackboard.schemas.message import MessageEnvelope, MessageKind
+from blackboard.schemas.message_search import (
+    MessageHit,
+    MessageSearchRequest,
+    MessageSearchResponse,
+)
 from blackboard.schemas.search import (
     AsOfRequest,
     EntryHit,
@@ -60,7 +65,10 @@ __all__ = [
     "MemorySearchRequest",
     "MemorySearchResponse",
     "MessageEnvelope",
+    "MessageHit",
     "MessageKind",
+    "MessageSearchRequest",
+    "MessageSearchResponse",
     "Name",
     "Outcome",
     "OutcomeStatus",
@@ -97,6 +105,8 @@ def json_schemas() -> dict[str, object]:
         HistoryResponse,
         AsOfRequest,
         EntryRevision,
+        MessageSearchRequest,
+        MessageSearchResponse,
         ErrorReply,
     ]
     return {m.__name__: m.model_json_schema() for m in models}

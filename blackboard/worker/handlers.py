@@ -113,7 +113,7 @@ async def _write_memory_rows(conn: Conn, rows: Sequence[MemoryRow]) -> None:
 
 
 def default_handlers(settings: Settings) -> list[StreamHandler]:
-    """The streams every worker persists: board entries (KV) and memories."""
+    """The streams every worker persists: board entries (KV), memories and agent messages."""
     subjects = Subjects(settings.board.bucket)
     max_bytes = settings.worker.max_message_bytes or settings.board.max_value_size
     chars = settings.worker.max_index_chars
@@ -124,10 +124,12 @@ def default_handlers(settings: Settings) -> list[StreamHandler]:
     def memory(msg: RawMessage) -> MemoryRow | ForgetRow:
         return decode_memory(msg, max_bytes=max_bytes, index_chars=chars)
 
+    from blackboard.worker.messages import message_handler  # imports this module
     from blackboard.worker.voting import vote_handler  # imports this module
 
     return [
         StreamHandler("entries", subjects.kv_stream, subjects.entry_filter(), entry, write_entries, True),
         StreamHandler("memories", MEMORY_STREAM, Subjects.memory_all(), memory, write_memories, True),
+        message_handler(settings),
         vote_handler(settings),
     ]

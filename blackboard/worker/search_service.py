@@ -10,6 +10,7 @@ memories    MemorySearchRequest     MemorySearchResponse
 entries     EntrySearchRequest      EntrySearchResponse
 history     HistoryRequest          HistoryResponse
 as_of       AsOfRequest             EntryRevision
+messages    MessageSearchRequest    MessageSearchResponse
 status      (empty)                 worker status (lag, embedding backlog)
 =========== ======================= =========================
 
@@ -36,6 +37,7 @@ from blackboard import codec
 from blackboard.embeddings import EmbeddingProvider
 from blackboard.errors import BlackboardError, InvalidPayloadError, NotFoundError
 from blackboard.schemas import validate_wire
+from blackboard.schemas.message_search import MessageSearchRequest, MessageSearchResponse
 from blackboard.schemas.search import (
     AsOfRequest,
     EntrySearchRequest,
@@ -74,6 +76,7 @@ class SearchService:
                  provider: EmbeddingProvider | None,
                  status: Callable[[], Awaitable[dict[str, Any]]] | None = None) -> None:
         self.engine = SearchEngine(pool, provider, settings.search)
+        self._pool = pool
         self._nc = nc
         self._status = status
         self._service: Service | None = None
@@ -92,6 +95,7 @@ class SearchService:
             "history": (HistoryRequest, self.engine.history),
             "as_of": (AsOfRequest, self.engine.as_of),
             "status": (None, self._get_status),
+            "messages": (MessageSearchRequest, self._search_messages),
         }
         for name, (model, fn) in routes.items():
             await svc.add_endpoint(name=name, subject=Subjects.search(name), handler=self._handler(model, fn))
@@ -108,6 +112,11 @@ class SearchService:
             self._service = None
         if self._inflight:
             await asyncio.gather(*self._inflight, return_exceptions=True)
+
+    async def _search_messages(self, req: MessageSearchRequest) -> MessageSearchResponse:
+        from blackboard.worker.messages import search_messages
+
+        return await search_messages(self._pool, req)
 
     async def _get_status(self, _: Any) -> dict[str, Any]:
         return await self._status() if self._status else {}

@@ -1,0 +1,1 @@
+"""Runnable examples of the blackboard SDK (``python -m examples.team``)."""
