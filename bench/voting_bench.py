@@ -18,7 +18,7 @@ Measures, on a nats-server it starts itself (JetStream, temporary directory):
 Variants alternate round by round (order reversed every round); figures are
 medians over rounds, ratios are to the raw publish round trip.
 
-Run: ``python bench/voting_bench.py`` (about 30 s on 2 cores).
+Run: ``python bench/voting_bench.py`` (15-30 s on 2 cores).
 """
 
 from __future__ import annotations
