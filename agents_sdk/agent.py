@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Collection, Generator, Iterable, Mapping, Sequence
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from nats.aio.client import Client as NATS
@@ -12,12 +13,14 @@ from agents_sdk.inbox import Inbox
 from agents_sdk.longterm import LongTermMemory, MemoryInput
 from agents_sdk.messaging import Handler, Messenger, Sent, Subscriptions
 from agents_sdk.objects import ObjectStore
+from agents_sdk.search import SearchClient
 from agents_sdk.voting import Voting
 from blackboard import codec
 from blackboard.connection import connect_nats
 from blackboard.kv import BoardStore
 from blackboard.schemas.memory import MemoryKind
 from blackboard.schemas.message_search import MessageHit
+from blackboard.schemas.search import MemoryHit, SearchMode
 from blackboard.settings import Settings
 from blackboard.streams import ensure_streams
 from blackboard.subjects import validate_name
@@ -46,6 +49,7 @@ class Agent:
         self._boards: dict[str, Board] = {}
         self._views: dict[str, list[View]] = {}
         self._longterm: LongTermMemory | None = None
+        self._search: SearchClient | None = None
         self._messenger: Messenger | None = None
         self._voting: Voting | None = None
         #: Large binaries (JetStream object store).
@@ -104,6 +108,37 @@ class Agent:
         return await self.longterm.remember(text, kind=kind, tags=tags, metadata=metadata,
                                             importance=importance, board=board, source=source,
                                             read_only=read_only, id=id)
+
+    @property
+    def search(self) -> SearchClient:
+        """The search service client (memories, entries, Postgres history and as-of reads)."""
+        if self._search is None:
+            self._search = SearchClient(self.nc, self.settings)
+        return self._search
+
+    async def recall(self, query: str, *, board: str | None = None, boards: Sequence[str] | None = None,
+                     kind: MemoryKind | None = None, kinds: Sequence[MemoryKind] | None = None,
+                     tags_any: Sequence[str] = (), tags_all: Sequence[str] = (), author: str | None = None,
+                     since: datetime | None = None, until: datetime | None = None,
+                     metadata: Mapping[str, Any] | None = None, top_k: int | None = None,
+                     min_score: float | None = None, mode: SearchMode = "hybrid") -> list[MemoryHit]:
+        """Search the shared long-term memory, best first.
+
+        ``mode`` is ``"hybrid"`` (default: keyword and semantic fused),
+        ``"semantic"`` or ``"keyword"``. Filters: ``board``/``boards``,
+        ``kind``/``kinds``, ``tags_any``/``tags_all``, ``author``, a time range
+        (``since``/``until``) and ``metadata`` containment; ``min_score`` drops
+        weak hits. Each hit carries its score and provenance (memory id, agent,
+        board). A memory is found once a worker has embedded it.
+
+        Raises:
+            SearchError: no worker is serving search, or it failed / timed out.
+            InvalidPayloadError: invalid filters.
+        """
+        return await self.search.recall(query, board=board, boards=boards, kind=kind, kinds=kinds,
+                                        tags_any=tags_any, tags_all=tags_all, author=author, since=since,
+                                        until=until, metadata=metadata, top_k=top_k, min_score=min_score,
+                                        mode=mode)
 
     async def forget(self, ids: Sequence[str], *, board: str | None = None) -> None:
         """Delete long-term memories by id (the workers apply it)."""

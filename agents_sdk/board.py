@@ -15,9 +15,12 @@ from blackboard.schemas import Policy, PolicyKind
 from blackboard.subjects import validate_name
 
 if TYPE_CHECKING:
+    from datetime import datetime
+
     from agents_sdk.agent import Agent
     from agents_sdk.messaging import Sent
     from agents_sdk.view import View
+    from blackboard.schemas.search import EntryHit, EntryRevision, MemoryHit
 
 __all__ = ["Board"]
 
@@ -206,6 +209,44 @@ class Board:
     async def fetch(self, section: str, key: str, *, revision: int | None = None) -> bytes:
         """The bytes of an entry: the referenced object, or the entry's own bytes value."""
         return await self.agent.objects.resolve(await self.get(section, key, revision=revision))
+
+    async def search(self, query: str, **filters: Any) -> list[EntryHit]:
+        """Search this board's current entries (semantic, keyword or hybrid), best first.
+
+        Takes the filters of :meth:`agents_sdk.search.SearchClient.search_entries`
+        (``section``/``sections``, ``tags_any``, ``tags_all``, ``author``,
+        ``since``, ``until``, ``metadata``, ``top_k``, ``min_score``, ``mode``).
+        Entries are found once the worker has stored (and, for semantic
+        search, embedded) them.
+
+        Raises:
+            SearchError: no worker is serving search, or it failed.
+        """
+        return await self.agent.search.search_entries(query, board=self.name, **filters)
+
+    async def recall(self, query: str, **filters: Any) -> list[MemoryHit]:
+        """``agent.recall(query, board=<this board>, ...)``."""
+        return await self.agent.recall(query, board=self.name, **filters)
+
+    async def stored_history(self, section: str, key: str, *, limit: int | None = None) -> list[EntryRevision]:
+        """Every revision of a key ever written, from PostgreSQL (JetStream keeps
+        only the last ``board.history``), oldest first.
+
+        Raises:
+            NotFoundError: nothing stored for the key.
+            SearchError: no worker is serving search.
+        """
+        return await self.agent.search.history(self.name, section, key, limit=limit)
+
+    async def as_of(self, section: str, key: str, *, revision: int | None = None,
+                    at: datetime | None = None) -> EntryRevision:
+        """The value a key had at a revision or an instant, from PostgreSQL.
+
+        Raises:
+            NotFoundError: the key did not exist (or was deleted) then.
+            SearchError: no worker is serving search.
+        """
+        return await self.agent.search.as_of(self.name, section, key, revision=revision, at=at)
 
     async def remember(self, text: str, **kwargs: Any) -> str:
         """``agent.remember(text, board=<this board>, ...)``."""
