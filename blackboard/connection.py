@@ -38,7 +38,9 @@ async def connect_nats(settings: NatsSettings, *, name: str) -> NATS:
         "name": name,
         "connect_timeout": settings.connect_timeout,
         "reconnect_time_wait": settings.reconnect_time_wait,
-        "max_reconnect_attempts": settings.max_reconnect_attempts,
+        # The first connect gives up after a few attempts (nats-py would retry
+        # forever with -1); once connected, reconnects follow the settings.
+        "max_reconnect_attempts": settings.connect_attempts,
         "allow_reconnect": True,
         "disconnected_cb": _disconnected,
         "reconnected_cb": _reconnected,
@@ -58,6 +60,8 @@ async def connect_nats(settings: NatsSettings, *, name: str) -> NATS:
     if settings.creds_file:
         options["user_credentials"] = str(settings.creds_file)
     try:
-        return await nats.connect(**options)
+        nc = await nats.connect(**options)
     except (NoServersError, OSError, TimeoutError) as exc:
         raise NotConnectedError(f"cannot connect to NATS at {settings.url}: {exc}") from exc
+    nc.options["max_reconnect_attempts"] = settings.max_reconnect_attempts
+    return nc

@@ -47,7 +47,9 @@ class NatsSettings(BaseModel):
     #: raising ``NotConnectedError``. 0 fails at once.
     write_timeout: float = Field(10.0, ge=0)
     reconnect_time_wait: float = Field(0.25, gt=0)
-    #: -1 reconnects forever.
+    #: Attempts per server of the first connect before ``NotConnectedError``.
+    connect_attempts: int = Field(3, ge=1)
+    #: Reconnect attempts after a connection was lost; -1 reconnects forever.
     max_reconnect_attempts: int = -1
     #: JetStream fsync policy of the embedded server (``sync_interval``).
     #: ``always`` fsyncs every message before acknowledging it (measured here:
@@ -122,6 +124,9 @@ class WorkerSettings(BaseModel):
     batch_size: int = Field(512, ge=1)
     #: Seconds to wait for a batch to fill.
     batch_wait: float = Field(0.05, gt=0)
+    #: Concurrent write transactions per stream (for streams whose writer
+    #: allows it): PostgreSQL writes one batch while the next is decoded.
+    ingest_writers: int = Field(2, ge=1, le=16)
     embed: bool = True
     #: Seconds between deadline checks of open proposals.
     deadline_interval: float = Field(0.5, gt=0)

@@ -10,6 +10,7 @@ from agents_sdk import (
     Agent,
     ConflictError,
     InvalidKeyError,
+    NotConnectedError,
     NotFoundError,
     Operation,
     PayloadTooLargeError,
@@ -356,3 +357,10 @@ async def test_json_written_without_header_is_read(settings: Settings, unique: s
         await kv.put(f"{unique}.s.k", json.dumps(envelope).encode())
         entry = await agent.board(unique).get("s", "k")
         assert (entry.value, entry.author, entry.tags) == ({"n": 1}, "shell", ("cli",))
+
+
+async def test_connect_without_a_server_fails_fast_with_typed_error() -> None:
+    from blackboard.embedded import free_port
+
+    with pytest.raises(NotConnectedError):
+        await asyncio.wait_for(Agent.connect("lonely", nats_url=f"nats://127.0.0.1:{free_port()}"), 30)
