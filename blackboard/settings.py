@@ -35,17 +35,24 @@ _SYNC_RE = re.compile(r"^(always|\d+(ms|s|m|h))$")
 class NatsSettings(BaseModel):
     """How to reach NATS and how the embedded server persists."""
 
+    #: NATS server URL(s), comma-separated for a cluster.
     url: str = "nats://127.0.0.1:4222"
+    #: NATS user name (with ``password``).
     user: str | None = None
+    #: NATS password.
     password: SecretStr | None = None
+    #: NATS auth token.
     token: SecretStr | None = None
+    #: NATS credentials file (JWT + nkey).
     creds_file: Path | None = None
+    #: Seconds one connection attempt may take.
     connect_timeout: float = Field(2.0, gt=0)
     #: Seconds a request (publish ack, get, API call) may take.
     request_timeout: float = Field(5.0, gt=0)
     #: Seconds a write keeps retrying while the server is unreachable before
     #: raising ``NotConnectedError``. 0 fails at once.
     write_timeout: float = Field(10.0, ge=0)
+    #: Seconds between reconnect attempts.
     reconnect_time_wait: float = Field(0.25, gt=0)
     #: Attempts per server of the first connect before ``NotConnectedError``.
     connect_attempts: int = Field(3, ge=1)
@@ -74,32 +81,50 @@ class NatsSettings(BaseModel):
 class BoardSettings(BaseModel):
     """The one KV bucket that holds every board."""
 
+    #: Name of the KV bucket holding every board (stream ``KV_<bucket>``).
     bucket: str = Field("blackboard", pattern=r"^[A-Za-z0-9_-]+$")
     #: Revisions kept per key (JetStream KV allows at most 64).
     history: int = Field(64, ge=1, le=64)
+    #: Stream replicas (3 in a production cluster).
     replicas: int = Field(1, ge=1, le=5)
     #: Largest encoded entry in bytes (the envelope, not just the value).
     max_value_size: int = Field(1024 * 1024, ge=1024)
     #: Allow per-entry TTLs (needs nats-server 2.11+).
     allow_ttl: bool = True
+    #: Object store bucket for large binaries.
     objects_bucket: str = Field("blackboard-objects", pattern=r"^[A-Za-z0-9_-]+$")
 
 
 class PostgresSettings(BaseModel):
+    """PostgreSQL + pgvector, used by the worker (agents never connect to it)."""
+
+    #: PostgreSQL connection string (the worker's database).
     dsn: SecretStr = SecretStr("postgresql://postgres@127.0.0.1:5433/blackboard")
+    #: Smallest connection pool of a worker.
     pool_min: int = Field(1, ge=0)
+    #: Largest connection pool of a worker.
     pool_max: int = Field(8, ge=1)
     #: Seconds to wait for a connection (start-up, pool checkout).
     connect_timeout: float = Field(10.0, gt=0)
 
 
 class EmbeddingSettings(BaseModel):
+    """The embedding model of the worker (memories and entries, search queries)."""
+
+    #: ``local`` (offline MiniLM, shipped in a pip package) or ``openai``
+    #: (any OpenAI-compatible embeddings API).
     provider: Literal["local", "openai"] = "local"
+    #: Model name (the local provider has one model).
     model: str = "all-MiniLM-L6-v2"
+    #: Vector dimensions (must match the model; ``blackboard reindex`` after a change).
     dimensions: int = Field(384, ge=1)
+    #: API base URL of the openai provider (None: api.openai.com).
     base_url: str | None = None
+    #: API key of the openai provider.
     api_key: SecretStr | None = None
+    #: Texts per embedding call.
     batch_size: int = Field(64, ge=1)
+    #: Retries (exponential back-off) on 429 and 5xx answers.
     max_retries: int = Field(5, ge=0)
     #: Seconds one embeddings API request may take (openai provider).
     timeout: float = Field(30.0, gt=0)
@@ -113,20 +138,29 @@ class EmbeddingSettings(BaseModel):
 class LLMSettings(BaseModel):
     """OpenAI-compatible chat model (summarizing condenser, example agents)."""
 
+    #: Chat model name.
     model: str = "gpt-4o-mini"
+    #: API base URL (any OpenAI-compatible server).
     base_url: str | None = None
+    #: API key.
     api_key: SecretStr | None = None
+    #: Seconds one chat completion may take.
     timeout: float = Field(60.0, gt=0)
 
 
 class WorkerSettings(BaseModel):
+    """The persistence worker (``blackboard worker``)."""
+
+    #: Worker name (logs, status).
     name: str = Field("worker", pattern=r"^[A-Za-z0-9_-]+$")
+    #: Messages fetched and written per transaction.
     batch_size: int = Field(512, ge=1)
     #: Seconds to wait for a batch to fill.
     batch_wait: float = Field(0.05, gt=0)
     #: Concurrent write transactions per stream (for streams whose writer
     #: allows it): PostgreSQL writes one batch while the next is decoded.
     ingest_writers: int = Field(2, ge=1, le=16)
+    #: Compute embeddings in this worker.
     embed: bool = True
     #: Seconds between deadline checks of open proposals.
     deadline_interval: float = Field(0.5, gt=0)
@@ -156,16 +190,22 @@ class WorkerSettings(BaseModel):
 
 
 class SearchSettings(BaseModel):
+    """The search service and the SDK's search client."""
+
+    #: Results returned when a query gives no top_k.
     default_top_k: int = Field(10, ge=1)
     #: HNSW ef_search for semantic queries.
     ef_search: int = Field(100, ge=1)
+    #: Seconds a search request may take (SDK side).
     timeout: float = Field(10.0, gt=0)
     #: Hybrid search fetches top_k * hybrid_depth candidates from each retriever
     #: (at least hybrid_min_candidates) before fusing them.
     hybrid_depth: int = Field(4, ge=1)
+    #: Fewest candidates hybrid search takes from each retriever.
     hybrid_min_candidates: int = Field(50, ge=1)
-    #: Reciprocal-rank-fusion weights of the two retrievers.
+    #: Reciprocal-rank-fusion weight of the semantic retriever.
     semantic_weight: float = Field(1.0, ge=0)
+    #: Reciprocal-rank-fusion weight of the keyword retriever.
     keyword_weight: float = Field(1.0, ge=0)
 
 
@@ -185,10 +225,17 @@ class MessagingSettings(BaseModel):
 
 
 class DevSettings(BaseModel):
+    """``blackboard dev``: the embedded stack (command-line flags win)."""
+
+    #: Where ``blackboard dev`` keeps the servers' data.
     data_dir: Path = Path(".blackboard")
+    #: Address the dev servers listen on.
     host: str = "127.0.0.1"
+    #: NATS port of the dev stack (0: any free port).
     nats_port: int = Field(4222, ge=0, le=65535)
+    #: PostgreSQL port of the dev stack (0: any free port).
     pg_port: int = Field(5433, ge=0, le=65535)
+    #: Run a worker inside ``blackboard dev``.
     run_worker: bool = True
 
 
