@@ -73,7 +73,7 @@ log = logging.getLogger("agents_sdk.inbox")
 _START_PREFIX = Subjects.inbox_start_key("")
 _SERVER_METADATA_PREFIX = "_nats."
 #: Longest wait of the reader between checks (stop, deadline, lost requests).
-_MAX_POLL = 5.0
+_MAX_POLL = 1.0
 #: A pull request lives this long on the server; heartbeats come every _PULL_HEARTBEAT
 #: while it waits, so a request lost to a reconnect is noticed after _STALE_PULL.
 _PULL_EXPIRES = 30.0
