@@ -108,7 +108,7 @@ def test_team_cli_fails_cleanly_without_server() -> None:
                            "--connect-timeout", "1"], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=60, check=False)
     assert proc.returncode == 1
-    assert "error: no NATS server answered at nats://127.0.0.1:1" in proc.stderr
+    assert "error: cannot connect to NATS at nats://127.0.0.1:1" in proc.stderr
 
 
 def _model(messages: list[dict[str, Any]]) -> str:
