@@ -56,7 +56,7 @@ def _blocks(text: str) -> Iterator[tuple[int, int, str]]:
         m = _HEADING_RE.match(first)
         if m:
             level = len(m.group(1))
-            headings = headings[: level - 1] + [m.group(2)]
+            headings = [*headings[: level - 1], m.group(2)]
         yield start, pos, " > ".join(headings)
 
 

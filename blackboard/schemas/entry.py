@@ -4,7 +4,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from blackboard.schemas._base import Name, Timestamp, WireModel
+from blackboard.schemas._base import Timestamp, WireModel
 
 __all__ = ["ENTRY_SCHEMA_VERSION", "EntryEnvelope"]
 

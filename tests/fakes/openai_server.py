@@ -97,7 +97,7 @@ class OpenAIFake:
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
 
-            def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+            def log_message(self, format: str, *args: Any) -> None:
                 pass
 
             def _send(self, status: int, payload: dict[str, Any], extra: dict[str, str] | None = None) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -36,7 +38,7 @@ def test_chunks_respect_size_plus_overlap_and_cover_the_text() -> None:
 
 def test_overlap_repeats_the_tail_of_the_previous_chunk() -> None:
     chunks = chunk_text(DOC, chunk_size=300, overlap=60)
-    for prev, cur in zip(chunks, chunks[1:], strict=False):
+    for prev, cur in itertools.pairwise(chunks):
         tail_words = prev.text.split()[-3:]
         assert " ".join(tail_words) in " ".join(cur.text.split())
 
