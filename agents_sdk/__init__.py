@@ -6,6 +6,7 @@ from agents_sdk.inbox import Inbox, Message
 from agents_sdk.longterm import MemoryInput
 from agents_sdk.messaging import Handler, Messenger, Sent, Subscriptions
 from agents_sdk.objects import ObjectRef, ObjectStore
+from agents_sdk.search import SearchClient
 from agents_sdk.view import View
 from agents_sdk.voting import BallotReceipt, ProposalHandle, VoteEvent, VoteWatch, Voting
 from blackboard.entries import Change, Entry, Operation
@@ -30,10 +31,12 @@ from blackboard.errors import (
     ProposalNotFoundError,
     RemoteError,
     RequestTimeoutError,
+    SearchError,
     VoteError,
 )
 from blackboard.kv import Watch, WriteOp
 from blackboard.schemas import Ballot, Outcome, Policy, Proposal, TallyCounts
+from blackboard.schemas.search import EntryHit, EntryRevision, MemoryHit
 from blackboard.settings import Settings
 
 __all__ = [
@@ -47,6 +50,8 @@ __all__ = [
     "ConflictError",
     "DeadlinePassedError",
     "Entry",
+    "EntryHit",
+    "EntryRevision",
     "Handler",
     "Inbox",
     "InboxBusyError",
@@ -54,6 +59,7 @@ __all__ = [
     "InvalidBallotError",
     "InvalidKeyError",
     "InvalidPayloadError",
+    "MemoryHit",
     "MemoryInput",
     "Message",
     "MessagingError",
@@ -76,6 +82,8 @@ __all__ = [
     "ProposalNotFoundError",
     "RemoteError",
     "RequestTimeoutError",
+    "SearchClient",
+    "SearchError",
     "Sent",
     "Settings",
     "Subscriptions",
