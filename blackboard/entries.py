@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -76,6 +77,19 @@ class Change:
         return self.entry.revision
 
 
+_iso_cache: list[Any] = [-1, ""]
+
+
+def utc_now_iso() -> str:
+    """``datetime.now(UTC).isoformat()``, several times cheaper (the second is cached)."""
+    ns = time.time_ns()
+    sec, micro = divmod(ns // 1000, 1_000_000)
+    if sec != _iso_cache[0]:
+        _iso_cache[0] = sec
+        _iso_cache[1] = datetime.fromtimestamp(sec, UTC).strftime("%Y-%m-%dT%H:%M:%S")
+    return f"{_iso_cache[1]}.{micro:06d}+00:00"
+
+
 def default_content_type(value: Any) -> str:
     """``text/plain`` for str, ``application/octet-stream`` for bytes, else ``application/json``."""
     if isinstance(value, str):
@@ -111,7 +125,7 @@ def encode_entry(
         "tags": list(tags),
         "metadata": dict(metadata) if metadata else {},
         "author": author,
-        "created_at": (created_at or datetime.now(UTC)).isoformat(),
+        "created_at": created_at.isoformat() if created_at else utc_now_iso(),
     }
     return codec.encode(envelope, encoding)
 

@@ -156,17 +156,28 @@ class KeyParts:
 class Subjects:
     """Builds the names of one deployment (the KV bucket comes from settings)."""
 
-    __slots__ = ("bucket", "kv_prefix", "kv_stream")
+    __slots__ = ("_sections", "bucket", "kv_prefix", "kv_stream")
 
     def __init__(self, bucket: str = "blackboard") -> None:
         self.bucket = validate_name(bucket, "bucket")
         self.kv_stream = f"KV_{bucket}"
         self.kv_prefix = f"$KV.{bucket}."
+        #: validated "<board>.<section>." prefixes (bounded cache of the hot path)
+        self._sections: dict[tuple[str, str], str] = {}
+
+    def _section_prefix(self, board: str, section: str) -> str:
+        prefix = self._sections.get((board, section))
+        if prefix is None:
+            prefix = f"{validate_name(board, 'board')}.{validate_name(section, 'section')}."
+            if len(self._sections) >= 4096:
+                self._sections.clear()
+            self._sections[(board, section)] = prefix
+        return prefix
 
     # -- board entries -------------------------------------------------
     def kv_key(self, board: str, section: str, key: str) -> str:
         """The KV key ``board.section.key-token``."""
-        return f"{validate_name(board, 'board')}.{validate_name(section, 'section')}.{encode_key(key)}"
+        return self._section_prefix(board, section) + encode_key(key)
 
     def entry(self, board: str, section: str, key: str) -> str:
         """The subject of one entry: ``$KV.<bucket>.<board>.<section>.<token>``."""
