@@ -14,7 +14,7 @@ noise hits all three alike:
 
 Prints texts/s and the ratios provider/raw. Usage::
 
-    python bench/embed_bench.py [--texts 400] [--spin] [--batch-sizes 8,32,64] [--call-size 64]
+    python bench/embed_bench.py [--texts 300] [--spin] [--batch-sizes 8,32,64] [--call-size 64]
 """
 
 from __future__ import annotations
@@ -99,7 +99,7 @@ def timed(fn: Callable[[], object]) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA)
-    parser.add_argument("--texts", type=int, default=400, help="sample size (0: every turn)")
+    parser.add_argument("--texts", type=int, default=300, help="sample size (0: every turn)")
     parser.add_argument("--batch-sizes", default="8,32,64")
     parser.add_argument("--call-size", type=int, default=64, help="texts per embed() call, as the worker")
     parser.add_argument("--threads", type=int, default=0, help="onnxruntime intra-op threads (0: auto)")
@@ -152,6 +152,28 @@ def main() -> None:
         print(f"{batch_size:>5} {best['naive']:>13,.0f} {best['ideal']:>11,.0f} {best['provider']:>9,.0f}   "
               f"{best['provider'] / best['ideal']:>19.2f} {best['provider'] / best['naive']:>21.2f}")
     print("\ntexts/s, best of", args.rounds, "interleaved rounds")
+
+    # One short text at a time: what a search query costs before the index is touched.
+    queries = [t for t in texts if len(t) < 80][:100]
+    query_ids = [e.ids for e in tokenizer.encode_batch(queries)]
+    raw_lat, prov_lat = [], []
+
+    async def query_latency() -> None:
+        async with LocalProvider(threads=args.threads, spin=args.spin) as provider:
+            for text, ids in zip(queries, query_ids, strict=True):
+                feeds = {"input_ids": np.array([ids], dtype=np.int64)}
+                feeds["attention_mask"] = np.ones_like(feeds["input_ids"])
+                feeds["token_type_ids"] = np.zeros_like(feeds["input_ids"])
+                raw_lat.append(timed(lambda f=feeds: session.run(None, f)))  # type: ignore[misc]
+                started = time.perf_counter()
+                await provider.embed([text])
+                prov_lat.append(time.perf_counter() - started)
+
+    asyncio.run(query_latency())
+    raw_q, prov_q = np.percentile(raw_lat, [50, 95]) * 1e3, np.percentile(prov_lat, [50, 95]) * 1e3
+    print(f"single query ({len(queries)} short turns): raw session.run p50 {raw_q[0]:.2f} ms p95 {raw_q[1]:.2f} ms; "
+          f"provider.embed p50 {prov_q[0]:.2f} ms p95 {prov_q[1]:.2f} ms "
+          f"(ratio p50 {prov_q[0] / raw_q[0]:.2f})")
 
 
 if __name__ == "__main__":
