@@ -2,9 +2,11 @@
 
 Each conversation is one scope (board ``locomo-<id>``); every dialog turn is
 stored with ``agent.remember_many`` (JetStream -> worker -> Postgres ->
-embeddings) with speaker, session, date and dia_id in metadata; every question
-of categories 1-4 is asked through ``SearchClient.recall`` in each mode, and
-recall@k = |evidence in top-k| / |evidence| is averaged over questions.
+embeddings) with speaker, session, date and dia_id in metadata; once every
+turn is embedded, every question of categories 1-4 is asked through
+``agent.recall(question, board=...)`` in each mode, and
+recall@k = |evidence in top-k| / |evidence| is averaged over questions
+(per category too, at k=10).
 
 Data: ``../shared/data/locomo`` (not shipped). Usage:
     python bench/locomo_recall.py [--data ../shared/data/locomo] [--modes keyword,semantic,hybrid]
@@ -20,10 +22,10 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from agents_sdk.agent import Agent
 from agents_sdk.longterm import MemoryInput
-from agents_sdk.search import SearchClient
 from blackboard.embedded import EmbeddedNats, EmbeddedPostgres
 from blackboard.settings import NatsSettings, PostgresSettings, Settings, WorkerSettings
 from blackboard.worker import Worker
@@ -31,7 +33,7 @@ from blackboard.worker import Worker
 KS = (1, 5, 10, 20)
 
 
-def load(path: Path) -> tuple[str, list[MemoryInput], list[dict[str, object]]]:
+def load(path: Path) -> tuple[str, list[MemoryInput], list[dict[str, Any]]]:
     conv = json.loads(path.read_text())
     cid = path.stem
     board = f"locomo-{cid}"
@@ -64,7 +66,7 @@ async def main() -> None:
     pg.start()
     try:
         s = Settings().model_copy(update={
-            "nats": NatsSettings(url=ns.url), "postgres": PostgresSettings(dsn=pg.dsn),  # type: ignore[arg-type]
+            "nats": NatsSettings(url=ns.url), "postgres": PostgresSettings(dsn=pg.dsn),
             "worker": WorkerSettings(lag_interval=600)})
         async with Worker(s) as worker, Agent.connect("locomo", settings=s) as agent:
             t0 = time.perf_counter()
@@ -76,23 +78,25 @@ async def main() -> None:
             await worker.wait_caught_up(3600, embedded=True, poll=0.2)
             searchable = time.perf_counter() - t0
             print(f"{n_turns} turns remembered: acknowledged in {acked:.1f}s, all searchable after {searchable:.1f}s")
-            client = SearchClient(agent.nc, s)
             for mode in args.modes.split(","):
                 sums = dict.fromkeys(KS, 0.0)
+                by_cat: dict[int, list[float]] = {}
                 nq = 0
                 t1 = time.perf_counter()
                 for board, _, qa in convs:
                     for q in qa:
-                        hits = await client.recall(str(q["question"]), board=board, top_k=max(KS),
-                                                   mode=mode)  # type: ignore[arg-type]
+                        hits = await agent.recall(str(q["question"]), board=board, top_k=max(KS),
+                                                  mode=mode)
                         ids = [h.metadata.get("dia_id") for h in hits]
-                        ev = set(q["evidence"])  # type: ignore[arg-type]
+                        ev = set(q["evidence"])
                         for k in KS:
                             sums[k] += len(ev & set(ids[:k])) / len(ev)
+                        by_cat.setdefault(int(q["category"]), []).append(len(ev & set(ids[:10])) / len(ev))
                         nq += 1
                 per_q = (time.perf_counter() - t1) / nq * 1000
+                cats = " ".join(f"c{c}:{sum(v) / len(v):.2f}" for c, v in sorted(by_cat.items()))
                 print(f"{mode:8s} " + "  ".join(f"R@{k} {sums[k] / nq:.3f}" for k in KS)
-                      + f"   ({nq} questions, {per_q:.1f} ms/question)")
+                      + f"   R@10 by category {cats}   ({nq} questions, {per_q:.1f} ms/question)")
         print("reference (issue): BM25 R@10 ~0.55, MiniLM dense ~0.57, their RRF ~0.62; target hybrid >= 0.70")
     finally:
         pg.stop()

@@ -1,18 +1,29 @@
 """Search over the Postgres side: semantic, keyword and hybrid, plus history and as-of reads.
 
-:class:`SearchEngine` does the IO (a pool and an embedding provider); fusion
-and row shaping are pure functions. Hybrid search runs the keyword query while
-the query is being embedded, then the vector query, and fuses both ranked
-lists with weighted reciprocal-rank fusion.
+:class:`SearchEngine` does the IO (a pool and an embedding provider); term
+selection, fusion and row shaping are pure functions.
+
+* **semantic**: cosine similarity on the HNSW index of the provider's space
+  (iterative scans, exact re-scan when a selective filter leaves it short).
+* **keyword**: BM25 over PostgreSQL full text (see
+  :func:`blackboard.db.search_sql.keyword_query`); query words estimated to
+  match very many items do not generate candidates (:func:`candidate_lexemes`).
+* **hybrid**: the keyword query runs while the query is embedded, then the
+  ANN query; the union of both candidate lists gets both scores (the cosine of
+  keyword-only candidates is computed exactly; items without a keyword match
+  score 0 there), each retriever's scores are min-max normalised over the
+  union and combined as a weighted mean (:func:`fuse_convex`), a convex
+  combination, which keeps how far apart the scores are where reciprocal-rank
+  fusion (:func:`rrf`, ``settings.search.fusion = "rrf"``) keeps only the order.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import psycopg
@@ -37,10 +48,13 @@ from blackboard.schemas.search import (
 )
 from blackboard.settings import SearchSettings
 
-__all__ = ["Fused", "SearchEngine", "rrf"]
+__all__ = ["Fused", "SearchEngine", "TermStats", "candidate_lexemes", "fuse_convex", "rrf"]
 
 #: Rank constant of reciprocal-rank fusion (Cormack et al. 2009).
 RRF_K = 60
+
+Target = Literal["memory", "entry"]
+Request = MemorySearchRequest | EntrySearchRequest
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,8 +87,75 @@ def rrf(ranked: dict[str, Sequence[tuple[int, float]]], weights: dict[str, float
     return out
 
 
+def fuse_convex(scores: Mapping[str, Mapping[int, float]], weights: Mapping[str, float] | None = None,
+                parts: Mapping[str, Mapping[int, float]] | None = None) -> list[Fused]:
+    """Convex combination of min-max normalised scores.
+
+    Args:
+        scores: per retriever, the score of every candidate (give each
+            retriever a score for the same items; an item a retriever lacks
+            counts as that retriever's lowest score).
+        weights: per retriever (default 1.0); normalised to sum to 1.
+        parts: the raw scores to report per item (default: ``scores``).
+
+    Returns:
+        Items best first, scores in 0..1 (1.0: best of every retriever). A
+        retriever whose scores are all equal adds nothing. Ties keep the order
+        of first appearance.
+    """
+    weights = weights or {}
+    total_w = sum(weights.get(name, 1.0) for name in scores) or 1.0
+    order: dict[int, None] = {}
+    for s in scores.values():
+        order.update(dict.fromkeys(s))
+    fused = dict.fromkeys(order, 0.0)
+    for name, s in scores.items():
+        if not s:
+            continue
+        lo, hi = min(s.values()), max(s.values())
+        if hi <= lo:
+            continue
+        w = weights.get(name, 1.0) / total_w
+        for item in fused:
+            fused[item] += w * (s.get(item, lo) - lo) / (hi - lo)
+    shown = parts if parts is not None else scores
+    out = [Fused(i, v, {n: float(p[i]) for n, p in shown.items() if i in p}) for i, v in fused.items()]
+    out.sort(key=lambda f: -f.score)
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class TermStats:
+    """How often lexemes occur in a table's ``tsv`` (ANALYZE's most common elements)."""
+
+    freqs: Mapping[str, float]
+    rows: float
+    at: float = 0.0
+
+
+def candidate_lexemes(lexemes: Sequence[str], stats: TermStats | None, max_rows: int) -> list[str]:
+    """The query lexemes that generate keyword candidates.
+
+    A lexeme estimated to match more than ``max_rows`` items is left out when
+    a rarer one remains (it would cost a scan of most of the table for an
+    inverse document frequency near zero); when all are that frequent, the
+    rarest one is kept. Without statistics every lexeme is kept.
+    """
+    if stats is None or stats.rows <= 0:
+        return list(lexemes)
+    est = {lx: stats.freqs.get(lx, 0.0) * stats.rows for lx in lexemes}
+    kept = [lx for lx in lexemes if est[lx] <= max_rows]
+    if kept or not lexemes:
+        return kept
+    return [min(lexemes, key=lambda lx: est[lx])]
+
+
 def _value(value: Any, raw: bytes | None) -> Any:
     return codec.decode(bytes(raw)) if raw is not None else value
+
+
+def _target(req: Request) -> Target:
+    return "memory" if isinstance(req, MemorySearchRequest) else "entry"
 
 
 class SearchEngine:
@@ -84,7 +165,7 @@ class SearchEngine:
         pool: open connection pool.
         provider: embeds queries; without one, semantic and hybrid searches
             raise ``SearchError`` (keyword search still works).
-        settings: search settings (ef_search, fusion weights).
+        settings: search settings (ef_search, fusion, keyword limits).
     """
 
     def __init__(self, pool: AsyncConnectionPool, provider: EmbeddingProvider | None,
@@ -94,6 +175,7 @@ class SearchEngine:
         self.settings = settings
         self._space: Space | None = None
         self._touched: set[int] = set()
+        self._stats: dict[Target, tuple[TermStats | None, float]] = {}
 
     async def space(self) -> Space:
         """The embedding space of the provider's (model, dimensions).
@@ -116,8 +198,9 @@ class SearchEngine:
         vecs = await self.provider.embed([text])
         return np.asarray(vecs[0], dtype=np.float32)
 
-    async def _semantic(self, req: MemorySearchRequest | EntrySearchRequest, vector: np.ndarray,
-                        limit: int) -> list[tuple[int, float]]:
+    async def _semantic(self, req: Request, vector: np.ndarray, limit: int,
+                        also: Sequence[int] = ()) -> tuple[list[tuple[int, float]], dict[int, float]]:
+        """Nearest items (best first), and the similarity of the items ``also``."""
         space = await self.space()
         sql_, params = q.semantic_query(space, req, vector, limit)
         async with self.pool.connection() as conn, conn.transaction():
@@ -129,37 +212,75 @@ class SearchEngine:
                 # filling `limit`: scan the filtered rows exactly instead.
                 sql_, params = q.semantic_query(space, req, vector, limit, exact=True)
                 rows = await (await conn.execute(sql_, params)).fetchall()
+            extra: dict[int, float] = {}
+            if also:
+                sql_, params = q.vector_scores(space, _target(req), also, vector)
+                extra = {int(r[0]): float(r[1]) for r in await (await conn.execute(sql_, params)).fetchall()}
         hits = [(int(r[0]), float(r[1])) for r in rows]
         hits.sort(key=lambda h: -h[1])  # relaxed_order may be slightly out of order
-        return hits
+        return hits, extra
 
-    async def _keyword(self, req: MemorySearchRequest | EntrySearchRequest, limit: int) -> list[tuple[int, float]]:
-        sql_, params = q.keyword_query(req, limit)
+    async def _term_stats(self, conn: psycopg.AsyncConnection[Any], target: Target) -> TermStats | None:
+        now = time.monotonic()
+        cached = self._stats.get(target)
+        if cached is not None and now - cached[1] < self.settings.term_stats_ttl:
+            return cached[0]
+        sql_, params = q.term_stats_query(target)
+        row = await (await conn.execute(sql_, params)).fetchone()
+        stats = None
+        if row is not None and row[0] is not None and row[1] is not None and row[2] is not None:
+            # most_common_elem_freqs has three extra trailing entries (min, max, nulls): zip drops them.
+            stats = TermStats(dict(zip(row[0], (float(f) for f in row[1]), strict=False)), float(row[2]), now)
+        self._stats[target] = (stats, now)
+        return stats
+
+    async def _keyword(self, req: Request, limit: int) -> list[tuple[int, float]]:
         async with self.pool.connection() as conn:
+            cur = await conn.execute(q.QUERY_LEXEMES, (req.query,))
+            lexemes = [str(r[0]) for r in await cur.fetchall()][: q.MAX_QUERY_LEXEMES]
+            if not lexemes:  # only stop words
+                await conn.rollback()
+                return []
+            stats = await self._term_stats(conn, _target(req))
+            sql_, params = q.keyword_query(
+                req, lexemes, candidate_lexemes(lexemes, stats, self.settings.keyword_term_max_rows), limit,
+                max_candidates=self.settings.keyword_max_candidates)
             rows = await (await conn.execute(sql_, params)).fetchall()
             await conn.rollback()
         return [(int(r[0]), float(r[1])) for r in rows]
 
-    async def _ranked(self, req: MemorySearchRequest | EntrySearchRequest) -> list[Fused]:
+    async def _ranked(self, req: Request) -> list[Fused]:
         try:
             if req.mode == "keyword":
                 return [Fused(i, s, {"keyword": s}) for i, s in await self._keyword(req, req.top_k)]
             if req.mode == "semantic":
                 vec = await self._embed(req.query)
-                return [Fused(i, s, {"semantic": s}) for i, s in await self._semantic(req, vec, req.top_k)]
-            depth = max(req.top_k * self.settings.hybrid_depth, self.settings.hybrid_min_candidates)
-            keyword = asyncio.create_task(self._keyword(req, depth))
-            try:
-                vec = await self._embed(req.query)
-                semantic = await self._semantic(req, vec, depth)
-            finally:
-                kw = await keyword
-            weights = {"semantic": self.settings.semantic_weight, "keyword": self.settings.keyword_weight}
-            return rrf({"semantic": semantic, "keyword": kw}, weights)
+                hits, _ = await self._semantic(req, vec, req.top_k)
+                return [Fused(i, s, {"semantic": s}) for i, s in hits]
+            return await self._hybrid(req)
         except psycopg.OperationalError as exc:
             raise StorageError(f"PostgreSQL unavailable: {exc}") from exc
         except psycopg.Error as exc:
             raise SearchError(f"search query failed: {exc}") from exc
+
+    async def _hybrid(self, req: Request) -> list[Fused]:
+        depth = max(req.top_k * self.settings.hybrid_depth, self.settings.hybrid_min_candidates)
+        keyword_task = asyncio.create_task(self._keyword(req, depth))
+        try:
+            vec = await self._embed(req.query)
+        finally:
+            keyword = await keyword_task
+        weights = {"semantic": self.settings.semantic_weight, "keyword": self.settings.keyword_weight}
+        semantic, extra = await self._semantic(req, vec, depth, also=[i for i, _ in keyword])
+        if self.settings.fusion == "rrf":
+            return rrf({"semantic": semantic, "keyword": keyword}, weights)
+        sem = dict(semantic)
+        sem.update((i, s) for i, s in extra.items() if i not in sem)
+        kw = dict(keyword)
+        items = list(dict.fromkeys([*(i for i, _ in semantic), *kw]))
+        floor = min(sem.values(), default=0.0)  # an item not embedded yet ranks last here
+        scores = {"semantic": {i: sem.get(i, floor) for i in items}, "keyword": {i: kw.get(i, 0.0) for i in items}}
+        return fuse_convex(scores, weights, parts={"semantic": sem, "keyword": kw})
 
     def _cut(self, fused: list[Fused], req: MemorySearchRequest | EntrySearchRequest) -> list[Fused]:
         if req.min_score is not None:

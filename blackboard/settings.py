@@ -203,10 +203,21 @@ class SearchSettings(BaseModel):
     hybrid_depth: int = Field(4, ge=1)
     #: Fewest candidates hybrid search takes from each retriever.
     hybrid_min_candidates: int = Field(50, ge=1)
-    #: Reciprocal-rank-fusion weight of the semantic retriever.
+    #: Hybrid fusion weight of the semantic retriever.
     semantic_weight: float = Field(1.0, ge=0)
-    #: Reciprocal-rank-fusion weight of the keyword retriever.
+    #: Hybrid fusion weight of the keyword retriever.
     keyword_weight: float = Field(1.0, ge=0)
+    #: Hybrid fusion: "convex" (each retriever's scores min-max normalised over
+    #: the candidates, then their weighted mean) or "rrf" (reciprocal-rank fusion).
+    fusion: Literal["convex", "rrf"] = "convex"
+    #: Query words estimated (from ANALYZE statistics) to match more than this
+    #: many items generate no keyword candidates when rarer words exist (they
+    #: still count in the score): bounds the work of one keyword query.
+    keyword_term_max_rows: int = Field(5000, ge=1)
+    #: Most keyword candidates one query scores.
+    keyword_max_candidates: int = Field(20000, ge=1)
+    #: Seconds the per-word statistics (from pg_stats) are cached.
+    term_stats_ttl: float = Field(60.0, ge=0)
 
 
 class MessagingSettings(BaseModel):

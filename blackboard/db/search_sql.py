@@ -4,13 +4,22 @@ Semantic queries order by cosine distance on a space's HNSW index with
 ``hnsw.iterative_scan`` on, so filters applied after the index scan still fill
 ``top_k``; :func:`semantic_query` with ``exact=True`` builds the exact
 (index-free) variant, used when a selective filter leaves the index scan
-short. Keyword queries OR the query's words (PostgreSQL ``websearch`` syntax,
-stemmed, stop words dropped) and rank by ``ts_rank``.
+short. :func:`vector_scores` gives the cosine similarity of chosen items (the
+hybrid search's keyword-only candidates).
+
+Keyword queries score with BM25 (binary term frequency, which is what short
+memories have) in one scan: the candidates are the items matching any
+candidate lexeme and the filters; each query lexeme's document frequency and
+the mean length are counted over those candidates with window aggregates, so
+no corpus statistics table is kept. The lexemes come from PostgreSQL's own
+``english`` configuration (:data:`QUERY_LEXEMES`), so stemming and stop words
+are the index's.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from typing import Any, Literal
 
 from psycopg import sql
@@ -23,6 +32,8 @@ __all__ = [
     "AS_OF_AT",
     "AS_OF_REVISION",
     "HISTORY",
+    "MAX_QUERY_LEXEMES",
+    "QUERY_LEXEMES",
     "SET_SCAN",
     "TOUCH_MEMORIES",
     "fetch_entries",
@@ -31,6 +42,9 @@ __all__ = [
     "keyword_query",
     "or_query",
     "semantic_query",
+    "term_stats_query",
+    "tsquery_literal",
+    "vector_scores",
 ]
 
 Target = Literal["memory", "entry"]
@@ -54,6 +68,10 @@ AS_OF_AT = f"SELECT {REVISION_COLS} FROM bb_entry_revisions WHERE board = %s AND
 SET_SCAN = ("SELECT set_config('hnsw.ef_search', %s, true), "
             "set_config('hnsw.iterative_scan', 'relaxed_order', true)")
 TOUCH_MEMORIES = "UPDATE bb_memories SET last_accessed = now() WHERE mid = ANY(%s)"
+#: The distinct lexemes of a query under the index's text search configuration.
+QUERY_LEXEMES = "SELECT lexeme FROM unnest(to_tsvector('english', %s))"
+#: Most query lexemes a keyword search scores (the rest of a long query is ignored).
+MAX_QUERY_LEXEMES = 32
 
 
 def or_query(text: str, max_words: int = 64) -> str:
@@ -123,18 +141,70 @@ def semantic_query(space: Space, req: MemorySearchRequest | EntrySearchRequest, 
     return query, [vector, *params, vector, limit]
 
 
-def keyword_query(req: MemorySearchRequest | EntrySearchRequest, limit: int) -> tuple[sql.Composed, list[Any]]:
-    """Ids and ``ts_rank`` of the items matching any query word and the filters."""
+def tsquery_literal(lexemes: Sequence[str]) -> str:
+    """A ``tsquery`` text matching any of ``lexemes``, taken as they are (no stemming).
+
+    Raises:
+        ValueError: no lexemes (an empty tsquery matches nothing).
+    """
+    if not lexemes:
+        raise ValueError("a tsquery needs at least one lexeme")
+    return " | ".join("'" + lx.replace("\\", "\\\\").replace("'", "''") + "'" for lx in lexemes)
+
+
+def term_stats_query(target: Target) -> tuple[str, list[Any]]:
+    """The ``tsv`` column's most common lexemes with their frequencies (from ANALYZE),
+    and the table's estimated row count: one row, arrays NULL before the first ANALYZE."""
+    table = "bb_memories" if target == "memory" else "bb_entries"
+    return ("SELECT s.most_common_elems::text::text[], s.most_common_elem_freqs, c.reltuples "
+            "FROM pg_class c LEFT JOIN pg_stats s ON s.schemaname = current_schema() "
+            "AND s.tablename = c.relname AND s.attname = 'tsv' "
+            "WHERE c.oid = to_regclass(%s)", [table])
+
+
+def keyword_query(req: MemorySearchRequest | EntrySearchRequest, lexemes: Sequence[str],
+                  candidate_lexemes: Sequence[str], limit: int, *, max_candidates: int,
+                  k1: float = 1.2, b: float = 0.75) -> tuple[sql.Composed, list[Any]]:
+    """Ids and BM25 scores of the items matching any of ``candidate_lexemes`` and the filters.
+
+    Every lexeme of ``lexemes`` (the query's) counts in the score; candidates
+    are generated from ``candidate_lexemes`` only (a subset without the very
+    frequent ones, see :func:`blackboard.search.candidate_lexemes`). Document
+    frequency, candidate count and mean length are taken over the candidates
+    (at most ``max_candidates`` of them), so the inverse document frequency is
+    that of the filtered scope. Term frequency is binary.
+    """
     memory = isinstance(req, MemorySearchRequest)
-    conds, params = filters(req)
+    conds, fparams = filters(req)
     alias, key = ("m", "mid") if memory else ("e", "eid")
-    conds.insert(0, sql.SQL("{a}.tsv @@ q.q").format(a=sql.Identifier(alias)))
-    query = sql.SQL("SELECT {a}.{k}, ts_rank({a}.tsv, q.q) AS score "
-                    "FROM {base}, websearch_to_tsquery('english', %s) AS q(q){where} "
-                    "ORDER BY score DESC LIMIT %s").format(
-        a=sql.Identifier(alias), k=sql.Identifier(key),
+    a = sql.Identifier(alias)
+    conds.insert(0, sql.SQL("{a}.tsv @@ %s::tsquery").format(a=a))
+    terms = list(lexemes)[:MAX_QUERY_LEXEMES]
+    cols = [(sql.Identifier(f"h{i}"), sql.Identifier(f"df{i}")) for i in range(len(terms))]
+    hit_cols = sql.SQL(", ").join(
+        sql.SQL("({a}.tsv @@ %s::tsquery)::int AS {h}").format(a=a, h=h) for h, _ in cols)
+    df_cols = sql.SQL(", ").join(
+        sql.SQL("count(*) FILTER (WHERE {h} = 1) OVER () AS {df}").format(h=h, df=df) for h, df in cols)
+    idf_sum = sql.SQL(" + ").join(
+        sql.SQL("{h} * ln(1 + (n - {df} + 0.5) / ({df} + 0.5))").format(h=h, df=df) for h, df in cols)
+    query = sql.SQL(
+        "SELECT id, ({idf}) * {k1p1} / (1 + {k1} * (1 - {b} + {b} * dl / avgdl)) AS score FROM ("
+        "SELECT c.*, {dfs}, count(*) OVER ()::float8 AS n, avg(dl) OVER () AS avgdl FROM ("
+        "SELECT {a}.{k} AS id, length({a}.tsv)::float8 AS dl, {hits} FROM {base}{where} LIMIT %s) c) s "
+        "ORDER BY score DESC, id LIMIT %s").format(
+        idf=idf_sum, k1p1=sql.Literal(float(k1) + 1.0), k1=sql.Literal(float(k1)), b=sql.Literal(float(b)),
+        dfs=df_cols, a=a, k=sql.Identifier(key), hits=hit_cols,
         base=sql.SQL("bb_memories m" if memory else "bb_entries e"), where=_where(conds))
-    return query, [or_query(req.query), *params, limit]
+    params: list[Any] = [tsquery_literal([t]) for t in terms]
+    params += [tsquery_literal(candidate_lexemes), *fparams, max_candidates, limit]
+    return query, params
+
+
+def vector_scores(space: Space, target: Target, items: Sequence[int], vector: Any) -> tuple[sql.Composed, list[Any]]:
+    """Cosine similarity of the query to the given items (those that have a vector)."""
+    query = sql.SQL("SELECT item, 1 - (embedding <=> %s::vector) FROM {t} WHERE item = ANY(%s)").format(
+        t=space.table(target))
+    return query, [vector, list(items)]
 
 
 def fetch_memories() -> str:

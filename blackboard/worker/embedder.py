@@ -51,9 +51,27 @@ def load_provider(settings: Settings) -> EmbeddingProvider:
     return provider_from_settings(settings.embedding)
 
 
+#: Metadata values longer than this are left out of the embedded text.
+MAX_EMBED_META_VALUE = 200
+
+
 def memory_embed_text(text: str, metadata: Mapping[str, Any] | None = None) -> str:
-    """The text embedded for a memory (cut to what the model reads)."""
-    return text[:MAX_EMBED_CHARS]
+    """The text embedded for a memory: its short scalar metadata as ``key: value`` lines, then its text.
+
+    Metadata often holds what a question names but the text leaves implicit
+    (who said it, when, about which project); the keyword index sees those
+    values too (``memory_search_text``), so the vector should as well.
+    Cut to what the model reads.
+    """
+    lines = []
+    for key, value in (metadata or {}).items():
+        if isinstance(value, bool) or not isinstance(value, str | int | float):
+            continue
+        shown = str(value).strip()
+        if shown and len(shown) <= MAX_EMBED_META_VALUE and len(str(key)) <= MAX_EMBED_META_VALUE:
+            lines.append(f"{key}: {shown}")
+    lines.append(text)
+    return "\n".join(lines)[:MAX_EMBED_CHARS]
 
 
 @dataclass

@@ -1,0 +1,199 @@
+"""Ranking quality of the search path: the vector path returns exactly what a brute-force scan
+of the stored vectors returns, the embedded text carries the metadata, keyword scores weigh rare
+words above common ones (BM25), and hybrid fusion is a convex combination of normalised scores."""
+
+from __future__ import annotations
+
+import random
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+import pytest_asyncio
+from psycopg import sql
+
+from agents_sdk.search import SearchClient
+from blackboard.connection import connect_nats
+from blackboard.db import open_pool
+from blackboard.db import search_sql as q
+from blackboard.db.spaces import find_space
+from blackboard.schemas.search import MemorySearchRequest
+from blackboard.search import TermStats, candidate_lexemes, fuse_convex
+from blackboard.settings import Settings, WorkerSettings
+from blackboard.streams import ensure_streams
+from blackboard.worker import Worker
+from blackboard.worker.embedder import memory_embed_text
+from tests._worker_helpers import HashProvider, remember
+
+aio = pytest.mark.asyncio(loop_scope="session")
+
+_WORDS = ("alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike november oscar papa "
+          "quebec romeo sierra tango uniform victor whiskey xray yankee zulu amber basil cedar dune ember "
+          "fjord grove heath inlet jade knoll lagoon marsh nectar orchid pebble quartz reef slate thicket").split()
+_BOARDS = 6
+_PER_BOARD = 120
+
+
+@dataclass
+class Stack:
+    boards: list[str]
+    texts: dict[str, str]  # memory id -> text
+    client: SearchClient
+    settings: Settings
+    provider: HashProvider
+
+
+@pytest_asyncio.fixture(loop_scope="session", scope="module")
+async def stack(nats_server: object, postgres_server: object) -> AsyncIterator[Stack]:
+    from tests.conftest import make_settings
+
+    tag = uuid.uuid4().hex[:8]
+    base: Settings = make_settings(nats_server.url, postgres_server.dsn)  # type: ignore[attr-defined]
+    s = base.model_copy(update={"worker": WorkerSettings(name=f"quality{tag}", batch_wait=0.02)})
+    nc = await connect_nats(s.nats, name="test-search-quality")
+    js = nc.jetstream()
+    await ensure_streams(js, s)
+    rng = random.Random(3)
+    boards = [f"q{i}{tag}" for i in range(_BOARDS)]
+    texts: dict[str, str] = {}
+    for i in range(_PER_BOARD):
+        for b in boards:  # interleaved, so that every board's rows are spread over the shared index
+            text = " ".join(rng.sample(_WORDS, 6))
+            mid = f"{b}-{i}"
+            texts[mid] = text
+            await remember(js, b, "writer", mid, text)
+    # The speaker is only in the metadata: semantic search must still see it.
+    await remember(js, boards[0], "writer", f"{boards[0]}-said-a", "i went to the support group yesterday",
+                   metadata={"speaker": "Caroline"})
+    await remember(js, boards[0], "writer", f"{boards[0]}-said-b", "i went to the support group yesterday too",
+                   metadata={"speaker": "Melanie"})
+    # Keyword weights: "common" is in many memories, "rare" in one.
+    for i in range(30):
+        await remember(js, boards[1], "writer", f"{boards[1]}-common-{i}", f"common filler note {i}")
+    await remember(js, boards[1], "writer", f"{boards[1]}-rare", "rare")
+    provider = HashProvider()
+    async with Worker(s, provider=provider) as w:
+        await w.wait_caught_up(60, embedded=True)
+        yield Stack(boards, texts, SearchClient(nc, s), s, provider)
+    await nc.close()
+
+
+@aio
+async def test_semantic_finds_the_exact_stored_text_first_with_a_board_filter(stack: Stack) -> None:
+    rng = random.Random(5)
+    for mid in rng.sample(sorted(stack.texts), 40):
+        board = mid.rsplit("-", 1)[0]
+        hits = await stack.client.recall(stack.texts[mid], board=board, mode="semantic", top_k=5)
+        assert hits[0].id == mid
+        assert hits[0].score == pytest.approx(1.0, abs=1e-5)
+        assert all(h.board == board for h in hits)
+
+
+@aio
+async def test_semantic_results_equal_a_brute_force_scan_of_the_stored_vectors(stack: Stack) -> None:
+    """The vector path (shared HNSW index, board filter, iterative scan, exact fallback,
+    score sign, item ids) must return what an exact scan of that board's vectors returns."""
+    async with open_pool(stack.settings.postgres, min_size=1, max_size=1) as pool, pool.connection() as conn:
+        space = await find_space(conn, stack.provider.model, stack.provider.dimensions)
+        assert space is not None
+        rows = await (await conn.execute(sql.SQL(
+            "SELECT m.id, m.board, v.embedding FROM bb_memories m JOIN {} v ON v.item = m.mid "
+            "WHERE m.board = ANY(%s)").format(space.table("memory")), (stack.boards,))).fetchall()
+    ids = np.array([r[0] for r in rows])
+    boards = np.array([r[1] for r in rows])
+    vectors = np.stack([np.asarray(r[2].to_numpy(), dtype=np.float32) for r in rows])
+    rng = random.Random(11)
+    for _ in range(30):
+        board = rng.choice(stack.boards)
+        query = " ".join(rng.sample(_WORDS, 3))
+        hits = await stack.client.recall(query, board=board, mode="semantic", top_k=10)
+        mask = boards == board
+        sims = vectors[mask] @ stack.provider.vector(query)
+        order = np.argsort(-sims, kind="stable")[:10]
+        assert len(hits) == 10
+        # The same scores as the exact scan (ties may swap items of equal score) ...
+        assert [h.score for h in hits] == pytest.approx([float(sims[i]) for i in order], abs=1e-5)
+        # ... each the similarity of the item named (vectors stored for the right rows).
+        by_id = dict(zip(ids[mask], sims, strict=True))
+        for h in hits:
+            assert h.board == board
+            assert h.score == pytest.approx(float(by_id[h.id]), abs=1e-5)
+
+
+@aio
+async def test_semantic_search_sees_the_metadata(stack: Stack) -> None:
+    """A question names the speaker, the text does not: the embedded text must carry the metadata."""
+    b = stack.boards[0]
+    for who in ("Caroline", "Melanie"):
+        hits = await stack.client.recall(f"when did {who} go to the support group", board=b, mode="semantic",
+                                         top_k=2)
+        assert hits[0].metadata == {"speaker": who}
+
+
+@aio
+async def test_keyword_weighs_a_rare_word_above_a_common_one(stack: Stack) -> None:
+    hits = await stack.client.recall("common rare", board=stack.boards[1], mode="keyword", top_k=3)
+    assert hits[0].id == f"{stack.boards[1]}-rare"
+    assert hits[0].score > hits[1].score > 0
+
+
+@aio
+async def test_hybrid_scores_are_a_convex_combination(stack: Stack) -> None:
+    hits = await stack.client.recall("i went to the support group Caroline", board=stack.boards[0], top_k=5)
+    assert hits[0].id == f"{stack.boards[0]}-said-a"
+    assert all(0.0 <= h.score <= 1.0 for h in hits)
+    assert [h.score for h in hits] == sorted((h.score for h in hits), reverse=True)
+    assert set(hits[0].scores) == {"semantic", "keyword"}
+
+
+# -- pure parts ------------------------------------------------------------------
+
+
+def test_memory_embed_text_puts_short_scalar_metadata_before_the_text() -> None:
+    text = memory_embed_text("hello there", {"speaker": "Caroline", "session": 3, "flag": True,
+                                             "nested": {"a": 1}, "long": "x" * 500, "empty": ""})
+    assert text == "speaker: Caroline\nsession: 3\nhello there"
+    assert memory_embed_text("plain") == "plain"
+    assert len(memory_embed_text("y" * 5000, {"k": "v"})) == 2000
+
+
+def test_fuse_convex_normalises_weights_and_missing_items() -> None:
+    fused = fuse_convex({"semantic": {1: 0.9, 2: 0.5, 3: 0.7}, "keyword": {1: 0.0, 2: 8.0, 3: 4.0}})
+    assert [f.item for f in fused] == [1, 2, 3]  # ties keep the order of first appearance
+    assert {f.item: round(f.score, 6) for f in fused} == {1: 0.5, 2: 0.5, 3: 0.5}
+    weighted = fuse_convex({"semantic": {1: 0.9, 2: 0.5}, "keyword": {1: 0.0, 2: 8.0}},
+                           {"semantic": 3.0, "keyword": 1.0})
+    assert [f.item for f in weighted] == [1, 2]
+    assert weighted[0].score == pytest.approx(0.75)
+    # A retriever whose scores are all equal adds nothing; an item it lacks counts as its lowest.
+    flat = fuse_convex({"semantic": {1: 0.2, 2: 0.8}, "keyword": {1: 1.0, 2: 1.0}})
+    assert [(f.item, f.score) for f in flat] == [(2, pytest.approx(0.5)), (1, 0.0)]
+    lacking = fuse_convex({"semantic": {1: 0.9, 2: 0.1}, "keyword": {2: 5.0, 1: 1.0, 3: 3.0}})
+    assert {f.item: round(f.score, 3) for f in lacking}[3] == pytest.approx(0.25)
+    top = fuse_convex({"semantic": {7: 0.3, 8: 0.1}, "keyword": {7: 2.0, 8: 1.0}}, parts={"semantic": {7: 0.3}})
+    assert top[0].score == pytest.approx(1.0) and top[0].parts == {"semantic": 0.3}
+
+
+def test_candidate_lexemes_drop_very_frequent_words_but_never_all() -> None:
+    stats = TermStats({"common": 0.4, "usual": 0.1, "rare": 0.0001}, rows=100_000)
+    assert candidate_lexemes(["common", "rare", "unseen"], stats, 5000) == ["rare", "unseen"]
+    assert candidate_lexemes(["common", "usual"], stats, 5000) == ["usual"]
+    assert candidate_lexemes(["common", "usual"], None, 5000) == ["common", "usual"]
+    assert candidate_lexemes(["common"], TermStats({"common": 0.4}, rows=-1), 10) == ["common"]
+    assert candidate_lexemes([], stats, 10) == []
+
+
+def test_tsquery_literal_quotes_lexemes() -> None:
+    assert q.tsquery_literal(["it's", "a\\b", "plain"]) == "'it''s' | 'a\\\\b' | 'plain'"
+    with pytest.raises(ValueError):
+        q.tsquery_literal([])
+
+
+def test_keyword_query_binds_one_value_per_placeholder() -> None:
+    req = MemorySearchRequest(query="x y", boards=["b"], tags_any=["t"], metadata={"k": 1})
+    query, params = q.keyword_query(req, ["x", "y", "z"], ["x", "y"], 50, max_candidates=100)
+    text = query.as_string(None)
+    assert text.count("%s") == len(params) == 3 + 1 + 3 + 2
+    assert params[-2:] == [100, 50] and params[3] == "'x' | 'y'"
