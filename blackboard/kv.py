@@ -255,20 +255,7 @@ class BoardStore:
 
     # ------------------------------------------------------------------- reads
     async def _request(self, subject: str, payload: bytes, what: str) -> Msg:
-        loop = asyncio.get_running_loop()
-        ns = self._settings.nats
-        deadline = loop.time() + ns.write_timeout
-        delay = 0.05
-        while True:
-            try:
-                return await self._nc.request(subject, payload, timeout=ns.request_timeout)
-            except nats.errors.ConnectionClosedError as exc:
-                raise NotConnectedError("the NATS connection is closed") from exc
-            except RETRYABLE as exc:
-                if loop.time() + delay >= deadline:
-                    raise self._publisher.timeout_error(f"reading {what!r}") from exc
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 1.0)
+        return await self._publisher.request(subject, payload, what=what)
 
     def _entry_from_direct(self, msg: Msg, what: str) -> Entry:
         headers = msg.headers or {}

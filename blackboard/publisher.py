@@ -246,6 +246,27 @@ class Publisher:
             return int(digits)
         return None
 
+    async def request(self, subject: str, payload: bytes, *, what: str) -> Msg:
+        """A core NATS request (a JetStream API call, a direct get), retried
+        through outages like a write until ``write_timeout``.
+
+        Raises:
+            NotConnectedError, OperationTimeoutError: no answer in time.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.settings.write_timeout
+        delay = 0.05
+        while True:
+            try:
+                return await self.nc.request(subject, payload, timeout=self.settings.request_timeout)
+            except nats.errors.ConnectionClosedError as exc:
+                raise NotConnectedError("the NATS connection is closed") from exc
+            except RETRYABLE as exc:
+                if loop.time() + delay >= deadline:
+                    raise self.timeout_error(f"reading {what}") from exc
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 1.0)
+
     def timeout_error(self, what: str) -> BlackboardError:
         if not self.nc.is_connected:
             return NotConnectedError(

@@ -186,20 +186,7 @@ class VoteStore:
 
     # --------------------------------------------------------------- reading
     async def _request(self, subject: str, payload: bytes, what: str) -> Msg:
-        loop = asyncio.get_running_loop()
-        ns = self.settings.nats
-        deadline = loop.time() + ns.write_timeout
-        delay = 0.05
-        while True:
-            try:
-                return await self.nc.request(subject, payload, timeout=ns.request_timeout)
-            except nats.errors.ConnectionClosedError as exc:
-                raise NotConnectedError("the NATS connection is closed") from exc
-            except RETRYABLE as exc:
-                if loop.time() + delay >= deadline:
-                    raise self._publisher.timeout_error(f"reading {what}") from exc
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 1.0)
+        return await self._publisher.request(subject, payload, what=what)
 
     async def _direct(self, stream: str, what: str, *, last_by_subject: str | None = None,
                       next_by_subject: tuple[str, int] | None = None) -> Msg | None:
