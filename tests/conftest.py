@@ -14,6 +14,7 @@ import tempfile
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 
@@ -48,13 +49,14 @@ def postgres_server(stack_dir: Path) -> Iterator[EmbeddedPostgres]:
     server.stop()
 
 
-@pytest.fixture
-def nats_factory(stack_dir: Path) -> Iterator[Callable[[], EmbeddedNats]]:
-    """Start private nats-servers (for kill/restart tests); stopped afterwards."""
-    servers: list[EmbeddedNats] = []
+S = TypeVar("S", EmbeddedNats, EmbeddedPostgres)
 
-    def make() -> EmbeddedNats:
-        server = EmbeddedNats(stack_dir / f"nats-{uuid.uuid4().hex[:8]}", port=0)
+
+def _factory(stack_dir: Path, cls: type[S], prefix: str) -> Iterator[Callable[[], S]]:
+    servers: list[S] = []
+
+    def make() -> S:
+        server = cls(stack_dir / f"{prefix}-{uuid.uuid4().hex[:8]}", port=0)
         server.start()
         servers.append(server)
         return server
@@ -62,22 +64,18 @@ def nats_factory(stack_dir: Path) -> Iterator[Callable[[], EmbeddedNats]]:
     yield make
     for server in servers:
         server.stop()
+
+
+@pytest.fixture
+def nats_factory(stack_dir: Path) -> Iterator[Callable[[], EmbeddedNats]]:
+    """Start private nats-servers (for kill/restart tests); stopped afterwards."""
+    yield from _factory(stack_dir, EmbeddedNats, "nats")
 
 
 @pytest.fixture
 def postgres_factory(stack_dir: Path) -> Iterator[Callable[[], EmbeddedPostgres]]:
     """Start private PostgreSQL servers (for kill/restart tests); stopped afterwards."""
-    servers: list[EmbeddedPostgres] = []
-
-    def make() -> EmbeddedPostgres:
-        server = EmbeddedPostgres(stack_dir / f"pg-{uuid.uuid4().hex[:8]}", port=0)
-        server.start()
-        servers.append(server)
-        return server
-
-    yield make
-    for server in servers:
-        server.stop()
+    yield from _factory(stack_dir, EmbeddedPostgres, "pg")
 
 
 def make_settings(nats_url: str, pg_dsn: str | None = None, **overrides: object) -> Settings:
