@@ -6,7 +6,7 @@ from psycopg import sql
 
 from blackboard.db.spaces import ItemType, Space
 
-__all__ = ["BACKLOG", "CLAIM", "DONE", "LOAD_ENTRIES", "LOAD_MEMORIES", "upsert_vectors"]
+__all__ = ["BACKLOG", "CLAIM", "DONE", "LOAD_ENTRIES", "LOAD_MEMORIES", "RELEASE", "upsert_vectors"]
 
 #: Lease up to %(n)s queued items whose lease is free or expired.
 CLAIM = """
@@ -29,6 +29,12 @@ LOAD_ENTRIES = "SELECT eid, revision, search_text, deleted FROM bb_entries WHERE
 DONE = """
 DELETE FROM bb_embed_queue q
 USING unnest(%s::text[], %s::bigint[], %s::timestamptz[]) AS d(item_type, item, enqueued_at)
+WHERE q.item_type = d.item_type AND q.item = d.item AND q.enqueued_at = d.enqueued_at"""
+
+#: Give leases back (a clean stop), unless the rows were re-enqueued meanwhile.
+RELEASE = """
+UPDATE bb_embed_queue q SET lease_until = NULL
+FROM unnest(%s::text[], %s::bigint[], %s::timestamptz[]) AS d(item_type, item, enqueued_at)
 WHERE q.item_type = d.item_type AND q.item = d.item AND q.enqueued_at = d.enqueued_at"""
 
 BACKLOG = "SELECT count(*) FROM bb_embed_queue"

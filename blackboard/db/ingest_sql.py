@@ -1,59 +1,69 @@
 """SQL of the ingest path (constants; the worker binds the values).
 
-A batch is COPYed into a session temp table, then moved with set-based
-statements: revisions are inserted ``ON CONFLICT DO NOTHING`` (idempotent on
-(stream, seq)), the current-state table is upserted only forward (higher
-revision wins, whatever order batches commit in), and changed items are queued
-for embedding in the same transaction.
+Board entries: a batch is COPYed (binary) straight into ``bb_entry_revisions``
+inside a savepoint; only if that hits an existing (stream, seq), i.e. a
+redelivery after a crash, is the batch staged in a temp table and inserted
+``ON CONFLICT DO NOTHING`` instead. The current-state table is then upserted
+only forward (higher revision wins, whatever order batches commit in) from the
+stored revisions, one row per key in key order (so concurrent batches lock in
+the same order), and changed items are queued for embedding in the same
+statement.
+
+Memories: a batch is COPYed into a temp table and moved with one statement
+(upsert by id, forward only, skipping forgotten ids), queueing embeddings.
 """
 
 from __future__ import annotations
 
 __all__ = [
-    "COPY_ENTRIES",
     "COPY_MEMORIES",
-    "CREATE_STAGE_ENTRIES",
+    "COPY_REVISIONS",
+    "COPY_STAGE_REVISIONS",
     "CREATE_STAGE_MEMORIES",
+    "CREATE_STAGE_REVISIONS",
     "DELETE_FORGOTTEN",
     "INSERT_DEAD_LETTER",
-    "MOVE_ENTRIES_CURRENT",
-    "MOVE_ENTRY_REVISIONS",
+    "LOCK_MEMORIES_FOR_FORGET",
     "MOVE_MEMORIES",
+    "MOVE_STAGED_REVISIONS",
     "SPACES",
-    "TRUNCATE_STAGE_ENTRIES",
-    "TRUNCATE_STAGE_MEMORIES",
     "UNQUEUE_MEMORIES",
+    "UPSERT_CURRENT",
     "UPSERT_FORGET",
 ]
 
-ENTRY_COLUMNS = ("stream", "seq", "board", "section", "key", "op", "value", "value_raw", "content_type",
-                 "tags", "metadata", "author", "created_at", "stored_at", "search_text")
+REVISION_COLUMNS = ("stream", "seq", "board", "section", "key", "op", "value", "value_raw", "content_type",
+                    "tags", "metadata", "author", "created_at", "stored_at")
 MEMORY_COLUMNS = ("stream", "seq", "id", "board", "agent", "kind", "text", "tags", "metadata",
                   "importance", "source", "read_only", "created_at", "search_text")
 
-CREATE_STAGE_ENTRIES = """
-CREATE TEMP TABLE IF NOT EXISTS bb_stage_entries (
+#: Binary COPY of revision rows (columns :data:`REVISION_COLUMNS`).
+COPY_REVISIONS = f"COPY bb_entry_revisions ({', '.join(REVISION_COLUMNS)}) FROM STDIN (FORMAT BINARY)"
+
+#: The redelivery path: revisions staged, then inserted unless present.
+CREATE_STAGE_REVISIONS = """
+CREATE TEMP TABLE IF NOT EXISTS bb_stage_revisions (
     stream text, seq bigint, board text, section text, key text, op text, value jsonb,
     value_raw bytea, content_type text, tags text[], metadata jsonb, author text,
-    created_at timestamptz, stored_at timestamptz, search_text text
+    created_at timestamptz, stored_at timestamptz
 ) ON COMMIT DELETE ROWS"""
-TRUNCATE_STAGE_ENTRIES = "DELETE FROM bb_stage_entries"
-
-COPY_ENTRIES = f"COPY bb_stage_entries ({', '.join(ENTRY_COLUMNS)}) FROM STDIN"
-
-MOVE_ENTRY_REVISIONS = """
-INSERT INTO bb_entry_revisions (stream, seq, board, section, key, op, value, value_raw, content_type,
-                                tags, metadata, author, created_at, stored_at)
-SELECT stream, seq, board, section, key, op, value, value_raw, content_type,
-       tags, metadata, author, created_at, stored_at
-FROM bb_stage_entries
+COPY_STAGE_REVISIONS = f"COPY bb_stage_revisions ({', '.join(REVISION_COLUMNS)}) FROM STDIN (FORMAT BINARY)"
+MOVE_STAGED_REVISIONS = f"""
+INSERT INTO bb_entry_revisions ({', '.join(REVISION_COLUMNS)})
+SELECT {', '.join(REVISION_COLUMNS)} FROM bb_stage_revisions
 ON CONFLICT (stream, seq) DO NOTHING"""
 
-MOVE_ENTRIES_CURRENT = """
+#: Move current state forward to the given revisions (one per key) and queue
+#: their embeddings. Params: streams text[], seqs bigint[], search texts text[].
+UPSERT_CURRENT = """
 WITH latest AS (
-    SELECT DISTINCT ON (board, section, key) *
-    FROM bb_stage_entries
-    ORDER BY board, section, key, seq DESC
+    -- LATERAL ... LIMIT 1: one primary-key probe per row, whatever the
+    -- planner thinks of the (unanalysed, growing) revisions table.
+    SELECT r.*, s.search_text
+    FROM unnest(%s::text[], %s::bigint[], %s::text[]) AS s(stream, seq, search_text)
+    CROSS JOIN LATERAL (SELECT * FROM bb_entry_revisions r
+                        WHERE r.stream = s.stream AND r.seq = s.seq LIMIT 1) r
+    ORDER BY r.board, r.section, r.key
 ), up AS (
     INSERT INTO bb_entries AS e (board, section, key, stream, revision, deleted, value, value_raw,
                                  content_type, tags, metadata, author, created_at, updated_at, search_text)
@@ -79,9 +89,7 @@ CREATE TEMP TABLE IF NOT EXISTS bb_stage_memories (
     metadata jsonb, importance real, source text, read_only boolean, created_at timestamptz,
     search_text text
 ) ON COMMIT DELETE ROWS"""
-TRUNCATE_STAGE_MEMORIES = "DELETE FROM bb_stage_memories"
-
-COPY_MEMORIES = f"COPY bb_stage_memories ({', '.join(MEMORY_COLUMNS)}) FROM STDIN"
+COPY_MEMORIES = f"COPY bb_stage_memories ({', '.join(MEMORY_COLUMNS)}) FROM STDIN (FORMAT BINARY)"
 
 MOVE_MEMORIES = """
 WITH latest AS (
@@ -108,6 +116,12 @@ WITH latest AS (
 INSERT INTO bb_embed_queue (item_type, item)
 SELECT 'memory', mid FROM up
 ON CONFLICT (item_type, item) DO UPDATE SET enqueued_at = clock_timestamp(), lease_until = NULL"""
+
+#: Taken by a batch holding forgets: waits for memory writers in flight and
+#: holds new ones off until the forget commits, so a memory committed
+#: concurrently with its forget is either seen by the delete or sees the
+#: tombstone (forgets are rare; memory batches without one never take it).
+LOCK_MEMORIES_FOR_FORGET = "LOCK TABLE bb_memories IN SHARE ROW EXCLUSIVE MODE"
 
 #: Record forget tombstones: (id, board, stream, seq) rows.
 UPSERT_FORGET = """

@@ -9,15 +9,18 @@ non-string keys) are caught here, before they could fail a whole batch.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import datetime
-from typing import Any
+from datetime import UTC, datetime, timedelta
+from typing import Any, get_args
+
+import msgpack
 
 from blackboard import codec
 from blackboard.errors import InvalidKeyError, InvalidPayloadError
-from blackboard.schemas import EntryEnvelope, MemoryForget, MemoryRecord, validate_wire
+from blackboard.schemas import EntryEnvelope, MemoryForget, MemoryKind, MemoryRecord, validate_wire
 from blackboard.subjects import Header, Subjects, validate_name
 
 __all__ = [
@@ -31,10 +34,59 @@ __all__ = [
     "entry_search_text",
     "is_json_safe",
     "memory_search_text",
+    "parse_ack_reply",
 ]
 
 #: Metadata values longer than this are not copied into the keyword index.
 _MAX_META_VALUE = 200
+#: Deepest nesting stored as jsonb (deeper values are kept as msgpack).
+_MAX_JSON_DEPTH = 200
+_UNIX_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MEMORY_KINDS = frozenset(get_args(MemoryKind))
+_KV_OP = Header.KV_OPERATION.value
+_ENCODING = Header.ENCODING.value
+
+
+def parse_ack_reply(reply: str) -> tuple[str, int, datetime]:
+    """Stream, stream sequence and server timestamp of a JetStream message, from its ack subject.
+
+    ``$JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<ns>.<pending>``, or
+    the domain form with ``<domain>.<account hash>`` after ``ACK`` (11+ tokens).
+    The timestamp is truncated to microseconds with integer arithmetic (exact,
+    where nats-py's ``metadata.timestamp`` goes through a float).
+
+    Raises:
+        ValueError: not a JetStream ack subject.
+    """
+    tokens = reply.split(".")
+    n = len(tokens)
+    if n >= 9 and tokens[0] == "$JS" and tokens[1] == "ACK":
+        if n == 9:
+            return tokens[2], int(tokens[5]), _UNIX_EPOCH + timedelta(microseconds=int(tokens[7]) // 1000)
+        if n >= 11:
+            return tokens[4], int(tokens[7]), _UNIX_EPOCH + timedelta(microseconds=int(tokens[9]) // 1000)
+    raise ValueError(f"not a JetStream ack subject: {reply!r}")
+
+
+def _json_text(value: Any) -> str | None:
+    """The JSON text of ``value`` when it is certainly storable as ``jsonb`` unchanged, else None.
+
+    A fast stand-in for :func:`is_json_safe` + ``json.dumps``, for values
+    decoded by :func:`_unpack_strict` (valid UTF-8 strings; map keys are
+    ``str`` or ``bytes``): bytes, NaN and other Python objects make
+    ``json.dumps`` fail; an escaped NUL and deep nesting are spotted in the
+    text. None means "not sure": ask :func:`is_json_safe` (a literal
+    ``\\u0000`` in a string also lands there).
+    """
+    try:
+        out = json.dumps(value)  # the default encoder is cached: the fastest call
+    except (TypeError, ValueError, RecursionError):
+        return None
+    if "\\u0000" in out or "NaN" in out or "Infinity" in out:  # NaN may also be a string: unsure
+        return None
+    if len(out) > _MAX_JSON_DEPTH and out.count("[") + out.count("{") > _MAX_JSON_DEPTH:
+        return None
+    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +137,9 @@ class EntryRow:
     created_at: datetime | None
     stored_at: datetime
     search_text: str
+    #: ``value`` / ``metadata`` as JSON text when the decoder already made it.
+    value_json: str | None = None
+    metadata_json: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +160,8 @@ class MemoryRow:
     read_only: bool
     created_at: datetime
     search_text: str
+    #: ``metadata`` as JSON text when the decoder already made it.
+    metadata_json: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,6 +269,116 @@ def memory_search_text(text: str, tags: list[str], metadata: Mapping[str, Any], 
     return _clean("\n".join(parts), limit)
 
 
+def _unpack_strict(msg: RawMessage) -> Any:
+    """The payload of a plain msgpack message with string map keys only, or None.
+
+    The fast path of the decoders: msgpack's UTF-8 decoding is strict (no lone
+    surrogates), and ``strict_map_key`` leaves only ``str``/``bytes`` keys. Any
+    doubt (JSON encoding, other keys, undecodable bytes) returns None and the
+    message takes the general path, which decides and explains.
+    """
+    headers = msg.headers
+    if headers and _ENCODING in headers:
+        return None
+    data = msg.data
+    if not data or data[0] in b"{ \t\r\n":  # JSON sniffing: see codec.encoding_of
+        return None
+    try:
+        return msgpack.unpackb(data, raw=False, strict_map_key=True)
+    except Exception:  # anything msgpack refuses goes the general way
+        return None
+
+
+def _aware(value: Any) -> datetime | None:
+    """An ISO 8601 string with a UTC offset as a datetime (what ``Timestamp`` accepts), else None."""
+    if type(value) is not str:
+        return None
+    try:
+        dt = datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    return dt if dt.tzinfo is not None and dt.utcoffset() is not None else None
+
+
+def _str_list(value: Any) -> list[str] | None:
+    if type(value) is not list:
+        return None
+    for v in value:
+        if type(v) is not str or "\x00" in v:
+            return None
+    return value
+
+
+def _fast_entry(obj: Any, msg: RawMessage, parts: Any, index_chars: int) -> EntryRow | None:
+    """The entry row of a well-formed envelope, checked without pydantic; None when unsure.
+
+    Accepts exactly what ``EntryEnvelope`` accepts with the same result, for the
+    common shapes; anything else (missing or odd fields, coercions, values
+    needing msgpack storage checks) returns None for the general path.
+    """
+    if type(obj) is not dict or "value" not in obj:
+        return None
+    v = obj.get("v", 1)
+    if type(v) is not int or v != 1:
+        return None
+    ctype = obj.get("content_type", "application/json")
+    author = obj.get("author")
+    if type(ctype) is not str or type(author) is not str or "\x00" in ctype or "\x00" in author:
+        return None
+    tags = _str_list(obj.get("tags", []))
+    metadata = obj.get("metadata", {})
+    created = _aware(obj.get("created_at"))
+    if tags is None or type(metadata) is not dict or created is None:
+        return None
+    meta_json = _json_text(metadata)
+    if meta_json is None:
+        return None
+    value = obj["value"]
+    value_json = _json_text(value)
+    if value_json is None:
+        return None
+    text = entry_search_text(value, ctype, tags, index_chars)
+    return EntryRow(msg.stream, msg.seq, parts.board, parts.section, parts.key, "PUT", value, None,
+                    ctype, tags, metadata, author, created, msg.timestamp, text, value_json, meta_json)
+
+
+def _fast_memory(obj: Any, msg: RawMessage, board: str, agent: str, index_chars: int) -> MemoryRow | None:
+    """The memory row of a well-formed record, checked without pydantic; None when unsure."""
+    if type(obj) is not dict or "op" in obj:
+        return None
+    v = obj.get("v", 1)
+    mid = obj.get("id")
+    text = obj.get("text")
+    kind = obj.get("kind", "episodic")
+    if (type(v) is not int or v != 1 or type(mid) is not str or not 0 < len(mid) <= 128 or "\x00" in mid
+            or type(text) is not str or not text or "\x00" in text or type(kind) is not str
+            or kind not in _MEMORY_KINDS or obj.get("board") != board or obj.get("agent") != agent):
+        return None
+    importance = obj.get("importance", 0.5)
+    source = obj.get("source")
+    read_only = obj.get("read_only", False)
+    if (type(importance) not in (float, int) or not 0.0 <= importance <= 1.0
+            or (source is not None and (type(source) is not str or "\x00" in source))
+            or type(read_only) is not bool):
+        return None
+    tags = _str_list(obj.get("tags", []))
+    metadata = obj.get("metadata", {})
+    created = _aware(obj.get("created_at"))
+    if tags is None or type(metadata) is not dict or created is None:
+        return None
+    meta_json = _json_text(metadata)
+    if meta_json is None:
+        return None
+    try:
+        validate_name(board, "board")
+        validate_name(agent, "agent")
+    except InvalidKeyError:
+        return None
+    search = memory_search_text(text, tags, metadata, index_chars)
+    return MemoryRow(msg.stream, msg.seq, mid, board, agent, kind, text, tags, metadata, float(importance),
+                     source, read_only, created, search, meta_json)
+
+
 def _payload(msg: RawMessage, max_bytes: int) -> Any:
     if len(msg.data) > max_bytes:
         raise InvalidPayloadError(f"oversized: {len(msg.data)} bytes > limit {max_bytes}")
@@ -231,10 +398,14 @@ def decode_entry(msg: RawMessage, subjects: Subjects, *, max_bytes: int, index_c
     except InvalidKeyError as exc:
         raise InvalidPayloadError(f"bad entry subject: {exc.reason}") from exc
     _check_text(parts.key, "the key")
-    op = (msg.headers.get(Header.KV_OPERATION.value) or "").upper()
+    op = (msg.headers.get(_KV_OP) or "").upper() if msg.headers else ""
     if op in ("DEL", "PURGE"):
         return EntryRow(msg.stream, msg.seq, parts.board, parts.section, parts.key, op, None, None,
                         None, [], {}, None, None, msg.timestamp, "")
+    if len(msg.data) <= max_bytes:
+        row = _fast_entry(_unpack_strict(msg), msg, parts, index_chars)
+        if row is not None:
+            return row
     env = validate_wire(EntryEnvelope, _payload(msg, max_bytes))
     _check_fields(env.tags, env.metadata, (env.author, "author"), (env.content_type, "content_type"))
     if is_json_safe(env.value):
@@ -259,6 +430,10 @@ def decode_memory(msg: RawMessage, *, max_bytes: int, index_chars: int) -> Memor
     tokens = msg.subject.split(".")
     if len(tokens) != 4 or tokens[:2] != ["bb", "mem"]:
         raise InvalidPayloadError(f"bad memory subject {msg.subject!r}")
+    if len(msg.data) <= max_bytes:
+        row = _fast_memory(_unpack_strict(msg), msg, tokens[2], tokens[3], index_chars)
+        if row is not None:
+            return row
     data = _payload(msg, max_bytes)
     if isinstance(data, dict) and data.get("op") == "forget":
         forget = validate_wire(MemoryForget, data)

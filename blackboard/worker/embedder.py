@@ -1,13 +1,20 @@
 """The embedding stage: queued items are embedded in batches after they are stored.
 
 The ingest transaction queues every new or changed memory and entry in
-``bb_embed_queue``. The embedder leases a batch (a short transaction, so no
-row locks are held while the model runs), embeds the texts in one model call,
-then in one transaction upserts the vectors into the space's tables and deletes
-the finished queue rows (unless re-queued meanwhile). Two slots run at once so
-that one batch's database write overlaps the next batch's model call; model
-calls themselves are serialised. A crash leaves leased rows to expire and be
-taken again, so nothing is lost.
+``bb_embed_queue``. The embedder is a three-stage pipeline so that the model,
+the bottleneck, never waits for the database:
+
+* a feeder leases the next batch (a short transaction, so no row locks are
+  held while the model runs) and loads its texts while the model works;
+* the model stage embeds one batch after the other (in a worker thread for
+  the local provider, so the event loop keeps serving ingest and search);
+* writers upsert the vectors into the space's HNSW-indexed tables and delete
+  the finished queue rows (unless re-queued meanwhile) in one transaction per
+  batch; an HNSW insert costs milliseconds a row, so two writers run while the
+  model moves on.
+
+A crash leaves leased rows to expire and be taken again, so nothing is lost;
+a clean stop releases the leases of batches not yet written.
 """
 
 from __future__ import annotations
@@ -81,8 +88,11 @@ class EmbedStats:
     embedded: int = 0
     batches: int = 0
     failures: int = 0
+    #: Seconds the model ran, and seconds spent writing vectors (overlapping it).
     model_seconds: float = 0.0
     write_seconds: float = 0.0
+    #: Seconds the model stage waited for its next batch (after the first one).
+    idle_seconds: float = 0.0
     last_error: str | None = None
 
 
@@ -94,20 +104,38 @@ class _Claimed:
     attempts: int
 
 
+@dataclass(slots=True)
+class _Batch:
+    claimed: list[_Claimed]
+    texts: list[str]
+    targets: list[tuple[ItemType, int, int]]
+    skip: set[tuple[ItemType, int]]
+    vectors: np.ndarray | None = None
+
+
 class Embedder:
-    """Embeds queued items into the space of ``provider``'s (model, dimensions)."""
+    """Embeds queued items into the space of ``provider``'s (model, dimensions).
+
+    Args:
+        pool: PostgreSQL pool.
+        provider: the embedding model.
+        settings: batch size (``worker.embed_batch_size``, default the
+            provider's ``embedding.batch_size``) and idle poll interval.
+        writers: concurrent vector-writing transactions.
+    """
 
     def __init__(self, pool: AsyncConnectionPool, provider: EmbeddingProvider, settings: Settings,
-                 *, slots: int = 2) -> None:
+                 *, writers: int = 2) -> None:
         self.provider = provider
         self.settings = settings
         self.stats = EmbedStats()
         self.space: Space | None = None
         self._pool = pool
-        self._slots = slots
+        self._writers = max(1, writers)
         self._wake = asyncio.Event()
-        self._model_lock = asyncio.Lock()
         self._batch = settings.worker.embed_batch_size or settings.embedding.batch_size
+        #: Leased batches not yet written (their leases are released on stop).
+        self._inflight: list[_Batch] = []
 
     async def setup(self) -> None:
         """Register the provider's space and create its tables if needed."""
@@ -131,67 +159,152 @@ class Embedder:
                 "space": self.space.id if self.space else None, "backlog": await self.backlog(),
                 "embedded": s.embedded, "batches": s.batches, "failures": s.failures,
                 "model_seconds": round(s.model_seconds, 3), "write_seconds": round(s.write_seconds, 3),
-                "last_error": s.last_error}
+                "idle_seconds": round(s.idle_seconds, 3), "last_error": s.last_error}
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Embed until ``stop`` is set."""
+        """Embed until ``stop`` is set (then release the leases of unwritten batches)."""
         if self.space is None:
             await self.setup()
-        await asyncio.gather(*(self._slot(stop) for _ in range(self._slots)))
+        loaded: asyncio.Queue[_Batch] = asyncio.Queue(maxsize=1)
+        embedded: asyncio.Queue[_Batch] = asyncio.Queue(maxsize=self._writers)
+        tasks = [asyncio.create_task(self._feed(stop, loaded), name="embed feed"),
+                 asyncio.create_task(self._model(stop, loaded, embedded), name="embed model")]
+        tasks += [asyncio.create_task(self._write_loop(stop, embedded), name=f"embed write {i}")
+                  for i in range(self._writers)]
+        stopped = asyncio.create_task(stop.wait())
+        try:
+            done, _ = await asyncio.wait([stopped, *tasks], return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                if task is not stopped and not task.cancelled() and task.exception() is not None:
+                    raise task.exception()  # type: ignore[misc]
+        finally:
+            for task in (stopped, *tasks):
+                task.cancel()
+            for task in (stopped, *tasks):
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+            await self._release_inflight()
 
-    async def _slot(self, stop: asyncio.Event) -> None:
+    async def embed_once(self) -> int:
+        """Lease, embed and write one batch in sequence. Returns how many items it took."""
+        batch = await self._lease()
+        if batch is None:
+            return 0
+        try:
+            await self._embed(batch)
+            await self._write(batch)
+        finally:
+            if batch in self._inflight:
+                await self._release_inflight([batch])
+        return len(batch.claimed)
+
+    # -- stages --------------------------------------------------------------
+
+    async def _feed(self, stop: asyncio.Event, out: asyncio.Queue[_Batch]) -> None:
         while not stop.is_set():
             try:
-                n = await self.embed_once()
+                batch = await self._lease()
             except (psycopg.OperationalError, PoolTimeout) as exc:
                 self.stats.last_error = repr(exc)
                 log.warning("embedder: PostgreSQL unavailable: %s", str(exc).strip()[:200])
-                n = 0
-            if n == 0:
+                batch = None
+            if batch is None:
                 self._wake.clear()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), self.settings.worker.embed_poll)
+                continue
+            await out.put(batch)
 
-    async def embed_once(self) -> int:
-        """Embed one batch of queued items. Returns how many items it took."""
-        assert self.space is not None
-        space = self.space
+    async def _model(self, stop: asyncio.Event, inp: asyncio.Queue[_Batch], out: asyncio.Queue[_Batch]) -> None:
+        while not stop.is_set():
+            t0 = time.perf_counter()
+            batch = await inp.get()
+            if self.stats.model_seconds:  # waiting for the very first batch is not idling
+                self.stats.idle_seconds += time.perf_counter() - t0
+            await self._embed(batch)
+            await out.put(batch)
+
+    async def _write_loop(self, stop: asyncio.Event, inp: asyncio.Queue[_Batch]) -> None:
+        while not stop.is_set():
+            batch = await inp.get()
+            delay = 0.05
+            while True:
+                try:
+                    await self._write(batch)
+                    break
+                except (psycopg.OperationalError, PoolTimeout) as exc:
+                    self.stats.last_error = repr(exc)
+                    log.warning("embedder: cannot write vectors (%s); retrying", str(exc).strip()[:200])
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(stop.wait(), delay)
+                    if stop.is_set():
+                        return
+                    delay = min(self.settings.worker.max_backoff, delay * 2)
+
+    # -- steps -----------------------------------------------------------------
+
+    async def _lease(self) -> _Batch | None:
         async with self._pool.connection() as conn:
             async with conn.transaction():
                 cur = await conn.execute(q.CLAIM, {"lease": _LEASE_SECONDS, "n": self._batch})
                 claimed = [_Claimed(t, int(i), e, int(a)) for t, i, e, a in await cur.fetchall()]
             if not claimed:
-                return 0
-            texts, targets, skip = await self._load(conn, claimed)
+                return None
+            batch = _Batch(claimed, *(await self._load(conn, claimed)))
             await conn.commit()
-        vectors: np.ndarray | None = None
-        if texts:
-            try:
-                t0 = time.perf_counter()
-                async with self._model_lock:
-                    vectors = await self.provider.embed(texts)
-                self.stats.model_seconds += time.perf_counter() - t0
-            except EmbeddingError as exc:
-                self.stats.failures += 1
-                self.stats.last_error = repr(exc)
-                log.warning("embedder: model failed on %d items (%s); they stay queued", len(texts), exc)
-                await self._give_up_old(claimed)
-                return len(claimed)
+        self._inflight.append(batch)
+        return batch
+
+    async def _embed(self, batch: _Batch) -> None:
+        if not batch.texts:
+            return
+        try:
+            t0 = time.perf_counter()
+            batch.vectors = await self.provider.embed(batch.texts)
+            self.stats.model_seconds += time.perf_counter() - t0
+        except EmbeddingError as exc:
+            self.stats.failures += 1
+            self.stats.last_error = repr(exc)
+            log.warning("embedder: model failed on %d items (%s); they stay queued", len(batch.texts), exc)
+            await self._give_up_old(batch.claimed)
+
+    async def _write(self, batch: _Batch) -> None:
+        assert self.space is not None
+        space, vectors = self.space, batch.vectors
+        if vectors is None and batch.texts:  # the model failed: leave the items leased until they expire
+            self._forget(batch)
+            return
         t0 = time.perf_counter()
         async with self._pool.connection() as conn, conn.transaction():
             if vectors is not None:
                 for item_type in ("memory", "entry"):
-                    params = [(item, rev, vectors[i]) for i, (t, item, rev) in enumerate(targets)
+                    params = [(item, rev, vectors[i]) for i, (t, item, rev) in enumerate(batch.targets)
                               if t == item_type]
                     if params:
                         async with conn.cursor() as c:
                             await c.executemany(q.upsert_vectors(space, item_type), params)
-            done = [c for c in claimed if (c.item_type, c.item) in skip or vectors is not None]
-            await self._done(conn, done)
+            await self._done(conn, batch.claimed)
+        self._forget(batch)
         self.stats.write_seconds += time.perf_counter() - t0
-        self.stats.embedded += len(targets)
+        self.stats.embedded += len(batch.targets)
         self.stats.batches += 1
-        return len(claimed)
+
+    def _forget(self, batch: _Batch) -> None:
+        with contextlib.suppress(ValueError):
+            self._inflight.remove(batch)
+
+    async def _release_inflight(self, batches: Sequence[_Batch] | None = None) -> None:
+        """Give the leases of unwritten batches back, so another embedder takes them now."""
+        todo = list(self._inflight if batches is None else batches)
+        for b in todo:
+            self._forget(b)
+        claimed = [c for b in todo for c in b.claimed]
+        if not claimed:
+            return
+        with contextlib.suppress(Exception):
+            async with self._pool.connection() as conn, conn.transaction():
+                await conn.execute(q.RELEASE, ([c.item_type for c in claimed], [c.item for c in claimed],
+                                               [c.enqueued_at for c in claimed]))
 
     async def _load(self, conn: psycopg.AsyncConnection[Any], claimed: list[_Claimed]
                     ) -> tuple[list[str], list[tuple[ItemType, int, int]], set[tuple[ItemType, int]]]:

@@ -9,15 +9,16 @@ sequence: ``ON CONFLICT DO NOTHING`` or forward-only upserts).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import psycopg
 from psycopg import sql
-from psycopg.types.json import Jsonb
 
 from blackboard.db import ingest_sql as q
+from blackboard.db import pgcopy
 from blackboard.db.spaces import Space
 from blackboard.settings import Settings
 from blackboard.subjects import MEMORY_STREAM, Subjects
@@ -46,6 +47,9 @@ class StreamHandler:
         decode: pure decoder; raises ``InvalidPayloadError`` for a dead letter.
         write: stores decoded rows in the caller's transaction.
         embeds: the writer queues items for embedding (wakes the embedder).
+        concurrent_writes: batches may be written by concurrent transactions
+            (the writer converges whatever order they commit in); otherwise
+            one batch at a time.
     """
 
     name: str
@@ -54,31 +58,66 @@ class StreamHandler:
     decode: Callable[[RawMessage], Any]
     write: Callable[[Conn, Sequence[Any]], Awaitable[None]]
     embeds: bool = False
+    concurrent_writes: bool = False
 
 
 async def write_entries(conn: Conn, rows: Sequence[EntryRow]) -> None:
-    """Store entry revisions, move current state forward, queue embeddings."""
-    await conn.execute(q.CREATE_STAGE_ENTRIES)
-    await conn.execute(q.TRUNCATE_STAGE_ENTRIES)
-    async with conn.cursor() as cur, cur.copy(q.COPY_ENTRIES) as copy:
-        for r in rows:
-            await copy.write_row((
-                r.stream, r.seq, r.board, r.section, r.key, r.op,
-                None if r.op != "PUT" else Jsonb(r.value), r.value_raw, r.content_type,
-                r.tags, Jsonb(r.metadata), r.author, r.created_at, r.stored_at, r.search_text,
-            ))
-    await conn.execute(q.MOVE_ENTRY_REVISIONS)
-    await conn.execute(q.MOVE_ENTRIES_CURRENT)
+    """Store entry revisions, move current state forward, queue embeddings.
+
+    Revisions are COPYed straight into their table; a batch that meets a
+    revision already stored (a redelivery) is written again through the
+    staging table, skipping what is there.
+    """
+    if not rows:
+        return
+    data = pgcopy.stream(_revision_row(r) for r in rows)
+    try:
+        async with conn.transaction():  # a savepoint inside the caller's transaction
+            async with conn.cursor() as cur, cur.copy(q.COPY_REVISIONS) as copy:
+                await copy.write(data)
+    except psycopg.errors.UniqueViolation:
+        await conn.execute(q.CREATE_STAGE_REVISIONS)
+        async with conn.cursor() as cur:
+            async with cur.copy(q.COPY_STAGE_REVISIONS) as copy:
+                await copy.write(data)
+            await cur.execute(q.MOVE_STAGED_REVISIONS)
+    latest: dict[tuple[str, str, str], EntryRow] = {}
+    for r in rows:
+        k = (r.board, r.section, r.key)
+        seen = latest.get(k)
+        if seen is None or seen.seq < r.seq:
+            latest[k] = r
+    top = list(latest.values())
+    await conn.execute(q.UPSERT_CURRENT, ([r.stream for r in top], [r.seq for r in top],
+                                          [r.search_text for r in top]))
+
+
+def _revision_row(r: EntryRow) -> bytes:
+    if r.op == "PUT":
+        value = pgcopy.jsonb(r.value_json if r.value_json is not None else json.dumps(r.value))
+    else:
+        value = pgcopy.NULL
+    meta = r.metadata_json if r.metadata_json is not None else json.dumps(r.metadata)
+    return pgcopy.row((
+        pgcopy.text(r.stream), pgcopy.bigint(r.seq), pgcopy.text(r.board), pgcopy.text(r.section),
+        pgcopy.text(r.key), pgcopy.text(r.op), value, pgcopy.bytea(r.value_raw), pgcopy.text(r.content_type),
+        pgcopy.text_array(r.tags), pgcopy.jsonb(meta), pgcopy.text(r.author),
+        pgcopy.timestamptz(r.created_at), pgcopy.timestamptz(r.stored_at),
+    ))
 
 
 async def write_memories(conn: Conn, rows: Sequence[MemoryRow | ForgetRow]) -> None:
     """Store (or replace, by id, forward only) memories and queue their embeddings; apply forgets.
 
     A forget deletes the stored versions older than itself and leaves a
-    tombstone, so an older copy arriving later is not stored again.
+    tombstone, so an older copy arriving later is not stored again. A batch
+    with forgets first locks out concurrent memory writers (see
+    ``LOCK_MEMORIES_FOR_FORGET``), so a memory and its forget committed at the
+    same time by two batches cannot miss each other.
     """
     forgets = [r for r in rows if isinstance(r, ForgetRow)]
     if forgets:
+        await conn.execute(q.LOCK_MEMORIES_FOR_FORGET)
         async with conn.cursor() as cur:
             await cur.executemany(q.UPSERT_FORGET, [(i, f.board, f.stream, f.seq) for f in forgets for i in f.ids])
     memories = [r for r in rows if isinstance(r, MemoryRow)]
@@ -100,16 +139,22 @@ async def _delete_vectors(conn: Conn, mids: list[int]) -> None:
     await conn.execute(q.UNQUEUE_MEMORIES, (mids,))
 
 
+def _memory_row(r: MemoryRow) -> bytes:
+    meta = r.metadata_json if r.metadata_json is not None else json.dumps(r.metadata)
+    return pgcopy.row((
+        pgcopy.text(r.stream), pgcopy.bigint(r.seq), pgcopy.text(r.id), pgcopy.text(r.board),
+        pgcopy.text(r.agent), pgcopy.text(r.kind), pgcopy.text(r.text), pgcopy.text_array(r.tags),
+        pgcopy.jsonb(meta), pgcopy.float4(r.importance), pgcopy.text(r.source), pgcopy.boolean(r.read_only),
+        pgcopy.timestamptz(r.created_at), pgcopy.text(r.search_text),
+    ))
+
+
 async def _write_memory_rows(conn: Conn, rows: Sequence[MemoryRow]) -> None:
     await conn.execute(q.CREATE_STAGE_MEMORIES)
-    await conn.execute(q.TRUNCATE_STAGE_MEMORIES)
-    async with conn.cursor() as cur, cur.copy(q.COPY_MEMORIES) as copy:
-        for r in rows:
-            await copy.write_row((
-                r.stream, r.seq, r.id, r.board, r.agent, r.kind, r.text, r.tags, Jsonb(r.metadata),
-                r.importance, r.source, r.read_only, r.created_at, r.search_text,
-            ))
-    await conn.execute(q.MOVE_MEMORIES)
+    async with conn.cursor() as cur:
+        async with cur.copy(q.COPY_MEMORIES) as copy:
+            await copy.write(pgcopy.stream(_memory_row(r) for r in rows))
+        await cur.execute(q.MOVE_MEMORIES)
 
 
 def default_handlers(settings: Settings) -> list[StreamHandler]:
@@ -128,8 +173,8 @@ def default_handlers(settings: Settings) -> list[StreamHandler]:
     from blackboard.worker.voting import vote_handler  # imports this module
 
     return [
-        StreamHandler("entries", subjects.kv_stream, subjects.entry_filter(), entry, write_entries, True),
-        StreamHandler("memories", MEMORY_STREAM, Subjects.memory_all(), memory, write_memories, True),
+        StreamHandler("entries", subjects.kv_stream, subjects.entry_filter(), entry, write_entries, True, True),
+        StreamHandler("memories", MEMORY_STREAM, Subjects.memory_all(), memory, write_memories, True, True),
         message_handler(settings),
         vote_handler(settings),
     ]
