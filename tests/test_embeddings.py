@@ -135,7 +135,7 @@ def test_retry_delay_prefers_retry_after_and_backs_off_exponentially() -> None:
 def test_provider_from_settings_builds_the_configured_provider() -> None:
     local = provider_from_settings(EmbeddingSettings(batch_size=16, threads=1))
     assert isinstance(local, LocalProvider)
-    assert (local.model, local.dimensions, local.batch_size, local.threads) == ("all-MiniLM-L6-v2", 384, 16, 1)
+    assert (local.model, local.dimensions, local.threads) == ("all-MiniLM-L6-v2", 384, 1)
     assert not local.loaded  # no IO until first use
     remote = provider_from_settings(EmbeddingSettings(
         provider="openai", model="text-embedding-3-small", dimensions=256,

@@ -63,7 +63,9 @@ def provider_from_settings(settings: EmbeddingSettings) -> EmbeddingProvider:
             raise ConfigurationError(
                 f"{LOCAL_MODEL} has {LOCAL_DIMENSIONS} dimensions, not {settings.dimensions}"
             )
-        return LocalProvider(batch_size=settings.batch_size, threads=settings.threads)
+        # settings.batch_size is the size of the callers' batches (and of API
+        # requests); the model's own batches are smaller (see LocalProvider).
+        return LocalProvider(threads=settings.threads)
     return OpenAIProvider(
         model=settings.model,
         dimensions=settings.dimensions,

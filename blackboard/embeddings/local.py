@@ -112,6 +112,11 @@ class LocalProvider:
     Construction does no IO; the model loads on :meth:`load`, on entering
     ``async with``, or on the first :meth:`embed`.
 
+    Small batches are fastest for this int8 model on CPU: on LoCoMo turns
+    (about 32 tokens each) on 2 cores, sorted batches of 8 beat 32 and 64 by
+    about 1.3-2x, and beat token budgets of 128-512 tokens per call; so the
+    default is 8 texts per call, whatever size the caller's own batches are.
+
     Args:
         batch_size: most texts per model call.
         max_batch_tokens: most padded tokens per model call (rows × longest row);
@@ -128,8 +133,8 @@ class LocalProvider:
     def __init__(
         self,
         *,
-        batch_size: int = 32,
-        max_batch_tokens: int | None = 4096,
+        batch_size: int = 8,
+        max_batch_tokens: int | None = 2048,
         threads: int = 0,
         spin: bool = False,
         files: LocalModelFiles | None = None,
