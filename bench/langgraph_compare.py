@@ -1,0 +1,210 @@
+"""The same put-then-search workload through LangGraph's AsyncPostgresStore and through our SDK.
+
+Both systems run against the same embedded PostgreSQL (pgvector, HNSW cosine
+index) and embed with the same local model (all-MiniLM-L6-v2 on onnxruntime,
+one provider object, wrapped as LangGraph's async embed function). The texts
+are LoCoMo dialogue turns, the queries LoCoMo questions (``../shared/data``),
+each query asked once per system (so no cache helps either).
+
+* LangGraph: ``store.aput`` one by one (it embeds inline, so a put returns
+  once the item is searchable: acknowledged = searchable), then the same with
+  ``store.abatch`` of 64 puts (one model call per batch, its best case).
+* Ours: ``agent.remember`` one by one (returns once JetStream has it), then
+  ``agent.remember_many``; the worker (started before the writes) persists and
+  embeds them meanwhile. Searchable = the time until every item is embedded
+  and a semantic ``agent.recall`` of the last one finds it.
+* Search latency: ``store.asearch(limit=10)`` vs ``agent.recall(top_k=10)``
+  (hybrid, the default, and semantic), both embedding the query.
+
+Needs the ``bench`` extra (``pip install -e '.[bench]'``).
+
+Usage: python bench/langgraph_compare.py [--items 2000] [--queries 200]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from _common import percentile
+
+from agents_sdk import Agent, MemoryInput
+from blackboard.connection import connect_nats
+from blackboard.db import migrate
+from blackboard.embedded import EmbeddedNats, EmbeddedPostgres
+from blackboard.embeddings import EmbeddingProvider, provider_from_settings
+from blackboard.settings import NatsSettings, PostgresSettings, Settings, WorkerSettings
+from blackboard.streams import ensure_streams
+from blackboard.worker import Worker
+
+_LOCOMO = Path(__file__).resolve().parents[2] / "shared" / "data" / "locomo"
+_BATCH = 64
+
+
+def load_workload(n_items: int, n_queries: int) -> tuple[list[str], list[str]]:
+    """LoCoMo turn texts and questions (synthetic sentences if the data is missing)."""
+    texts: list[str] = []
+    queries: list[str] = []
+    for path in sorted(_LOCOMO.glob("*.json")):
+        conv = json.loads(path.read_text())
+        s = 1
+        while f"session_{s}" in conv:
+            texts += [t["text"] for t in conv[f"session_{s}"] if t.get("text")]
+            s += 1
+        queries += [q["question"] for q in conv.get("qa", []) if q.get("question")]
+    if len(texts) < n_items:
+        texts += [f"note {i}: the team discussed topic {i % 37} and will revisit item {i % 11} next week"
+                  for i in range(n_items - len(texts))]
+    if len(queries) < n_queries:
+        queries += [f"what did the team decide about topic {i % 37}?" for i in range(n_queries - len(queries))]
+    # Distinct queries only: each is asked once per system.
+    return texts[:n_items], list(dict.fromkeys(queries))[:n_queries]
+
+
+async def bench_langgraph(dsn: str, provider: EmbeddingProvider, texts: Sequence[str],
+                          queries: Sequence[str]) -> dict[str, Any]:
+    from langgraph.store.base import PutOp
+    from langgraph.store.postgres import AsyncPostgresStore
+
+    async def embed(batch: Sequence[str]) -> list[list[float]]:
+        return (await provider.embed(list(batch))).tolist()  # type: ignore[no-any-return]
+
+    index = {"dims": provider.dimensions, "embed": embed, "fields": ["text"],
+             "ann_index_config": {"kind": "hnsw", "vector_type": "vector"}, "distance_type": "cosine"}
+    out: dict[str, Any] = {}
+    async with AsyncPostgresStore.from_conn_string(dsn, index=index) as store:  # type: ignore[arg-type]
+        await store.setup()
+        ns = ("bench", "one")
+        t0 = time.perf_counter()
+        for i, text in enumerate(texts):
+            await store.aput(ns, f"k{i}", {"text": text})
+        dt = time.perf_counter() - t0
+        found = await store.asearch(ns, query=texts[-1], limit=10)
+        assert any(item.key == f"k{len(texts) - 1}" for item in found), "LangGraph: last put not found"
+        out["one_ack"] = out["one_searchable"] = len(texts) / dt
+        ns_b = ("bench", "batch")
+        t0 = time.perf_counter()
+        for i in range(0, len(texts), _BATCH):
+            await store.abatch([PutOp(ns_b, f"k{j}", {"text": texts[j]})
+                                for j in range(i, min(i + _BATCH, len(texts)))])
+        out["batch_ack"] = out["batch_searchable"] = len(texts) / (time.perf_counter() - t0)
+        lat = []
+        for q in queries:
+            t = time.perf_counter()
+            await store.asearch(ns, query=q, limit=10)
+            lat.append(time.perf_counter() - t)
+        out["search"] = lat
+    return out
+
+
+async def _searchable(agent: Agent, worker: Worker, board: str, last_text: str, last_id: str) -> None:
+    await worker.wait_caught_up(3600, embedded=True, poll=0.05)
+    while True:
+        hits = await agent.recall(last_text, board=board, top_k=10, mode="semantic")
+        if any(h.id == last_id for h in hits):
+            return
+        await asyncio.sleep(0.05)
+
+
+async def bench_ours(settings: Settings, provider: EmbeddingProvider, texts: Sequence[str],
+                     queries: Sequence[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    async with Worker(settings, provider=provider) as worker, \
+            Agent.connect("bench", settings=settings) as agent:
+        board = "one"
+        t0 = time.perf_counter()
+        last = ""
+        for text in texts:
+            last = await agent.remember(text, board=board)
+        t_ack = time.perf_counter()
+        await _searchable(agent, worker, board, texts[-1], last)
+        t_found = time.perf_counter()
+        out["one_ack"] = len(texts) / (t_ack - t0)
+        out["one_searchable"] = len(texts) / (t_found - t0)
+        assert worker.embedder is not None
+        out["model_seconds"] = worker.embedder.stats.model_seconds
+        board = "batch"
+        t0 = time.perf_counter()
+        ids: list[str] = []
+        for i in range(0, len(texts), _BATCH):
+            ids += await agent.remember_many(MemoryInput(text=t, board=board) for t in texts[i:i + _BATCH])
+        t_ack = time.perf_counter()
+        await _searchable(agent, worker, board, texts[-1], ids[-1])
+        t_found = time.perf_counter()
+        out["batch_ack"] = len(texts) / (t_ack - t0)
+        out["batch_searchable"] = len(texts) / (t_found - t0)
+        for mode in ("hybrid", "semantic"):
+            lat = []
+            for q in queries:
+                t = time.perf_counter()
+                await agent.recall(q, board="one", top_k=10, mode=mode)  # type: ignore[arg-type]
+                lat.append(time.perf_counter() - t)
+            out[f"search_{mode}"] = lat
+    return out
+
+
+async def model_rate(provider: EmbeddingProvider, texts: Sequence[str], batch: int) -> float:
+    t0 = time.perf_counter()
+    for i in range(0, len(texts), batch):
+        await provider.embed(list(texts[i:i + batch]))
+    return len(texts) / (time.perf_counter() - t0)
+
+
+async def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--items", type=int, default=2000)
+    ap.add_argument("--queries", type=int, default=200)
+    args = ap.parse_args()
+    texts, queries = load_workload(args.items, args.queries)
+    root = Path(tempfile.mkdtemp(prefix="bb-lg-bench-"))
+    os.chmod(root, 0o755)
+    ns = EmbeddedNats(root / "nats", port=0, sync_interval="1s")
+    pg = EmbeddedPostgres(root / "pg", port=0)
+    ns.start()
+    pg.start()
+    try:
+        s = Settings().model_copy(update={
+            "nats": NatsSettings(url=ns.url), "postgres": PostgresSettings(dsn=pg.dsn),  # type: ignore[arg-type]
+            "worker": WorkerSettings(name="lgbench", lag_interval=600)})
+        await migrate(s)
+        nc = await connect_nats(s.nats, name="setup")
+        await ensure_streams(nc.jetstream(), s)
+        await nc.close()
+        async with provider_from_settings(s.embedding) as provider:
+            await provider.embed(texts[:8])  # load the model outside the timings
+            raw_model = await model_rate(provider, texts[: min(len(texts), 512)], s.embedding.batch_size)
+            lg = await bench_langgraph(pg.dsn, provider, texts, queries)
+            ours = await bench_ours(s, provider, texts, queries)
+        print(f"items: {len(texts)} LoCoMo turns, queries: {len(queries)}; model {provider.model} "
+              f"alone: {raw_model:.1f} texts/s (batch {s.embedding.batch_size})")
+        print(f"{'':34s}{'LangGraph':>12s}{'ours':>12s}{'ours/LG':>10s}")
+
+        def line(label: str, a: float, b: float, unit: str) -> None:
+            print(f"  {label:32s}{a:10.1f}{unit}{b:10.1f}{unit}{b / a:9.1f}x")
+
+        line("one by one, acknowledged/s", lg["one_ack"], ours["one_ack"], "  ")
+        line("one by one, searchable/s", lg["one_searchable"], ours["one_searchable"], "  ")
+        line("batches of 64, acknowledged/s", lg["batch_ack"], ours["batch_ack"], "  ")
+        line("batches of 64, searchable/s", lg["batch_searchable"], ours["batch_searchable"], "  ")
+        for mode in ("hybrid", "semantic"):
+            for p in (50, 95):
+                a = percentile(lg["search"], p) * 1000
+                b = percentile(ours[f"search_{mode}"], p) * 1000
+                print(f"  search p{p} ms (ours {mode:8s})     {a:10.2f}  {b:10.2f}  {a / b:8.1f}x faster")
+        print("  targets: writes >= 10x (acknowledged), search faster than LangGraph")
+    finally:
+        pg.stop()
+        ns.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
