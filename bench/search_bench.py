@@ -3,10 +3,15 @@
 The memories are synthetic sentences (a Zipf-distributed vocabulary) COPYed
 straight into ``bb_memories``; their vectors are *random unit vectors* COPYed
 into the local model's space (embedding 100k texts with the real model would
-take ~15 min here), and the HNSW index is built once afterwards. Queries are
-embedded with the real local model, so the semantic and hybrid figures include
-the query embedding. Raw layers next to them: a core NATS request/reply round
-trip, the bare ANN query in SQL, and one query embedding.
+take ~15 min here), the HNSW index is built once afterwards, and the table is
+ANALYZEd (as autovacuum would). Queries are embedded with the real local model.
+
+Each (mode, filter) pair is asked two rounds of the same fresh queries: the
+first round pays for the query embedding (what a user asking something new
+waits for), the second finds the embedding in the search service's query
+cache (what the search itself costs; the figure for a repeated query). Raw
+layers next to them: a core NATS request/reply round trip, the bare ANN query
+in SQL, and one query embedding with the model alone.
 
 Usage: python bench/search_bench.py [--n 100000] [--queries 300]
 """
@@ -18,10 +23,9 @@ import asyncio
 import os
 import random
 import shutil
-import statistics
 import tempfile
 import time
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import numpy as np
@@ -64,7 +68,7 @@ async def main() -> None:
     pg.start()
     try:
         s = Settings().model_copy(update={
-            "nats": NatsSettings(url=ns.url), "postgres": PostgresSettings(dsn=pg.dsn),  # type: ignore[arg-type]
+            "nats": NatsSettings(url=ns.url), "postgres": PostgresSettings(dsn=pg.dsn),
             "worker": WorkerSettings(lag_interval=600)})
         await migrate(s)
         prov = provider_from_settings(s.embedding)
@@ -83,8 +87,9 @@ async def main() -> None:
                         "stream, seq, search_text) FROM STDIN") as copy:
                     for i in range(args.n):
                         text = " ".join(rng.choices(vocab, weights, k=14))
+                        at = now - timedelta(milliseconds=args.n - i)  # one a millisecond, oldest first
                         await copy.write_row((f"m{i}", boards[i % 20], f"agent{i % 50}", kinds[i % 4], text,
-                                              [f"t{i % 10}"], Jsonb({"n": i % 100}), now, now, "BB_MEMORY",
+                                              [f"t{i % 10}"], Jsonb({"n": i % 100}), at, at, "BB_MEMORY",
                                               i + 1, text))
                 await conn.commit()
                 vecs = np.random.default_rng(1).standard_normal((args.n, prov.dimensions)).astype(np.float32)
@@ -100,7 +105,8 @@ async def main() -> None:
                 t1 = time.perf_counter()
                 await conn.execute("SET maintenance_work_mem = '1GB'")
                 await conn.execute(hnsw_index(space, "memory"))
-                await conn.execute("VACUUM ANALYZE bb_memories")
+                await conn.execute("ANALYZE bb_memories")
+                await conn.execute(sql.SQL("ANALYZE {}").format(space.table("memory")))
                 await conn.commit()
                 index_s = time.perf_counter() - t1
                 print(f"{args.n} memories loaded in {load_s:.1f}s, HNSW built in {index_s:.1f}s")
@@ -113,36 +119,47 @@ async def main() -> None:
                                               .format(space.table("memory")), (q,))).fetchall()
                     raw.append((time.perf_counter() - t) * 1000)
                 await conn.rollback()
-        queries = [" ".join(rng.choices(vocab[:800], k=5)) for _ in range(args.queries)]
+        def fresh_queries() -> list[str]:
+            return [" ".join(rng.choices(vocab[:800], k=5)) for _ in range(args.queries)]
+
         nc = await connect_nats(s.nats, name="bench")
         await ensure_streams(nc.jetstream(), s)
         async with prov, Worker(s, provider=prov):
             emb: list[float] = []
-            for qtext in queries[:100]:
+            for qtext in fresh_queries()[:100]:
                 t = time.perf_counter()
                 await prov.embed([qtext])
                 emb.append((time.perf_counter() - t) * 1000)
             rtt: list[float] = []
-            sub = await nc.subscribe("bench.echo", cb=lambda m: m.respond(b"x"))  # type: ignore[arg-type,return-value]
+            sub = await nc.subscribe("bench.echo", cb=lambda m: m.respond(b"x"))
             for _ in range(200):
                 t = time.perf_counter()
                 await nc.request("bench.echo", b"x", timeout=2)
                 rtt.append((time.perf_counter() - t) * 1000)
             await sub.unsubscribe()
             client = SearchClient(nc, s)
+            ann95 = _pct(raw, 95)
             print(f"raw: NATS request/reply p50 {_pct(rtt, 50):.2f} ms; ANN top-10 SQL p50 {_pct(raw, 50):.2f} / "
-                  f"p95 {_pct(raw, 95):.2f} ms; one query embedding p50 {_pct(emb, 50):.2f} / p95 {_pct(emb, 95):.2f} ms")
+                  f"p95 {ann95:.2f} ms; one query embedding (model alone) p50 {_pct(emb, 50):.2f} / "
+                  f"p95 {_pct(emb, 95):.2f} ms")
+            print("mode     filter          new query (model + search)      repeated query (search only)")
             for mode in ("keyword", "semantic", "hybrid"):
                 for label, kw in (("no filter", {}), ("board filter", {"board": "b3"}),
                                   ("board+tag+kind", {"board": "b3", "tags_any": ["t3"], "kind": "semantic"})):
-                    lat: list[float] = []
-                    for qtext in queries:
-                        t = time.perf_counter()
-                        await client.recall(qtext, mode=mode, top_k=10, **kw)  # type: ignore[arg-type]
-                        lat.append((time.perf_counter() - t) * 1000)
-                    print(f"{mode:8s} {label:15s} p50 {_pct(lat, 50):6.2f} ms  p95 {_pct(lat, 95):6.2f} ms  "
-                          f"mean {statistics.mean(lat):6.2f} ms  (p95 / raw ANN p95 = "
-                          f"{_pct(lat, 95) / _pct(raw, 95):.1f}x)")
+                    queries = fresh_queries()
+                    rounds: list[list[float]] = []
+                    for _ in range(2):
+                        lat: list[float] = []
+                        for qtext in queries:
+                            t = time.perf_counter()
+                            await client.recall(qtext, mode=mode, top_k=10, **kw)
+                            lat.append((time.perf_counter() - t) * 1000)
+                        rounds.append(lat)
+                    cold, warm = rounds
+                    print(f"{mode:8s} {label:15s} p50 {_pct(cold, 50):6.2f} p95 {_pct(cold, 95):6.2f} ms"
+                          f"          p50 {_pct(warm, 50):6.2f} p95 {_pct(warm, 95):6.2f} ms"
+                          f"   (p95 / raw ANN p95: {_pct(cold, 95) / ann95:.1f}x, {_pct(warm, 95) / ann95:.1f}x)")
+            print("target: hybrid p95 <= 10 ms at 100k memories")
         await nc.close()
     finally:
         pg.stop()

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -48,7 +49,7 @@ from blackboard.schemas.search import (
 )
 from blackboard.settings import SearchSettings
 
-__all__ = ["Fused", "SearchEngine", "TermStats", "candidate_lexemes", "fuse_convex", "rrf"]
+__all__ = ["Fused", "SearchEngine", "TermStats", "candidate_lexemes", "fuse_convex", "rrf", "smooth_neighbours"]
 
 #: Rank constant of reciprocal-rank fusion (Cormack et al. 2009).
 RRF_K = 60
@@ -124,6 +125,27 @@ def fuse_convex(scores: Mapping[str, Mapping[int, float]], weights: Mapping[str,
     return out
 
 
+def smooth_neighbours(fused: Sequence[Fused], neighbours: Mapping[int, Sequence[int | None]],
+                      weight: float) -> list[Fused]:
+    """Let each item borrow ``weight`` times the score of its best-scoring neighbour.
+
+    A memory right before or after a strongly matching one on the same board
+    (the reply to a question, the next chunk of a document) is often what
+    the query is after, though its own words do not say so. Neighbours that
+    are not among ``fused`` add nothing. Scores are divided by ``1 + weight``
+    (so they stay within 0..1); ties keep their order.
+    """
+    if weight <= 0 or not fused:
+        return list(fused)
+    score = {f.item: f.score for f in fused}
+    out = []
+    for f in fused:
+        near = max((score.get(n, 0.0) for n in neighbours.get(f.item, ()) if n is not None), default=0.0)
+        out.append(Fused(f.item, (f.score + weight * near) / (1 + weight), f.parts))
+    out.sort(key=lambda f: -f.score)
+    return out
+
+
 @dataclass(frozen=True, slots=True)
 class TermStats:
     """How often lexemes occur in a table's ``tsv`` (ANALYZE's most common elements)."""
@@ -176,6 +198,8 @@ class SearchEngine:
         self._space: Space | None = None
         self._touched: set[int] = set()
         self._stats: dict[Target, tuple[TermStats | None, float]] = {}
+        # Query text -> embedding, least recently used first (the model costs more than the search).
+        self._queries: OrderedDict[str, np.ndarray] = OrderedDict()
 
     async def space(self) -> Space:
         """The embedding space of the provider's (model, dimensions).
@@ -195,8 +219,17 @@ class SearchEngine:
 
     async def _embed(self, text: str) -> np.ndarray:
         assert self.provider is not None
+        cached = self._queries.get(text)
+        if cached is not None:
+            self._queries.move_to_end(text)
+            return cached
         vecs = await self.provider.embed([text])
-        return np.asarray(vecs[0], dtype=np.float32)
+        vec = np.asarray(vecs[0], dtype=np.float32)
+        if self.settings.query_cache_size:
+            self._queries[text] = vec
+            while len(self._queries) > self.settings.query_cache_size:
+                self._queries.popitem(last=False)
+        return vec
 
     async def _semantic(self, req: Request, vector: np.ndarray, limit: int,
                         also: Sequence[int] = ()) -> tuple[list[tuple[int, float]], dict[int, float]]:
@@ -280,7 +313,14 @@ class SearchEngine:
         items = list(dict.fromkeys([*(i for i, _ in semantic), *kw]))
         floor = min(sem.values(), default=0.0)  # an item not embedded yet ranks last here
         scores = {"semantic": {i: sem.get(i, floor) for i in items}, "keyword": {i: kw.get(i, 0.0) for i in items}}
-        return fuse_convex(scores, weights, parts={"semantic": sem, "keyword": kw})
+        fused = fuse_convex(scores, weights, parts={"semantic": sem, "keyword": kw})
+        if isinstance(req, MemorySearchRequest) and self.settings.neighbour_weight > 0 and fused:
+            async with self.pool.connection() as conn:
+                rows = await (await conn.execute(q.NEIGHBOURS, ([f.item for f in fused],))).fetchall()
+                await conn.rollback()
+            fused = smooth_neighbours(fused, {int(r[0]): (r[1], r[2]) for r in rows},
+                                      self.settings.neighbour_weight)
+        return fused
 
     def _cut(self, fused: list[Fused], req: MemorySearchRequest | EntrySearchRequest) -> list[Fused]:
         if req.min_score is not None:

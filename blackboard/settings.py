@@ -218,6 +218,13 @@ class SearchSettings(BaseModel):
     keyword_max_candidates: int = Field(20000, ge=1)
     #: Seconds the per-word statistics (from pg_stats) are cached.
     term_stats_ttl: float = Field(60.0, ge=0)
+    #: Hybrid memory search: each memory borrows this share of the fused
+    #: score of its best neighbour on the board (the memory just before or
+    #: after it, by creation time); 0 turns it off.
+    neighbour_weight: float = Field(0.2, ge=0)
+    #: Query embeddings kept (least recently used out) so that a repeated
+    #: query skips the model; 0 turns the cache off.
+    query_cache_size: int = Field(1024, ge=0)
 
 
 class MessagingSettings(BaseModel):

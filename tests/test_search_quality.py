@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import random
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -20,7 +20,7 @@ from blackboard.db import open_pool
 from blackboard.db import search_sql as q
 from blackboard.db.spaces import find_space
 from blackboard.schemas.search import MemorySearchRequest
-from blackboard.search import TermStats, candidate_lexemes, fuse_convex
+from blackboard.search import Fused, TermStats, candidate_lexemes, fuse_convex, smooth_neighbours
 from blackboard.settings import Settings, WorkerSettings
 from blackboard.streams import ensure_streams
 from blackboard.worker import Worker
@@ -43,6 +43,7 @@ class Stack:
     client: SearchClient
     settings: Settings
     provider: HashProvider
+    chat: str
 
 
 @pytest_asyncio.fixture(loop_scope="session", scope="module")
@@ -73,10 +74,16 @@ async def stack(nats_server: object, postgres_server: object) -> AsyncIterator[S
     for i in range(30):
         await remember(js, boards[1], "writer", f"{boards[1]}-common-{i}", f"common filler note {i}")
     await remember(js, boards[1], "writer", f"{boards[1]}-rare", "rare")
+    # On a board of their own: unrelated memories, a question, its answer (no shared words), more unrelated ones.
+    chat = f"chat{tag}"
+    for name, text in (("early1", "printer toner"), ("early2", "window blinds"),
+                       ("question", "which city did the team pick for the offsite"), ("answer", "lisbon"),
+                       ("later1", "umbrella stand"), ("later2", "keyboard layout")):
+        await remember(js, chat, "writer", f"{chat}-{name}", text)
     provider = HashProvider()
     async with Worker(s, provider=provider) as w:
         await w.wait_caught_up(60, embedded=True)
-        yield Stack(boards, texts, SearchClient(nc, s), s, provider)
+        yield Stack(boards, texts, SearchClient(nc, s), s, provider, chat)
     await nc.close()
 
 
@@ -148,6 +155,36 @@ async def test_hybrid_scores_are_a_convex_combination(stack: Stack) -> None:
     assert set(hits[0].scores) == {"semantic", "keyword"}
 
 
+@aio
+async def test_a_repeated_query_is_embedded_once(stack: Stack, monkeypatch: pytest.MonkeyPatch) -> None:
+    query = f"juliet kilo lima {uuid.uuid4().hex}"
+    embedded: list[str] = []
+    embed = stack.provider.embed
+
+    async def spy(texts: Sequence[str]) -> np.ndarray:
+        embedded.extend(texts)
+        return await embed(texts)
+
+    monkeypatch.setattr(stack.provider, "embed", spy)
+    first = await stack.client.recall(query, board=stack.boards[2], mode="semantic", top_k=3)
+    second = await stack.client.recall(query, board=stack.boards[2], top_k=3)  # hybrid, same text
+    assert embedded.count(query) == 1
+    assert first[0].id in {h.id for h in second}
+
+
+@aio
+async def test_hybrid_memory_search_lifts_the_neighbour_of_a_strong_match(stack: Stack) -> None:
+    b, query = stack.chat, "which city did the team pick for the offsite"
+    hits = await stack.client.recall(query, board=b, top_k=6)
+    # Right after the question come the memories written just before and just after it.
+    assert hits[0].id == f"{b}-question"
+    assert {h.id for h in hits[1:3]} == {f"{b}-early2", f"{b}-answer"}
+    assert hits[1].score == pytest.approx(hits[2].score) and hits[1].score > hits[3].score
+    # No other memory shares a word with the question: without neighbours they would all tie at 0.
+    plain = await stack.client.recall(query, board=b, top_k=6, mode="semantic")
+    assert plain[0].id == f"{b}-question" and all(h.score == pytest.approx(0.0, abs=1e-6) for h in plain[1:])
+
+
 # -- pure parts ------------------------------------------------------------------
 
 
@@ -174,6 +211,16 @@ def test_fuse_convex_normalises_weights_and_missing_items() -> None:
     assert {f.item: round(f.score, 3) for f in lacking}[3] == pytest.approx(0.25)
     top = fuse_convex({"semantic": {7: 0.3, 8: 0.1}, "keyword": {7: 2.0, 8: 1.0}}, parts={"semantic": {7: 0.3}})
     assert top[0].score == pytest.approx(1.0) and top[0].parts == {"semantic": 0.3}
+
+
+def test_smooth_neighbours_lends_a_share_of_the_best_neighbour() -> None:
+    fused = [Fused(1, 1.0, {}), Fused(2, 0.3, {}), Fused(3, 0.1, {}), Fused(4, 0.2, {})]
+    neighbours = {1: (None, 3), 2: (9, None), 3: (1, 4), 4: (3, None)}
+    out = smooth_neighbours(fused, neighbours, 0.5)
+    assert [f.item for f in out] == [1, 3, 2, 4]
+    assert {f.item: round(f.score, 4) for f in out} == {1: round((1.0 + 0.05) / 1.5, 4), 3: 0.4, 2: 0.2,
+                                                         4: round((0.2 + 0.05) / 1.5, 4)}
+    assert smooth_neighbours(fused, neighbours, 0.0) == fused
 
 
 def test_candidate_lexemes_drop_very_frequent_words_but_never_all() -> None:

@@ -33,6 +33,7 @@ __all__ = [
     "AS_OF_REVISION",
     "HISTORY",
     "MAX_QUERY_LEXEMES",
+    "NEIGHBOURS",
     "QUERY_LEXEMES",
     "SET_SCAN",
     "TOUCH_MEMORIES",
@@ -72,6 +73,15 @@ TOUCH_MEMORIES = "UPDATE bb_memories SET last_accessed = now() WHERE mid = ANY(%
 QUERY_LEXEMES = "SELECT lexeme FROM unnest(to_tsvector('english', %s))"
 #: Most query lexemes a keyword search scores (the rest of a long query is ignored).
 MAX_QUERY_LEXEMES = 32
+#: Each memory's previous and next memory on its board, in (created_at, mid)
+#: order: one probe each of the (board, created_at, mid) index.
+NEIGHBOURS = """
+SELECT m.mid,
+       (SELECT p.mid FROM bb_memories p WHERE p.board = m.board AND (p.created_at, p.mid) < (m.created_at, m.mid)
+        ORDER BY p.created_at DESC, p.mid DESC LIMIT 1),
+       (SELECT n.mid FROM bb_memories n WHERE n.board = m.board AND (n.created_at, n.mid) > (m.created_at, m.mid)
+        ORDER BY n.created_at, n.mid LIMIT 1)
+FROM bb_memories m WHERE m.mid = ANY(%s)"""
 
 
 def or_query(text: str, max_words: int = 64) -> str:
