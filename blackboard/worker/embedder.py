@@ -183,7 +183,17 @@ class Embedder:
             for task in (stopped, *tasks):
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task
-            await self._release_inflight()
+            # The owner cancels this task right after setting ``stop``: finish
+            # giving the leases back before ending (then honour the cancel).
+            release = asyncio.create_task(self._release_inflight())
+            cancelled = False
+            while not release.done():
+                try:
+                    await asyncio.shield(release)
+                except asyncio.CancelledError:
+                    cancelled = True
+            if cancelled:
+                raise asyncio.CancelledError
 
     async def embed_once(self) -> int:
         """Lease, embed and write one batch in sequence. Returns how many items it took."""
