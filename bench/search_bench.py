@@ -29,6 +29,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import numpy as np
+from nats.aio.msg import Msg
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
@@ -131,7 +132,10 @@ async def main() -> None:
                 await prov.embed([qtext])
                 emb.append((time.perf_counter() - t) * 1000)
             rtt: list[float] = []
-            sub = await nc.subscribe("bench.echo", cb=lambda m: m.respond(b"x"))
+            async def echo(msg: Msg) -> None:
+                await msg.respond(b"x")
+
+            sub = await nc.subscribe("bench.echo", cb=echo)
             for _ in range(200):
                 t = time.perf_counter()
                 await nc.request("bench.echo", b"x", timeout=2)

@@ -20,9 +20,11 @@ selection, fusion and row shaping are pure functions.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+import weakref
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -49,13 +51,15 @@ from blackboard.schemas.search import (
 )
 from blackboard.settings import SearchSettings
 
-__all__ = ["Fused", "SearchEngine", "TermStats", "candidate_lexemes", "fuse_convex", "rrf", "smooth_neighbours"]
+__all__ = ["Fused", "SearchEngine", "TermStats", "candidate_lexemes", "fuse_convex", "neighbour_map", "rrf",
+           "smooth_neighbours"]
 
 #: Rank constant of reciprocal-rank fusion (Cormack et al. 2009).
 RRF_K = 60
 
 Target = Literal["memory", "entry"]
 Request = MemorySearchRequest | EntrySearchRequest
+Conn = psycopg.AsyncConnection[Any]
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,6 +150,17 @@ def smooth_neighbours(fused: Sequence[Fused], neighbours: Mapping[int, Sequence[
     return out
 
 
+def neighbour_map(links: Iterable[tuple[int, int | None, int | None]]) -> dict[int, list[int]]:
+    """Both directions of ``(item, previous, next)`` links: each item's known neighbours."""
+    out: dict[int, list[int]] = {}
+    for item, prev, nxt in links:
+        for other in (prev, nxt):
+            if other is not None:
+                out.setdefault(item, []).append(other)
+                out.setdefault(other, []).append(item)
+    return out
+
+
 @dataclass(frozen=True, slots=True)
 class TermStats:
     """How often lexemes occur in a table's ``tsv`` (ANALYZE's most common elements)."""
@@ -200,6 +215,8 @@ class SearchEngine:
         self._stats: dict[Target, tuple[TermStats | None, float]] = {}
         # Query text -> embedding, least recently used first (the model costs more than the search).
         self._queries: OrderedDict[str, np.ndarray] = OrderedDict()
+        # ef_search each pooled connection was given (session settings survive checkouts).
+        self._scan_ef: weakref.WeakKeyDictionary[Conn, int] = weakref.WeakKeyDictionary()
 
     async def space(self) -> Space:
         """The embedding space of the provider's (model, dimensions).
@@ -231,27 +248,29 @@ class SearchEngine:
                 self._queries.popitem(last=False)
         return vec
 
-    async def _semantic(self, req: Request, vector: np.ndarray, limit: int,
-                        also: Sequence[int] = ()) -> tuple[list[tuple[int, float]], dict[int, float]]:
-        """Nearest items (best first), and the similarity of the items ``also``."""
+    async def _scan_settings(self, conn: Conn, ef_search: int) -> None:
+        """Session-level HNSW settings, set once per connection (and again when ef_search changes)."""
+        if self._scan_ef.get(conn) == ef_search:
+            return
+        await conn.execute(q.SET_SCAN_SESSION, (str(ef_search),))
+        await conn.commit()  # a rolled-back transaction would undo the settings
+        self._scan_ef[conn] = ef_search
+
+    async def _semantic(self, conn: Conn, req: Request, vector: np.ndarray, limit: int,
+                        ef_search: int) -> list[tuple[int, float]]:
+        """Nearest items passing the filters, best first."""
         space = await self.space()
+        await self._scan_settings(conn, max(ef_search, limit))
         sql_, params = q.semantic_query(space, req, vector, limit)
-        async with self.pool.connection() as conn, conn.transaction():
-            await conn.execute(q.SET_SCAN, (str(max(self.settings.ef_search, limit)),))
+        rows = await (await conn.execute(sql_, params)).fetchall()
+        if len(rows) < limit and len(params) > 3:
+            # A filter so selective that the index scan ran dry before filling
+            # `limit`: scan the filtered rows exactly instead.
+            sql_, params = q.semantic_query(space, req, vector, limit, exact=True)
             rows = await (await conn.execute(sql_, params)).fetchall()
-            has_filters = len(params) > 3
-            if len(rows) < limit and has_filters:
-                # The filter is so selective that the index scan ran dry before
-                # filling `limit`: scan the filtered rows exactly instead.
-                sql_, params = q.semantic_query(space, req, vector, limit, exact=True)
-                rows = await (await conn.execute(sql_, params)).fetchall()
-            extra: dict[int, float] = {}
-            if also:
-                sql_, params = q.vector_scores(space, _target(req), also, vector)
-                extra = {int(r[0]): float(r[1]) for r in await (await conn.execute(sql_, params)).fetchall()}
         hits = [(int(r[0]), float(r[1])) for r in rows]
         hits.sort(key=lambda h: -h[1])  # relaxed_order may be slightly out of order
-        return hits, extra
+        return hits
 
     async def _term_stats(self, conn: psycopg.AsyncConnection[Any], target: Target) -> TermStats | None:
         now = time.monotonic()
@@ -267,58 +286,97 @@ class SearchEngine:
         self._stats[target] = (stats, now)
         return stats
 
-    async def _keyword(self, req: Request, limit: int) -> list[tuple[int, float]]:
-        async with self.pool.connection() as conn:
-            cur = await conn.execute(q.QUERY_LEXEMES, (req.query,))
-            lexemes = [str(r[0]) for r in await cur.fetchall()][: q.MAX_QUERY_LEXEMES]
-            if not lexemes:  # only stop words
-                await conn.rollback()
-                return []
-            stats = await self._term_stats(conn, _target(req))
-            sql_, params = q.keyword_query(
-                req, lexemes, candidate_lexemes(lexemes, stats, self.settings.keyword_term_max_rows), limit,
-                max_candidates=self.settings.keyword_max_candidates)
-            rows = await (await conn.execute(sql_, params)).fetchall()
-            await conn.rollback()
+    async def _keyword(self, conn: Conn, req: Request, limit: int) -> list[tuple[int, float]]:
+        cur = await conn.execute(q.QUERY_LEXEMES, (req.query,))
+        lexemes = [str(r[0]) for r in await cur.fetchall()][: q.MAX_QUERY_LEXEMES]
+        if not lexemes:  # only stop words
+            return []
+        stats = await self._term_stats(conn, _target(req))
+        sql_, params = q.keyword_query(
+            req, lexemes, candidate_lexemes(lexemes, stats, self.settings.keyword_term_max_rows), limit,
+            max_candidates=self.settings.keyword_max_candidates)
+        rows = await (await conn.execute(sql_, params)).fetchall()
         return [(int(r[0]), float(r[1])) for r in rows]
 
-    async def _ranked(self, req: Request) -> list[Fused]:
+    async def _keyword_own(self, req: Request, limit: int) -> list[tuple[int, float]]:
+        async with self.pool.connection() as conn:
+            try:
+                return await self._keyword(conn, req, limit)
+            finally:
+                await conn.rollback()
+
+    async def _search(self, req: Request, fetch: str) -> tuple[list[Fused], dict[int, tuple[Any, ...]]]:
+        """Ranked, cut results and their rows (``fetch``: the row query by id)."""
         try:
-            if req.mode == "keyword":
-                return [Fused(i, s, {"keyword": s}) for i, s in await self._keyword(req, req.top_k)]
-            if req.mode == "semantic":
-                vec = await self._embed(req.query)
-                hits, _ = await self._semantic(req, vec, req.top_k)
-                return [Fused(i, s, {"semantic": s}) for i, s in hits]
-            return await self._hybrid(req)
+            if req.mode == "hybrid":
+                # The keyword query runs on a connection of its own while the
+                # query is embedded and the ANN query runs.
+                # (The search service admits fewer requests than the pool has
+                # connections, so a request holding one while it waits for its
+                # keyword query always leaves one for that query.)
+                keyword_task = asyncio.create_task(self._keyword_own(req, self._depth(req)))
+                try:
+                    vec = await self._embed(req.query)
+                    async with self.pool.connection() as conn:
+                        try:
+                            fused = self._cut(await self._hybrid(conn, req, vec, keyword_task), req)
+                            return fused, await self._rows(conn, fetch, fused)
+                        finally:
+                            await conn.rollback()
+                finally:
+                    if not keyword_task.done():
+                        keyword_task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError, psycopg.Error):
+                        await keyword_task
+            query_vec = await self._embed(req.query) if req.mode == "semantic" else None
+            async with self.pool.connection() as conn:
+                try:
+                    if query_vec is not None:
+                        nearest = await self._semantic(conn, req, query_vec, req.top_k, self.settings.ef_search)
+                        ranked = [Fused(i, s, {"semantic": s}) for i, s in nearest]
+                    else:
+                        ranked = [Fused(i, s, {"keyword": s}) for i, s in await self._keyword(conn, req, req.top_k)]
+                    fused = self._cut(ranked, req)
+                    return fused, await self._rows(conn, fetch, fused)
+                finally:
+                    await conn.rollback()
         except psycopg.OperationalError as exc:
             raise StorageError(f"PostgreSQL unavailable: {exc}") from exc
         except psycopg.Error as exc:
             raise SearchError(f"search query failed: {exc}") from exc
 
-    async def _hybrid(self, req: Request) -> list[Fused]:
-        depth = max(req.top_k * self.settings.hybrid_depth, self.settings.hybrid_min_candidates)
-        keyword_task = asyncio.create_task(self._keyword(req, depth))
-        try:
-            vec = await self._embed(req.query)
-        finally:
-            keyword = await keyword_task
+    @staticmethod
+    async def _rows(conn: Conn, fetch: str, fused: Sequence[Fused]) -> dict[int, tuple[Any, ...]]:
+        if not fused:
+            return {}
+        cur = await conn.execute(fetch, ([f.item for f in fused],))
+        return {int(r[0]): r for r in await cur.fetchall()}
+
+    def _depth(self, req: Request) -> int:
+        return max(req.top_k * self.settings.hybrid_depth, self.settings.hybrid_min_candidates)
+
+    async def _hybrid(self, conn: Conn, req: Request, vec: np.ndarray,
+                      keyword_task: asyncio.Task[list[tuple[int, float]]]) -> list[Fused]:
+        semantic = await self._semantic(conn, req, vec, self._depth(req), self.settings.hybrid_ef_search)
+        keyword = await keyword_task
         weights = {"semantic": self.settings.semantic_weight, "keyword": self.settings.keyword_weight}
-        semantic, extra = await self._semantic(req, vec, depth, also=[i for i, _ in keyword])
         if self.settings.fusion == "rrf":
             return rrf({"semantic": semantic, "keyword": keyword}, weights)
         sem = dict(semantic)
-        sem.update((i, s) for i, s in extra.items() if i not in sem)
         kw = dict(keyword)
+        missing = [i for i in kw if i not in sem]
+        if missing:  # keyword-only candidates: their exact cosine
+            sql_, params = q.vector_scores(await self.space(), _target(req), missing, vec)
+            sem.update((int(r[0]), float(r[1])) for r in await (await conn.execute(sql_, params)).fetchall())
         items = list(dict.fromkeys([*(i for i, _ in semantic), *kw]))
         floor = min(sem.values(), default=0.0)  # an item not embedded yet ranks last here
         scores = {"semantic": {i: sem.get(i, floor) for i in items}, "keyword": {i: kw.get(i, 0.0) for i in items}}
         fused = fuse_convex(scores, weights, parts={"semantic": sem, "keyword": kw})
         if isinstance(req, MemorySearchRequest) and self.settings.neighbour_weight > 0 and fused:
-            async with self.pool.connection() as conn:
-                rows = await (await conn.execute(q.NEIGHBOURS, ([f.item for f in fused],))).fetchall()
-                await conn.rollback()
-            fused = smooth_neighbours(fused, {int(r[0]): (r[1], r[2]) for r in rows},
+            # Only strong items lend much: look up the neighbours of the leading ones.
+            lead = [f.item for f in fused[: max(2 * req.top_k, 20)]]
+            rows = await (await conn.execute(q.NEIGHBOURS, (lead,))).fetchall()
+            fused = smooth_neighbours(fused, neighbour_map((int(r[0]), r[1], r[2]) for r in rows),
                                       self.settings.neighbour_weight)
         return fused
 
@@ -330,13 +388,7 @@ class SearchEngine:
     async def search_memories(self, req: MemorySearchRequest) -> MemorySearchResponse:
         """Search long-term memories (see :class:`MemorySearchRequest`)."""
         t0 = time.perf_counter()
-        fused = self._cut(await self._ranked(req), req)
-        rows: dict[int, tuple[Any, ...]] = {}
-        if fused:
-            async with self.pool.connection() as conn:
-                cur = await conn.execute(q.fetch_memories(), ([f.item for f in fused],))
-                rows = {int(r[0]): r for r in await cur.fetchall()}
-                await conn.rollback()
+        fused, rows = await self._search(req, q.fetch_memories())
         hits = []
         for f in fused:
             r = rows.get(f.item)
@@ -351,13 +403,7 @@ class SearchEngine:
     async def search_entries(self, req: EntrySearchRequest) -> EntrySearchResponse:
         """Search current board entries (see :class:`EntrySearchRequest`)."""
         t0 = time.perf_counter()
-        fused = self._cut(await self._ranked(req), req)
-        rows: dict[int, tuple[Any, ...]] = {}
-        if fused:
-            async with self.pool.connection() as conn:
-                cur = await conn.execute(q.fetch_entries(), ([f.item for f in fused],))
-                rows = {int(r[0]): r for r in await cur.fetchall()}
-                await conn.rollback()
+        fused, rows = await self._search(req, q.fetch_entries())
         hits = []
         for f in fused:
             r = rows.get(f.item)

@@ -196,6 +196,9 @@ class SearchSettings(BaseModel):
     default_top_k: int = Field(10, ge=1)
     #: HNSW ef_search for semantic queries.
     ef_search: int = Field(100, ge=1)
+    #: HNSW ef_search of the semantic half of hybrid queries (the keyword half
+    #: makes up for a little ANN recall; at 100k items this is ~1.5x faster).
+    hybrid_ef_search: int = Field(64, ge=1)
     #: Seconds a search request may take (SDK side).
     timeout: float = Field(10.0, gt=0)
     #: Hybrid search fetches top_k * hybrid_depth candidates from each retriever
@@ -213,9 +216,9 @@ class SearchSettings(BaseModel):
     #: Query words estimated (from ANALYZE statistics) to match more than this
     #: many items generate no keyword candidates when rarer words exist (they
     #: still count in the score): bounds the work of one keyword query.
-    keyword_term_max_rows: int = Field(5000, ge=1)
+    keyword_term_max_rows: int = Field(1000, ge=1)
     #: Most keyword candidates one query scores.
-    keyword_max_candidates: int = Field(20000, ge=1)
+    keyword_max_candidates: int = Field(1000, ge=1)
     #: Seconds the per-word statistics (from pg_stats) are cached.
     term_stats_ttl: float = Field(60.0, ge=0)
     #: Hybrid memory search: each memory borrows this share of the fused

@@ -20,7 +20,14 @@ from blackboard.db import open_pool
 from blackboard.db import search_sql as q
 from blackboard.db.spaces import find_space
 from blackboard.schemas.search import MemorySearchRequest
-from blackboard.search import Fused, TermStats, candidate_lexemes, fuse_convex, smooth_neighbours
+from blackboard.search import (
+    Fused,
+    TermStats,
+    candidate_lexemes,
+    fuse_convex,
+    neighbour_map,
+    smooth_neighbours,
+)
 from blackboard.settings import Settings, WorkerSettings
 from blackboard.streams import ensure_streams
 from blackboard.worker import Worker
@@ -221,6 +228,10 @@ def test_smooth_neighbours_lends_a_share_of_the_best_neighbour() -> None:
     assert {f.item: round(f.score, 4) for f in out} == {1: round((1.0 + 0.05) / 1.5, 4), 3: 0.4, 2: 0.2,
                                                          4: round((0.2 + 0.05) / 1.5, 4)}
     assert smooth_neighbours(fused, neighbours, 0.0) == fused
+
+
+def test_neighbour_map_links_both_ways() -> None:
+    assert neighbour_map([(5, 4, 6), (9, None, None), (6, 5, None)]) == {5: [4, 6, 6], 4: [5], 6: [5, 5]}
 
 
 def test_candidate_lexemes_drop_very_frequent_words_but_never_all() -> None:

@@ -36,6 +36,7 @@ __all__ = [
     "NEIGHBOURS",
     "QUERY_LEXEMES",
     "SET_SCAN",
+    "SET_SCAN_SESSION",
     "TOUCH_MEMORIES",
     "fetch_entries",
     "fetch_memories",
@@ -68,6 +69,9 @@ AS_OF_AT = f"SELECT {REVISION_COLS} FROM bb_entry_revisions WHERE board = %s AND
 #: filters applied after the index scan still fill the limit.
 SET_SCAN = ("SELECT set_config('hnsw.ef_search', %s, true), "
             "set_config('hnsw.iterative_scan', 'relaxed_order', true)")
+#: The same for the session (the search engine sets it once per pooled connection).
+SET_SCAN_SESSION = ("SELECT set_config('hnsw.ef_search', %s, false), "
+                    "set_config('hnsw.iterative_scan', 'relaxed_order', false)")
 TOUCH_MEMORIES = "UPDATE bb_memories SET last_accessed = now() WHERE mid = ANY(%s)"
 #: The distinct lexemes of a query under the index's text search configuration.
 QUERY_LEXEMES = "SELECT lexeme FROM unnest(to_tsvector('english', %s))"

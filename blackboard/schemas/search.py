@@ -6,9 +6,11 @@ is answered with the header ``Bb-Error: <ErrorClass>`` (plus the standard
 ``Nats-Service-Error`` / ``Nats-Service-Error-Code`` headers) and an
 :class:`ErrorReply` body.
 
-Scores: ``semantic`` is the cosine similarity (-1..1); ``keyword`` is
-PostgreSQL's ``ts_rank`` (0..1); ``hybrid`` is reciprocal-rank fusion
-normalised so that an item ranked first by every retriever scores 1.0.
+Scores: ``semantic`` is the cosine similarity (-1..1); ``keyword`` is BM25
+over PostgreSQL full text (0 and up, not bounded); ``hybrid`` is a convex
+combination of both, each min-max normalised over the candidates, with the
+neighbour context of memories (0..1; 1.0: best of both retrievers), or
+normalised reciprocal-rank fusion when the service is configured for it.
 ``min_score`` applies to the score of the requested mode.
 """
 
