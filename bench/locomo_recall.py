@@ -10,6 +10,7 @@ recall@k = |evidence in top-k| / |evidence| is averaged over questions
 
 Data: ``../shared/data/locomo`` (not shipped). Usage:
     python bench/locomo_recall.py [--data ../shared/data/locomo] [--modes keyword,semantic,hybrid]
+                                  [--fusion rrf] [--neighbour-weight 0]   (ablations)
 """
 
 from __future__ import annotations
@@ -57,6 +58,8 @@ async def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--data", type=Path, default=Path(__file__).resolve().parents[2] / "shared/data/locomo")
     ap.add_argument("--modes", default="keyword,semantic,hybrid")
+    ap.add_argument("--fusion", choices=["convex", "rrf"], help="override settings.search.fusion (ablation)")
+    ap.add_argument("--neighbour-weight", type=float, help="override settings.search.neighbour_weight (ablation)")
     args = ap.parse_args()
     convs = [load(p) for p in sorted(args.data.glob("*.json"))]
     root = Path(tempfile.mkdtemp(prefix="bb-locomo-"))
@@ -68,6 +71,11 @@ async def main() -> None:
         s = Settings().model_copy(update={
             "nats": NatsSettings(url=ns.url), "postgres": PostgresSettings(dsn=pg.dsn),
             "worker": WorkerSettings(lag_interval=600)})
+        overrides = {k: v for k, v in (("fusion", args.fusion), ("neighbour_weight", args.neighbour_weight))
+                     if v is not None}
+        if overrides:
+            s = s.model_copy(update={"search": s.search.model_copy(update=overrides)})
+            print(f"search settings overridden: {overrides}")
         async with Worker(s) as worker, Agent.connect("locomo", settings=s) as agent:
             t0 = time.perf_counter()
             n_turns = 0

@@ -38,9 +38,9 @@ class Corpus:
 
 @pytest_asyncio.fixture(loop_scope="session", scope="module")
 async def corpus(nats_server: object, postgres_server: object) -> AsyncIterator[Corpus]:
-    from tests.conftest import make_settings
-
     import uuid
+
+    from tests.conftest import make_settings
     tag = uuid.uuid4().hex[:10]
     a, b = f"sa{tag}", f"sb{tag}"
     base: Settings = make_settings(nats_server.url, postgres_server.dsn)  # type: ignore[attr-defined]
