@@ -13,8 +13,10 @@ import asyncio
 import logging
 import math
 import re
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, Literal
 
 import nats.errors
@@ -48,6 +50,8 @@ from blackboard.settings import Settings
 from blackboard.subjects import Header, KeyParts, Subjects, validate_name
 
 __all__ = ["BoardStore", "Pipeline", "Watch", "WatchStart", "WriteOp"]
+
+_DECODED_CACHE = 1024
 
 _PIPELINE_RETRYABLE: tuple[type[BaseException], ...] = RETRYABLE
 
@@ -98,6 +102,8 @@ class BoardStore:
                                 publish_async_max_pending=settings.nats.max_pending_writes)
         self.subjects = Subjects(settings.board.bucket)
         self._publisher = Publisher(nc, self._js, settings.nats)
+        #: recently decoded revisions, shared by this store's watches
+        self._decoded: OrderedDict[int, Entry] = OrderedDict()
         self._max = settings.board.max_value_size
         self._direct_prefix = f"$JS.API.DIRECT.GET.{self.subjects.kv_stream}"
 
@@ -256,6 +262,21 @@ class BoardStore:
     # ------------------------------------------------------------------- reads
     async def _request(self, subject: str, payload: bytes, what: str) -> Msg:
         return await self._publisher.request(subject, payload, what=what)
+
+    def _decode_shared(self, seq: int, msg: Msg, stored_at: datetime | None) -> Entry:
+        """Decode a stored message once for every watch of this store.
+
+        Several watches (views) of one agent see the same revisions; the
+        first decodes it and the others get the same (read-only) Entry.
+        """
+        entry = self._decoded.get(seq)  # a stream sequence is never reused
+        if entry is None:
+            parts = self.subjects.parse_entry(msg.subject)
+            entry = decode_entry(parts, seq, msg.data, msg.headers, stored_at)
+            self._decoded[seq] = entry
+            if len(self._decoded) > _DECODED_CACHE:
+                self._decoded.popitem(last=False)
+        return entry
 
     def _entry_from_direct(self, msg: Msg, what: str) -> Entry:
         headers = msg.headers or {}
@@ -439,9 +460,11 @@ class Watch:
             md = msg.metadata
             seq = md.sequence.stream
             pending = md.num_pending
-            parts = self._store.subjects.parse_entry(msg.subject)
-            stored_at = md.timestamp
-            entry = decode_entry(parts, seq, None if self._headers_only else msg.data, msg.headers, stored_at)
+            if self._headers_only:
+                entry = decode_entry(self._store.subjects.parse_entry(msg.subject), seq, None, msg.headers,
+                                     md.timestamp)
+            else:
+                entry = self._store._decode_shared(seq, msg, md.timestamp)
         except (InvalidPayloadError, InvalidKeyError) as exc:
             log.warning("skipping undecodable board message %s: %s", msg.subject, exc)
             self.last_revision = max(self.last_revision, msg.metadata.sequence.stream)
