@@ -37,6 +37,9 @@ class Entry:
 
     ``revision`` is the JetStream stream sequence: unique and increasing across
     the whole bucket, so it orders writes to different keys too.
+
+    Entries are shared between the watches and views of one agent (each
+    revision is decoded once): treat ``value`` and ``metadata`` as read-only.
     """
 
     board: str
