@@ -36,6 +36,7 @@ from blackboard.db.spaces import ItemType, Space, ensure_space
 from blackboard.embeddings import EmbeddingProvider
 from blackboard.errors import EmbeddingError
 from blackboard.settings import Settings
+from blackboard.worker._tasks import run_until_stopped
 
 __all__ = ["EmbedStats", "Embedder", "EmbeddingProvider", "load_provider", "memory_embed_text"]
 
@@ -171,18 +172,9 @@ class Embedder:
                  asyncio.create_task(self._model(stop, loaded, embedded), name="embed model")]
         tasks += [asyncio.create_task(self._write_loop(stop, embedded), name=f"embed write {i}")
                   for i in range(self._writers)]
-        stopped = asyncio.create_task(stop.wait())
         try:
-            done, _ = await asyncio.wait([stopped, *tasks], return_when=asyncio.FIRST_COMPLETED)
-            for task in done:
-                if task is not stopped and not task.cancelled() and task.exception() is not None:
-                    raise task.exception()  # type: ignore[misc]
+            await run_until_stopped(stop, tasks)
         finally:
-            for task in (stopped, *tasks):
-                task.cancel()
-            for task in (stopped, *tasks):
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await task
             # The owner cancels this task right after setting ``stop``: finish
             # giving the leases back before ending (then honour the cancel).
             release = asyncio.create_task(self._release_inflight())

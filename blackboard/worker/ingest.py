@@ -40,6 +40,7 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 from blackboard.db import ingest_sql as q
 from blackboard.errors import InvalidPayloadError
 from blackboard.settings import Settings
+from blackboard.worker._tasks import run_until_stopped
 from blackboard.worker.decode import DeadLetter, RawMessage, parse_ack_reply
 from blackboard.worker.handlers import Conn, StreamHandler
 
@@ -304,18 +305,7 @@ class IngestLoop:
         tasks = [asyncio.create_task(self._fetch_loop(stop, queue), name=f"{self.durable} fetch")]
         tasks += [asyncio.create_task(self._write_loop(stop, queue), name=f"{self.durable} write {i}")
                   for i in range(self.writers)]
-        stopped = asyncio.create_task(stop.wait())
-        try:
-            done, _ = await asyncio.wait([stopped, *tasks], return_when=asyncio.FIRST_COMPLETED)
-            for task in done:
-                if task is not stopped and not task.cancelled() and task.exception() is not None:
-                    raise task.exception()  # type: ignore[misc]
-        finally:
-            for task in (stopped, *tasks):
-                task.cancel()
-            for task in (stopped, *tasks):
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await task
+        await run_until_stopped(stop, tasks)
 
     def decode(self, msgs: Sequence[Msg]) -> tuple[list[tuple[Msg, Any]], list[DeadLetter]]:
         """Decode a batch (pure): rows to write, and dead letters."""
