@@ -16,7 +16,6 @@ from blackboard import codec
 from blackboard.connection import connect_nats
 from blackboard.errors import InvalidPayloadError, NotFoundError, SearchError
 from blackboard.schemas.search import ErrorReply
-from blackboard.search import rrf
 from blackboard.settings import Settings, WorkerSettings
 from blackboard.streams import ensure_streams
 from blackboard.subjects import Subjects
@@ -77,14 +76,6 @@ async def corpus(nats_server: object, postgres_server: object) -> AsyncIterator[
         await w.wait_caught_up(60, embedded=True)
         yield Corpus(a, b, SearchClient(nc, s), nc, seqs, t_before)
     await nc.close()
-
-
-def test_rrf_fuses_and_normalises() -> None:
-    fused = rrf({"semantic": [(1, 0.9), (2, 0.8)], "keyword": [(2, 3.0), (3, 1.0)]})
-    assert [f.item for f in fused] == [2, 1, 3]
-    assert fused[0].parts == {"semantic": 0.8, "keyword": 3.0}
-    top = rrf({"semantic": [(7, 1.0)], "keyword": [(7, 1.0)]})
-    assert top[0].score == pytest.approx(1.0)
 
 
 async def test_keyword_mode_matches_words(corpus: Corpus) -> None:
@@ -195,13 +186,6 @@ async def test_invalid_request_gets_a_typed_error_reply(corpus: Corpus) -> None:
         {"board": corpus.a, "section": "notes", "key": "nope"}).encode(), headers={"Bb-Encoding": "json"}, timeout=5)
     assert msg.headers is not None and msg.headers["Bb-Error"] == "NotFoundError"
     assert ErrorReply.model_validate_json(msg.data).error == "NotFoundError"
-
-
-def test_raise_for_error_maps_classes() -> None:
-    body = codec.encode(ErrorReply(error="SearchError", message="boom").model_dump())
-    with pytest.raises(SearchError, match="boom"):
-        raise_for_error({"Bb-Error": "SearchError"}, body)
-    raise_for_error({}, b"")
 
 
 async def test_service_is_discoverable_and_reports_status(corpus: Corpus) -> None:
