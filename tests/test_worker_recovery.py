@@ -136,11 +136,19 @@ async def test_two_workers_share_the_load_without_duplicates(
         await _wait_for(lambda: _count(pg.dsn, q, unique) >= len(entries) and
                         _count(pg.dsn, "SELECT count(*) FROM bb_memories WHERE board = %s", unique)
                         >= len(memories), 90, "everything to be written")
+        # Both processes pull from the one durable consumer: once idle, each
+        # keeps a pull request waiting on it (re-issued when one expires, so
+        # look a few times rather than once).
         nc = await connect_nats(settings.nats, name="check")
-        info = await nc.jetstream().consumer_info(Subjects(settings.board.bucket).kv_stream, "shared-entries")
+        waiting: list[int] = []
+        for _ in range(50):
+            info = await nc.jetstream().consumer_info(Subjects(settings.board.bucket).kv_stream, "shared-entries")
+            waiting.append(info.num_waiting or 0)
+            if waiting[-1] >= 2:
+                break
+            await asyncio.sleep(0.1)
         await nc.close()
-        # Both processes pulled from the one durable consumer.
-        assert info.num_waiting is not None and info.num_waiting >= 2
+        assert max(waiting) >= 2, waiting
     finally:
         for p in procs:
             p.terminate()
