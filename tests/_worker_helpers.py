@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import re
+import subprocess
+import sys
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -12,6 +15,7 @@ import numpy as np
 from nats.js import JetStreamContext
 
 from blackboard import codec
+from blackboard.settings import Settings
 from blackboard.subjects import Subjects
 
 _WORD = re.compile(r"[a-z0-9]+")
@@ -92,3 +96,28 @@ async def delete_entry(js: JetStreamContext, subjects: Subjects, board: str, sec
 async def remember(js: JetStreamContext, board: str, agent: str, mid: str, text: str, **fields: Any) -> int:
     ack = await js.publish(Subjects.memory(board, agent), memory_payload(mid, board, agent, text, **fields))
     return int(ack.seq)
+
+
+def spawn_worker(settings: Settings, name: str, **env: str) -> subprocess.Popen[bytes]:
+    """Start ``python -m blackboard.worker`` as a process (for kill -9 tests); returns once it is ready.
+
+    Its settings come from the environment: NATS and Postgres from ``settings``,
+    no embedding, no search service, a 2 s ack wait, plus ``env``
+    (``WORKER__BATCH_SIZE="200"`` -> ``BLACKBOARD_WORKER__BATCH_SIZE=200``).
+    """
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("BLACKBOARD_")}
+    environ.update({
+        "BLACKBOARD_NATS__URL": settings.nats.url,
+        "BLACKBOARD_POSTGRES__DSN": settings.postgres.dsn.get_secret_value(),
+        "BLACKBOARD_WORKER__NAME": name,
+        "BLACKBOARD_WORKER__EMBED": "false",
+        "BLACKBOARD_WORKER__SERVE_SEARCH": "false",
+        "BLACKBOARD_WORKER__ACK_WAIT": "2",
+    })
+    environ.update({f"BLACKBOARD_{k}": v for k, v in env.items()})
+    proc = subprocess.Popen([sys.executable, "-m", "blackboard.worker"], env=environ,
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    assert proc.stdout is not None
+    line = proc.stdout.readline()  # blocks until "ready" (or EOF if it died)
+    assert line.strip() == b"ready", f"worker did not start: {line!r}"
+    return proc

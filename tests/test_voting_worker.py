@@ -5,11 +5,9 @@ from PostgreSQL, ballots' fates in PostgreSQL, deadlines closed by the worker
 from __future__ import annotations
 
 import asyncio
-import os
 import random
 import signal
 import subprocess
-import sys
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -29,6 +27,7 @@ from blackboard.tally import StampedBallot, tally
 from blackboard.votelog import VoteMessage, same_outcome
 from blackboard.voting import ProposalFollower, VoteStore
 from blackboard.worker import Worker
+from tests._worker_helpers import spawn_worker
 from tests.conftest import make_settings
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -242,27 +241,8 @@ async def test_two_workers_and_agents_race_to_commit_exactly_once(pg_settings: S
         assert w1.votes is not None and w2.votes is not None
 
 
-def _worker_env(settings: Settings, name: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("BLACKBOARD_")}
-    env.update({
-        "BLACKBOARD_NATS__URL": settings.nats.url,
-        "BLACKBOARD_POSTGRES__DSN": settings.postgres.dsn.get_secret_value(),
-        "BLACKBOARD_WORKER__NAME": name,
-        "BLACKBOARD_WORKER__EMBED": "false",
-        "BLACKBOARD_WORKER__SERVE_SEARCH": "false",
-        "BLACKBOARD_WORKER__DEADLINE_INTERVAL": "0.1",
-        "BLACKBOARD_WORKER__ACK_WAIT": "2",
-    })
-    return env
-
-
 def _spawn_worker(settings: Settings, name: str) -> subprocess.Popen[bytes]:
-    proc = subprocess.Popen([sys.executable, "-m", "blackboard.worker"], env=_worker_env(settings, name),
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
-    assert proc.stdout is not None
-    line = proc.stdout.readline()
-    assert line.strip() == b"ready", f"worker did not start: {line!r}"
-    return proc
+    return spawn_worker(settings, name, WORKER__DEADLINE_INTERVAL="0.1")
 
 
 @pytest.mark.slow

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -19,7 +17,7 @@ from blackboard.settings import Settings, WorkerSettings
 from blackboard.streams import ensure_streams
 from blackboard.subjects import Subjects
 from blackboard.worker import Worker
-from tests._worker_helpers import entry_payload, memory_payload
+from tests._worker_helpers import entry_payload, memory_payload, spawn_worker
 from tests.conftest import make_settings
 
 pytestmark = [pytest.mark.asyncio(loop_scope="session"), pytest.mark.slow]
@@ -34,28 +32,8 @@ def _count(dsn: str, query: str, *params: Any) -> int:
     return int(row[0]) if row else 0
 
 
-def _worker_env(settings: Settings, name: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("BLACKBOARD_")}
-    env.update({
-        "BLACKBOARD_NATS__URL": settings.nats.url,
-        "BLACKBOARD_POSTGRES__DSN": settings.postgres.dsn.get_secret_value(),
-        "BLACKBOARD_WORKER__NAME": name,
-        "BLACKBOARD_WORKER__EMBED": "false",
-        "BLACKBOARD_WORKER__SERVE_SEARCH": "false",
-        "BLACKBOARD_WORKER__ACK_WAIT": "2",
-        "BLACKBOARD_WORKER__BATCH_SIZE": "200",
-        "BLACKBOARD_WORKER__LAG_INTERVAL": "1",
-    })
-    return env
-
-
 def _spawn_worker(settings: Settings, name: str) -> subprocess.Popen[bytes]:
-    proc = subprocess.Popen([sys.executable, "-m", "blackboard.worker"], env=_worker_env(settings, name),
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
-    assert proc.stdout is not None
-    line = proc.stdout.readline()  # blocks until "ready" (or EOF if it died)
-    assert line.strip() == b"ready", f"worker did not start: {line!r}"
-    return proc
+    return spawn_worker(settings, name, WORKER__BATCH_SIZE="200", WORKER__LAG_INTERVAL="1")
 
 
 async def _wait_for(pred: Callable[[], bool], timeout: float, what: str) -> None:
