@@ -51,9 +51,18 @@ def _decode_both(msg: d.RawMessage, monkeypatch: pytest.MonkeyPatch) -> tuple[An
     return fast, general
 
 
+def _deep(n: int) -> Any:
+    v: Any = 1
+    for _ in range(n):
+        v = [v]
+    return v
+
+
 _FIELDS = ("op", "value", "value_raw", "content_type", "tags", "metadata", "author", "created_at", "search_text")
 _VALUES: list[Any] = [1, "text", None, {"a": [1, 2.5, {"b": "c"}]}, [True, False], {"k": "nul\x00"}, b"bytes",
-                      {1: "int key"}, float("nan"), "looks like \\u0000", [[[[1]]]], {"t": "é中"}]
+                      {1: "int key"}, float("nan"), "looks like \\u0000", [[[[1]]]], {"t": "é中"},
+                      2**64 - 1, -(2**63), {"x": float("inf")}, "NaN", {"n": [1.5e300, -0.0]},
+                      {b"bytes key": 1}, _deep(250), _deep(150)]
 
 
 @pytest.mark.parametrize("value", _VALUES, ids=range(len(_VALUES)))
@@ -150,3 +159,16 @@ async def test_binary_copy_round_trips_every_type(pg_settings: Settings) -> None
     assert [(r[0], r[1], r[2], None if r[3] is None else bytes(r[3]), r[4], r[5], r[6], r[7]) for r in back] == rows
     assert pgcopy.timestamptz_ns(1_700_000_000_123_456_789) == pgcopy.timestamptz(
         datetime(2023, 11, 14, 22, 13, 20, 123456, tzinfo=UTC))
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_array_literals_round_trip_through_postgres(pg_settings: Settings) -> None:
+    texts = ["", "plain", 'quote " inside', "back\\slash", "\\\"", "{braces},commas", "NULL", "null", " spaced ",
+             "new\nline\ttab", "é中", "'single'"]
+    ints = [0, -1, 2**63 - 1, -(2**63), 42]
+    async with await psycopg.AsyncConnection.connect(pg_settings.postgres.dsn.get_secret_value()) as conn:
+        cur = await conn.execute("SELECT %s::text[], %s::bigint[], %s::text[], %s::bigint[]",
+                                 (pgcopy.text_array_literal(texts), pgcopy.bigint_array_literal(ints),
+                                  pgcopy.text_array_literal([]), pgcopy.bigint_array_literal([])))
+        row = await cur.fetchone()
+    assert row == (texts, ints, [], [])

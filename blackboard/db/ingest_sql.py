@@ -53,16 +53,17 @@ INSERT INTO bb_entry_revisions ({', '.join(REVISION_COLUMNS)})
 SELECT {', '.join(REVISION_COLUMNS)} FROM bb_stage_revisions
 ON CONFLICT (stream, seq) DO NOTHING"""
 
-#: Move current state forward to the given revisions (one per key) and queue
-#: their embeddings. Params: streams text[], seqs bigint[], search texts text[].
+#: Move current state forward to the given revisions of one stream (one per
+#: key) and queue their embeddings. Params: stream text, seqs and search texts
+#: as array literals (``pgcopy.bigint_array_literal`` / ``text_array_literal``).
 UPSERT_CURRENT = """
 WITH latest AS (
     -- LATERAL ... LIMIT 1: one primary-key probe per row, whatever the
     -- planner thinks of the (unanalysed, growing) revisions table.
     SELECT r.*, s.search_text
-    FROM unnest(%s::text[], %s::bigint[], %s::text[]) AS s(stream, seq, search_text)
+    FROM unnest(%(seqs)s::bigint[], %(texts)s::text[]) AS s(seq, search_text)
     CROSS JOIN LATERAL (SELECT * FROM bb_entry_revisions r
-                        WHERE r.stream = s.stream AND r.seq = s.seq LIMIT 1) r
+                        WHERE r.stream = %(stream)s AND r.seq = s.seq LIMIT 1) r
     ORDER BY r.board, r.section, r.key
 ), up AS (
     INSERT INTO bb_entries AS e (board, section, key, stream, revision, deleted, value, value_raw,

@@ -81,15 +81,21 @@ async def write_entries(conn: Conn, rows: Sequence[EntryRow]) -> None:
             async with cur.copy(q.COPY_STAGE_REVISIONS) as copy:
                 await copy.write(data)
             await cur.execute(q.MOVE_STAGED_REVISIONS)
-    latest: dict[tuple[str, str, str], EntryRow] = {}
+    # The latest revision of each key, per stream (a batch comes from one
+    # stream; a caller may mix several).
+    latest: dict[tuple[str, str, str, str], EntryRow] = {}
     for r in rows:
-        k = (r.board, r.section, r.key)
+        k = (r.stream, r.board, r.section, r.key)
         seen = latest.get(k)
         if seen is None or seen.seq < r.seq:
             latest[k] = r
-    top = list(latest.values())
-    await conn.execute(q.UPSERT_CURRENT, ([r.stream for r in top], [r.seq for r in top],
-                                          [r.search_text for r in top]))
+    by_stream: dict[str, list[EntryRow]] = {}
+    for r in latest.values():
+        by_stream.setdefault(r.stream, []).append(r)
+    for stream, top in by_stream.items():
+        await conn.execute(q.UPSERT_CURRENT, {
+            "stream": stream, "seqs": pgcopy.bigint_array_literal(r.seq for r in top),
+            "texts": pgcopy.text_array_literal(r.search_text for r in top)})
 
 
 def _revision_row(r: EntryRow) -> bytes:
