@@ -211,6 +211,7 @@ async def _embed_bench(s: Settings, n: int) -> None:
         # Only this phase's items: drop the entries queued by the ingest rounds.
         async with open_pool(s.postgres) as pool, pool.connection() as conn:
             await conn.execute("DELETE FROM bb_embed_queue")
+            await conn.execute("DELETE FROM bb_embed_inbox")
             await conn.commit()
         t0 = time.perf_counter()
         async with Worker(ws, provider=prov, handlers=default_handlers(ws)[1:2]) as w:

@@ -6,11 +6,13 @@ redelivery after a crash, is the batch staged in a temp table and inserted
 ``ON CONFLICT DO NOTHING`` instead. The current-state table is then upserted
 only forward (higher revision wins, whatever order batches commit in) from the
 stored revisions, one row per key in key order (so concurrent batches lock in
-the same order), and changed items are queued for embedding in the same
-statement.
+the same order), and the changed items are handed to the embedding stage in
+the same statement: one ``bb_embed_inbox`` row per batch (the embedder moves
+them into the per-item ``bb_embed_queue``; see ``MOVE_INBOX``).
 
 Memories: a batch is COPYed into a temp table and moved with one statement
-(upsert by id, forward only, skipping forgotten ids), queueing embeddings.
+(upsert by id, forward only, skipping forgotten ids), handing the changed
+memories to the embedding stage the same way.
 """
 
 from __future__ import annotations
@@ -22,8 +24,10 @@ __all__ = [
     "CREATE_STAGE_MEMORIES",
     "CREATE_STAGE_REVISIONS",
     "DELETE_FORGOTTEN",
+    "INBOX_SIZE",
     "INSERT_DEAD_LETTER",
     "LOCK_MEMORIES_FOR_FORGET",
+    "MOVE_INBOX",
     "MOVE_MEMORIES",
     "MOVE_STAGED_REVISIONS",
     "SPACES",
@@ -54,7 +58,7 @@ SELECT {', '.join(REVISION_COLUMNS)} FROM bb_stage_revisions
 ON CONFLICT (stream, seq) DO NOTHING"""
 
 #: Move current state forward to the given revisions of one stream (one per
-#: key) and queue their embeddings. Params: stream text, seqs and search texts
+#: key) and hand the changed items to the embedding stage (one inbox row). Params: stream text, seqs and search texts
 #: as array literals (``pgcopy.bigint_array_literal`` / ``text_array_literal``).
 UPSERT_CURRENT = """
 WITH latest AS (
@@ -80,9 +84,8 @@ WITH latest AS (
     WHERE e.revision < EXCLUDED.revision
     RETURNING e.eid, e.deleted, e.search_text
 )
-INSERT INTO bb_embed_queue (item_type, item)
-SELECT 'entry', eid FROM up WHERE NOT deleted AND search_text <> ''
-ON CONFLICT (item_type, item) DO UPDATE SET enqueued_at = clock_timestamp(), lease_until = NULL"""
+INSERT INTO bb_embed_inbox (item_type, items)
+SELECT 'entry', array_agg(eid) FROM up WHERE NOT deleted AND search_text <> '' HAVING count(*) > 0"""
 
 CREATE_STAGE_MEMORIES = """
 CREATE TEMP TABLE IF NOT EXISTS bb_stage_memories (
@@ -114,9 +117,8 @@ WITH latest AS (
     WHERE m.seq < EXCLUDED.seq
     RETURNING m.mid
 )
-INSERT INTO bb_embed_queue (item_type, item)
-SELECT 'memory', mid FROM up
-ON CONFLICT (item_type, item) DO UPDATE SET enqueued_at = clock_timestamp(), lease_until = NULL"""
+INSERT INTO bb_embed_inbox (item_type, items)
+SELECT 'memory', array_agg(mid) FROM up HAVING count(*) > 0"""
 
 #: Taken by a batch holding forgets: waits for memory writers in flight and
 #: holds new ones off until the forget commits, so a memory committed
@@ -138,6 +140,27 @@ RETURNING m.mid"""
 
 SPACES = "SELECT id, model, dims FROM bb_embedding_spaces"
 UNQUEUE_MEMORIES = "DELETE FROM bb_embed_queue WHERE item_type = 'memory' AND item = ANY(%s)"
+
+#: The embedding stage's side of the hand-off: move up to %(n)s inbox rows
+#: (oldest first, skipping rows another worker is moving) into the per-item
+#: queue, re-enqueueing items already queued, in item order (concurrent movers
+#: lock queue rows in the same order). Returns the number of items moved.
+MOVE_INBOX = """
+WITH batch AS (
+    DELETE FROM bb_embed_inbox WHERE id IN (
+        SELECT id FROM bb_embed_inbox ORDER BY id LIMIT %(n)s FOR UPDATE SKIP LOCKED)
+    RETURNING item_type, items
+), moved AS (
+    INSERT INTO bb_embed_queue (item_type, item)
+    SELECT DISTINCT b.item_type, i.item FROM batch b CROSS JOIN LATERAL unnest(b.items) AS i(item)
+    ORDER BY 1, 2
+    ON CONFLICT (item_type, item) DO UPDATE SET enqueued_at = clock_timestamp(), lease_until = NULL
+    RETURNING 1
+)
+SELECT count(*) FROM moved"""
+
+#: Items handed over by ingest and not yet moved into the queue.
+INBOX_SIZE = "SELECT coalesce(sum(cardinality(items)), 0) FROM bb_embed_inbox"
 
 INSERT_DEAD_LETTER = """
 INSERT INTO bb_dead_letters (stream, seq, subject, reason, data, headers)

@@ -24,6 +24,7 @@ from blackboard.connection import connect_nats
 from blackboard.db import migrate, open_pool
 from blackboard.settings import Settings
 from blackboard.streams import ensure_streams
+from blackboard.worker.embed_inbox import EmbedInbox
 from blackboard.worker.embedder import Embedder, EmbeddingProvider, load_provider
 from blackboard.worker.handlers import StreamHandler, default_handlers
 from blackboard.worker.ingest import ConsumerLag, IngestLoop, backoff_delays
@@ -58,6 +59,8 @@ class Worker:
         self.pool: AsyncConnectionPool | None = None
         self.loops: list[IngestLoop] = []
         self.embedder: Embedder | None = None
+        #: Moves ingest's hand-off rows into the embedding queue (with the embedder).
+        self.inbox: EmbedInbox | None = None
         self.search: Any = None
         #: Closes expired proposals and finishes vote commits (docs/voting.md).
         self.votes: VoteCloser | None = None
@@ -87,7 +90,9 @@ class Worker:
                 self.embedder = Embedder(self.pool, provider, s)
                 await self.embedder.setup()
                 self._spawn("embedder", self.embedder.run)
-            wake = self.embedder.wake if self.embedder else None
+                self.inbox = EmbedInbox(self.pool, s, on_moved=self.embedder.wake)
+                self._spawn("embedding inbox", self.inbox.run)
+            wake = self.inbox.wake if self.inbox else None
             for handler in self._handlers or default_handlers(s):
                 loop = IngestLoop(handler, js, self.pool, s, on_written=wake)
                 await loop.setup()
@@ -181,11 +186,13 @@ class Worker:
         }
         if self.embedder is not None:
             out["embedding"] = await self.embedder.status()
+            if self.inbox is not None:
+                out["embedding"]["inbox"] = await self.inbox.size()
         return out
 
     async def wait_caught_up(self, within: float = 30.0, *, embedded: bool = False,
                              poll: float = 0.05) -> None:
-        """Wait until every consumer's lag is 0 (and, with ``embedded``, the embedding queue is empty).
+        """Wait until every consumer's lag is 0 (and, with ``embedded``, the embedding inbox and queue are empty).
 
         Raises:
             TimeoutError: not caught up within ``within`` seconds.
@@ -195,7 +202,7 @@ class Worker:
             lags = await self.lag()
             done = all(lg.total == 0 for lg in lags)
             if done and embedded and self.embedder is not None:
-                done = (await self.embedder.backlog()) == 0
+                done = (self.inbox is None or await self.inbox.size() == 0) and await self.embedder.backlog() == 0
             if done:
                 return
             if time.monotonic() > deadline:
@@ -216,7 +223,8 @@ class Worker:
             parts = [f"{lg.stream}: {lg.pending} pending, {lg.ack_pending} in flight" for lg in lags]
             if self.embedder is not None:
                 with contextlib.suppress(Exception):
-                    parts.append(f"embedding backlog {await self.embedder.backlog()}")
+                    inbox = await self.inbox.size() if self.inbox is not None else 0
+                    parts.append(f"embedding backlog {await self.embedder.backlog()} (+{inbox} handed over)")
             log.info("lag: %s", "; ".join(parts))
 
 
