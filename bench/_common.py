@@ -16,7 +16,9 @@ measured in the same run, as ratios.
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
 import shutil
 import statistics
 import tempfile
@@ -78,6 +80,29 @@ def percentile(values: Sequence[float], p: float) -> float:
     lo = math.floor(rank)
     hi = min(lo + 1, len(data) - 1)
     return float(data[lo] + (data[hi] - data[lo]) * (rank - lo))
+
+
+def process_tree_cpu(pid: int | None) -> float:
+    """CPU seconds (user + system, with reaped children) of process ``pid`` and its live children, from /proc.
+
+    PostgreSQL runs a process per connection under the postmaster; this sums
+    them. 0.0 where /proc is not available.
+    """
+    if pid is None:
+        return 0.0
+    pids = [pid]
+    with contextlib.suppress(OSError):
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            with contextlib.suppress(OSError):
+                pids += [int(c) for c in (task / "children").read_text().split()]
+    hz = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for p in pids:
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            stat = Path(f"/proc/{p}/stat").read_text()
+            fields = stat[stat.rindex(")") + 2:].split()
+            total += sum(int(f) for f in fields[11:15])  # utime, stime, cutime, cstime
+    return total / hz
 
 
 def median(values: Sequence[float]) -> float:

@@ -15,6 +15,10 @@ machine hits both; the ratio is taken per round and the median printed.
   then the worker's memory stream -> rows -> queue -> model -> vectors in the
   HNSW-indexed table, timed to an empty queue.
 
+Each phase also records the CPU time spent per message by each process (this
+one, nats-server, PostgreSQL's processes; from /proc): on a small machine the
+three share the cores, so the sum is what bounds the rate.
+
 Usage: python bench/ingest_bench.py [--entries 20000] [--memories 1000] [--rounds 3]
 """
 
@@ -30,6 +34,8 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+
+from _common import process_tree_cpu
 
 from blackboard import codec
 from blackboard.connection import connect_nats
@@ -153,15 +159,24 @@ async def main() -> None:
         await nc.close()
         n, batch = args.entries, s.worker.batch_size
         raws, works, copies, ratios = [], [], [], []
+        cpu: dict[str, list[tuple[float, float, float]]] = {"raw": [], "worker": []}
+
+        def cpu_now() -> tuple[float, float, float]:
+            return (time.process_time(), process_tree_cpu(ns.pid), process_tree_cpu(pg.pid))
+
         for r in range(args.rounds):
             await _publish(s, f"raw{r}", n)
             await _publish(s, f"wrk{r}", n)
             order = ("raw", "worker") if r % 2 == 0 else ("worker", "raw")
             for what in order:
+                c0 = cpu_now()
                 if what == "raw":
                     raw_rate, msgs = await raw_consume(s, f"raw{r}", n, batch)
                 else:
                     work_rate = await worker_ingest(s, f"wrk{r}", n)
+                await asyncio.sleep(0.5)  # closed connections' processes are reaped (their CPU counted)
+                c1 = cpu_now()
+                cpu[what].append(tuple((b - a) / n * 1e6 for a, b in zip(c0, c1, strict=True)))  # type: ignore[arg-type]
             copies.append(await raw_copy(s, msgs, batch))
             raws.append(raw_rate)
             works.append(work_rate)
@@ -175,6 +190,11 @@ async def main() -> None:
         print(f"  raw COPY of the decoded rows (writer only): {med(copies):9.0f} rows/s")
         print(f"  worker JetStream -> committed rows:         {med(works):9.0f} rows/s"
               f"   = {med(ratios):.2f}x raw consume (target >= 0.8x), {med(works) / med(copies):.2f}x raw COPY")
+        print("  CPU per message (µs; client = this process):  client  nats-server  PostgreSQL  total")
+        for what in ("raw", "worker"):
+            c = [med(x) for x in zip(*cpu[what], strict=True)]
+            print(f"    {'raw pull-consume' if what == 'raw' else 'worker':16s}"
+                  f"                          {c[0]:6.1f}  {c[1]:11.1f}  {c[2]:10.1f}  {sum(c):5.1f}")
         if args.memories:
             await _embed_bench(s, args.memories)
     finally:
