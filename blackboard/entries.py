@@ -155,7 +155,7 @@ def _operation(headers: Mapping[str, str] | None) -> Operation:
         op = headers.get(Header.KV_OPERATION.value)
         if op == "DEL":
             return Operation.DELETE
-        if op == "PURGE":
+        if op == "PURGE" or Header.MARKER_REASON.value in headers:  # the server's expiry marker
             return Operation.PURGE
     return Operation.PUT
 

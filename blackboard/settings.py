@@ -91,6 +91,11 @@ class BoardSettings(BaseModel):
     max_value_size: int = Field(1024 * 1024, ge=1024)
     #: Allow per-entry TTLs (needs nats-server 2.11+).
     allow_ttl: bool = True
+    #: Seconds the server keeps the delete marker it places when an entry's
+    #: TTL expires (watches and views see the key go; readers treat the marker
+    #: as a purge). nats-server raises any shorter entry TTL to this value, so
+    #: keep it at the smallest TTL in use; 0 places no markers.
+    expiry_marker_ttl: float = Field(1.0, ge=0)
     #: Object store bucket for large binaries.
     objects_bucket: str = Field("blackboard-objects", pattern=r"^[A-Za-z0-9_-]+$")
 

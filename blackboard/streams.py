@@ -74,6 +74,7 @@ def kv_config(settings: Settings) -> api.KeyValueConfig:
         max_value_size=b.max_value_size,
         storage=api.StorageType.FILE,
         direct=True,
+        limit_marker_ttl=b.expiry_marker_ttl or None,
     )
 
 
@@ -93,10 +94,13 @@ async def ensure_streams(js: JetStreamContext, settings: Settings, *, update: bo
         info = await js.stream_info(subjects.kv_stream)
         cfg = info.config
         want_hist = settings.board.history
-        if update and (cfg.max_msgs_per_subject != want_hist or cfg.max_msg_size != settings.board.max_value_size):
+        want_marker = settings.board.expiry_marker_ttl or None
+        if update and (cfg.max_msgs_per_subject != want_hist or cfg.max_msg_size != settings.board.max_value_size
+                       or (cfg.subject_delete_marker_ttl or None) != want_marker):
             cfg.max_msgs_per_subject = want_hist
             cfg.max_msg_size = settings.board.max_value_size
             cfg.allow_msg_ttl = True
+            cfg.subject_delete_marker_ttl = want_marker
             await js.update_stream(cfg)
     except NotFoundError:
         await js.create_key_value(kv_config(settings))

@@ -72,6 +72,11 @@ class Header(StrEnum):
     #: KV operation marker, as in the JetStream KV protocol: ``DEL`` or ``PURGE``.
     KV_OPERATION = "KV-Operation"
     ROLLUP = "Nats-Rollup"
+    #: Set by the server on a *subject delete marker*: the empty message it
+    #: places when a key's last message is removed by its ``Nats-TTL`` or the
+    #: stream's max age (streams with ``subject_delete_marker_ttl``). A reader
+    #: takes it as a purge of the key.
+    MARKER_REASON = "Nats-Marker-Reason"
     EXPECTED_LAST_SUBJECT_SEQUENCE = "Nats-Expected-Last-Subject-Sequence"
     MSG_ID = "Nats-Msg-Id"
     MSG_TTL = "Nats-TTL"

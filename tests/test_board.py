@@ -302,6 +302,28 @@ async def test_entry_ttl_expires(settings: Settings, unique: str) -> None:
         assert (await board.get("s", "durable")).value == "stays"
 
 
+async def test_ttl_expiry_reaches_watches_and_views(settings: Settings, unique: str) -> None:
+    # A bucket of its own, created with the settings' expiry markers.
+    settings = settings.model_copy(update={"board": settings.board.model_copy(update={"bucket": unique})})
+    async with Agent.connect("w", settings=settings) as agent:
+        board = agent.board("b")
+        watch = board.watch("s")
+        async with watch, board.view("s") as view:
+            await watch.ready.wait()
+            rev = await board.put("s", "ephemeral", "soon gone", ttl=1)
+            await board.put("s", "durable", "stays")
+            await view.wait_for(lambda v: ("s", "ephemeral") in v and ("s", "durable") in v, timeout=5)
+            # The server removes the entry after its TTL and places a delete marker.
+            await view.wait_for(lambda v: ("s", "ephemeral") not in v, timeout=10)
+            assert view.value("s", "durable") == "stays"
+            seen = [await watch.next(timeout=5) for _ in range(3)]
+        with pytest.raises(NotFoundError):
+            await board.get("s", "ephemeral")
+    ops = [(c.entry.key, c.entry.operation) for c in seen]
+    assert ops == [("ephemeral", Operation.PUT), ("durable", Operation.PUT), ("ephemeral", Operation.PURGE)]
+    assert seen[2].entry.revision > rev
+
+
 async def test_pipelined_writes_are_all_acknowledged(settings: Settings, unique: str) -> None:
     async with Agent.connect("w", settings=settings) as agent:
         board = agent.board(unique)

@@ -172,3 +172,10 @@ async def test_array_literals_round_trip_through_postgres(pg_settings: Settings)
                                   pgcopy.text_array_literal([]), pgcopy.bigint_array_literal([])))
         row = await cur.fetchone()
     assert row == (texts, ints, [], [])
+
+
+def test_server_expiry_marker_is_a_purge() -> None:
+    headers = {"Nats-Marker-Reason": "MaxAge", "Nats-TTL": "1s", "Nats-Rollup": "sub"}
+    row = d.decode_entry(_entry_msg(None, raw=b"", headers=headers), _SUBJECTS, max_bytes=10**6, index_chars=10**5)
+    assert (row.op, row.value, row.search_text) == ("PURGE", None, "")
+    assert (row.board, row.section, row.key) == ("b", "s", "k")

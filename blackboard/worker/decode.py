@@ -46,6 +46,7 @@ _UNIX_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MEMORY_KINDS = frozenset(get_args(MemoryKind))
 _KV_OP = Header.KV_OPERATION.value
 _ENCODING = Header.ENCODING.value
+_MARKER = Header.MARKER_REASON.value
 
 
 def parse_ack_reply(reply: str) -> tuple[str, int, datetime]:
@@ -448,6 +449,8 @@ def decode_entry(msg: RawMessage, subjects: Subjects, *, max_bytes: int, index_c
         raise InvalidPayloadError(f"bad entry subject: {exc.reason}") from exc
     _check_text(parts.key, "the key")
     op = (msg.headers.get(_KV_OP) or "").upper() if msg.headers else ""
+    if not op and msg.headers and _MARKER in msg.headers:  # the server removed the key (TTL / max age)
+        op = "PURGE"
     if op in ("DEL", "PURGE"):
         return EntryRow(msg.stream, msg.seq, parts.board, parts.section, parts.key, op, None, None,
                         None, [], {}, None, None, msg.timestamp, "")
