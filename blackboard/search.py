@@ -4,10 +4,13 @@
 selection, fusion and row shaping are pure functions.
 
 * **semantic**: cosine similarity on the HNSW index of the provider's space
-  (iterative scans, exact re-scan when a selective filter leaves it short).
+  (iterative scans, exact re-scan when a selective filter leaves it short);
+  boards estimated to hold few items (:func:`board_rows`) are scanned exactly
+  through the vector table's covering board index instead.
 * **keyword**: BM25 over PostgreSQL full text (see
   :func:`blackboard.db.search_sql.keyword_query`); query words estimated to
-  match very many items do not generate candidates (:func:`candidate_lexemes`).
+  match very many items do not generate candidates, and the rarest words
+  generate them within a budget (:func:`candidate_lexemes`).
 * **hybrid**: the keyword query runs while the query is embedded, then the
   ANN query; the union of both candidate lists gets both scores (the cosine of
   keyword-only candidates is computed exactly; items without a keyword match
@@ -15,6 +18,8 @@ selection, fusion and row shaping are pure functions.
   union and combined as a weighted mean (:func:`fuse_convex`), a convex
   combination, which keeps how far apart the scores are where reciprocal-rank
   fusion (:func:`rrf`, ``settings.search.fusion = "rrf"``) keeps only the order.
+  The retrievers' statements return the other score and the neighbours of
+  their candidates, so fusion rarely needs a statement of its own.
 """
 
 from __future__ import annotations
@@ -51,8 +56,13 @@ from blackboard.schemas.search import (
 )
 from blackboard.settings import SearchSettings
 
-__all__ = ["Fused", "SearchEngine", "TermStats", "candidate_lexemes", "fuse_convex", "neighbour_map", "rrf",
-           "smooth_neighbours"]
+__all__ = ["BoardStats", "Fused", "SearchEngine", "TermStats", "board_rows", "candidate_lexemes", "fuse_convex",
+           "neighbour_map", "rrf", "smooth_neighbours"]
+
+#: Largest share of a table's items that the filtered boards may hold for an exact board scan: above
+#: it, the HNSW scan keeps so many of the vectors it visits that it is the cheaper one (measured: a
+#: board with half of 4,000 memories, 4.4 ms p50 through HNSW vs 8.7 ms exactly, including the model).
+_EXACT_MAX_SHARE = 0.2
 
 #: Rank constant of reciprocal-rank fusion (Cormack et al. 2009).
 RRF_K = 60
@@ -170,21 +180,71 @@ class TermStats:
     at: float = 0.0
 
 
-def candidate_lexemes(lexemes: Sequence[str], stats: TermStats | None, max_rows: int) -> list[str]:
+def candidate_lexemes(lexemes: Sequence[str], stats: TermStats | None, max_rows: int,
+                      budget: float | None = None, share: float = 1.0) -> list[str]:
     """The query lexemes that generate keyword candidates.
 
     A lexeme estimated to match more than ``max_rows`` items is left out when
     a rarer one remains (it would cost a scan of most of the table for an
     inverse document frequency near zero); when all are that frequent, the
-    rarest one is kept. Without statistics every lexeme is kept.
+    rarest one is kept. Of the others, the rarest are kept while their
+    estimated matches add up to at most ``budget`` (the rarest one always):
+    the candidates a query can score are bounded, and those left out match
+    only commoner words, so they could score but little; a plain ``LIMIT`` on
+    the candidates would drop arbitrary ones instead (the oldest rows come
+    first), the best matches among them. Estimates are of the whole table
+    times ``share`` (the filtered boards' part of it). Without statistics
+    every lexeme is kept.
     """
     if stats is None or stats.rows <= 0:
         return list(lexemes)
-    est = {lx: stats.freqs.get(lx, 0.0) * stats.rows for lx in lexemes}
+    est = {lx: stats.freqs.get(lx, 0.0) * stats.rows * share for lx in lexemes}
     kept = [lx for lx in lexemes if est[lx] <= max_rows]
-    if kept or not lexemes:
+    if not kept:
+        return [min(lexemes, key=lambda lx: est[lx])] if lexemes else []
+    if budget is None:
         return kept
-    return [min(lexemes, key=lambda lx: est[lx])]
+    chosen: set[str] = set()
+    total = 0.0
+    for lx in sorted(kept, key=lambda lx: est[lx]):
+        if chosen and total + est[lx] > budget:
+            break
+        chosen.add(lx)
+        total += est[lx]
+    return [lx for lx in kept if lx in chosen]
+
+
+@dataclass(frozen=True, slots=True)
+class BoardStats:
+    """How a table's items spread over boards (ANALYZE's statistics of its ``board`` column).
+
+    ``freqs``: share of the rows of each most common board; ``n_distinct``:
+    PostgreSQL's estimate of distinct boards (negative: a share of the rows;
+    0: unknown); ``rows``: the table's estimated row count (negative: never
+    counted).
+    """
+
+    freqs: Mapping[str, float]
+    n_distinct: float
+    rows: float
+    at: float = 0.0
+
+
+def board_rows(boards: Iterable[str], stats: BoardStats | None) -> float | None:
+    """Estimated items of ``boards`` (the planner's formula), None if unknown.
+
+    A board among the most common ones has its measured share; any other gets
+    an equal part of what the common ones leave. Without column statistics
+    every board may hold the whole table.
+    """
+    if stats is None or stats.rows < 0:
+        return None
+    rest = max(0.0, 1.0 - sum(stats.freqs.values())) * stats.rows
+    distinct = stats.n_distinct if stats.n_distinct > 0 else -stats.n_distinct * stats.rows
+    others = distinct - len(stats.freqs)
+    per_other = rest / others if others >= 1 else rest
+    total = sum(stats.freqs[b] * stats.rows if b in stats.freqs else per_other for b in set(boards))
+    return min(total, stats.rows)
 
 
 def _value(value: Any, raw: bytes | None) -> Any:
@@ -193,6 +253,10 @@ def _value(value: Any, raw: bytes | None) -> Any:
 
 def _target(req: Request) -> Target:
     return "memory" if isinstance(req, MemorySearchRequest) else "entry"
+
+
+def _has_filters(req: Request) -> bool:
+    return bool(q.filters(req)[1])
 
 
 class SearchEngine:
@@ -213,8 +277,11 @@ class SearchEngine:
         self._space: Space | None = None
         self._touched: set[int] = set()
         self._stats: dict[Target, tuple[TermStats | None, float]] = {}
+        self._boards: dict[Target, BoardStats] = {}
         # Query text -> embedding, least recently used first (the model costs more than the search).
         self._queries: OrderedDict[str, np.ndarray] = OrderedDict()
+        # Query text -> its lexemes (one round trip less for a repeated query).
+        self._lexeme_cache: OrderedDict[str, list[str]] = OrderedDict()
         # ef_search each pooled connection was given (session settings survive checkouts).
         self._scan_ef: weakref.WeakKeyDictionary[Conn, int] = weakref.WeakKeyDictionary()
 
@@ -236,17 +303,25 @@ class SearchEngine:
 
     async def _embed(self, text: str) -> np.ndarray:
         assert self.provider is not None
-        cached = self._queries.get(text)
+        cached = self._cached_vector(text)
         if cached is not None:
-            self._queries.move_to_end(text)
             return cached
         vecs = await self.provider.embed([text])
         vec = np.asarray(vecs[0], dtype=np.float32)
-        if self.settings.query_cache_size:
-            self._queries[text] = vec
-            while len(self._queries) > self.settings.query_cache_size:
-                self._queries.popitem(last=False)
+        self._remember(self._queries, text, vec)
         return vec
+
+    def _cached_vector(self, text: str) -> np.ndarray | None:
+        cached = self._queries.get(text)
+        if cached is not None:
+            self._queries.move_to_end(text)
+        return cached
+
+    def _remember(self, cache: OrderedDict[str, Any], key: str, value: Any) -> None:
+        if self.settings.query_cache_size:
+            cache[key] = value
+            while len(cache) > self.settings.query_cache_size:
+                cache.popitem(last=False)
 
     async def _scan_settings(self, conn: Conn, ef_search: int) -> None:
         """Session-level HNSW settings, set once per connection (and again when ef_search changes)."""
@@ -256,21 +331,58 @@ class SearchEngine:
         await conn.commit()  # a rolled-back transaction would undo the settings
         self._scan_ef[conn] = ef_search
 
-    async def _semantic(self, conn: Conn, req: Request, vector: np.ndarray, limit: int,
-                        ef_search: int) -> list[tuple[int, float]]:
-        """Nearest items passing the filters, best first."""
+    async def _board_stats(self, conn: Conn, target: Target) -> BoardStats | None:
+        now = time.monotonic()
+        cached = self._boards.get(target)
+        if cached is not None and now - cached.at < self.settings.term_stats_ttl:
+            return cached
+        sql_, params = q.board_stats_query(target)
+        row = await (await conn.execute(sql_, params)).fetchone()
+        stats = None
+        if row is not None and row[3] is not None:
+            freqs = dict(zip(row[0], (float(f) for f in row[1]), strict=False)) if row[0] and row[1] else {}
+            stats = BoardStats(freqs, float(row[2] or 0.0), float(row[3]), now)
+        self._boards[target] = stats or BoardStats({}, 0.0, -1.0, now)
+        return stats
+
+    async def _exact(self, conn: Conn, req: Request) -> bool:
+        """Whether to scan the filtered boards' vectors exactly rather than through the HNSW index:
+        they are few, and a small share of the table (a filtered HNSW scan visits about
+        1 / share vectors for each one it keeps; a large share keeps most of them)."""
+        limit = self.settings.exact_scan_max_rows
+        if not req.boards or limit <= 0:
+            return False
+        stats = await self._board_stats(conn, _target(req))
+        rows = board_rows(req.boards, stats)
+        return rows is not None and stats is not None and rows <= limit and rows <= _EXACT_MAX_SHARE * stats.rows
+
+    async def _board_share(self, conn: Conn, req: Request) -> float:
+        """The filtered boards' estimated share of the items (1.0 without a board filter or statistics)."""
+        if not req.boards:
+            return 1.0
+        stats = await self._board_stats(conn, _target(req))
+        rows = board_rows(req.boards, stats)
+        return 1.0 if rows is None or stats is None or stats.rows <= 0 else rows / stats.rows
+
+    async def _semantic(self, conn: Conn, req: Request, vector: np.ndarray, limit: int, ef_search: int, *,
+                        neighbours: bool = False, extra: Sequence[int] = ()) -> list[tuple[Any, ...]]:
+        """Rows ``(item, score, nearest[, previous, next])``: the nearest items passing the
+        filters, best first, then the ``extra`` items (see :func:`search_sql.semantic_query`)."""
         space = await self.space()
-        await self._scan_settings(conn, max(ef_search, limit))
-        sql_, params = q.semantic_query(space, req, vector, limit)
+        exact = await self._exact(conn, req)
+        if not exact:
+            await self._scan_settings(conn, max(ef_search, limit))
+        sql_, params = q.semantic_query(space, req, vector, limit, exact=exact, neighbours=neighbours, extra=extra)
         rows = await (await conn.execute(sql_, params)).fetchall()
-        if len(rows) < limit and len(params) > 3:
+        if not exact and sum(1 for r in rows if r[2]) < limit and _has_filters(req):
             # A filter so selective that the index scan ran dry before filling
             # `limit`: scan the filtered rows exactly instead.
-            sql_, params = q.semantic_query(space, req, vector, limit, exact=True)
+            sql_, params = q.semantic_query(space, req, vector, limit, exact=True, neighbours=neighbours,
+                                            extra=extra)
             rows = await (await conn.execute(sql_, params)).fetchall()
-        hits = [(int(r[0]), float(r[1])) for r in rows]
-        hits.sort(key=lambda h: -h[1])  # relaxed_order may be slightly out of order
-        return hits
+        # relaxed_order may be slightly out of order
+        rows.sort(key=lambda r: (not r[2], -float(r[1])))
+        return rows
 
     async def _term_stats(self, conn: psycopg.AsyncConnection[Any], target: Target) -> TermStats | None:
         now = time.monotonic()
@@ -286,22 +398,36 @@ class SearchEngine:
         self._stats[target] = (stats, now)
         return stats
 
-    async def _keyword(self, conn: Conn, req: Request, limit: int) -> list[tuple[int, float]]:
-        cur = await conn.execute(q.QUERY_LEXEMES, (req.query,))
+    async def _lexemes(self, conn: Conn, text: str) -> list[str]:
+        """The query's distinct lexemes under the index's configuration (cached like embeddings)."""
+        cached = self._lexeme_cache.get(text)
+        if cached is not None:
+            self._lexeme_cache.move_to_end(text)
+            return cached
+        cur = await conn.execute(q.QUERY_LEXEMES, (text,))
         lexemes = [str(r[0]) for r in await cur.fetchall()][: q.MAX_QUERY_LEXEMES]
+        self._remember(self._lexeme_cache, text, lexemes)
+        return lexemes
+
+    async def _keyword(self, conn: Conn, req: Request, limit: int, *, vector: np.ndarray | None = None,
+                       neighbours: bool = False) -> list[tuple[Any, ...]]:
+        """Rows ``(item, BM25 score, cosine or None[, previous, next])``, best first."""
+        lexemes = await self._lexemes(conn, req.query)
         if not lexemes:  # only stop words
             return []
         stats = await self._term_stats(conn, _target(req))
-        sql_, params = q.keyword_query(
-            req, lexemes, candidate_lexemes(lexemes, stats, self.settings.keyword_term_max_rows), limit,
-            max_candidates=self.settings.keyword_max_candidates)
-        rows = await (await conn.execute(sql_, params)).fetchall()
-        return [(int(r[0]), float(r[1])) for r in rows]
+        space = await self.space() if vector is not None else None
+        chosen = candidate_lexemes(lexemes, stats, self.settings.keyword_term_max_rows,
+                                   self.settings.keyword_candidate_budget, await self._board_share(conn, req))
+        sql_, params = q.keyword_query(req, lexemes, chosen, limit, max_candidates=self.settings.keyword_max_candidates,
+                                       space=space, vector=vector, neighbours=neighbours)
+        return list(await (await conn.execute(sql_, params)).fetchall())
 
-    async def _keyword_own(self, req: Request, limit: int) -> list[tuple[int, float]]:
+    async def _keyword_own(self, req: Request, limit: int, *, vector: np.ndarray | None = None,
+                           neighbours: bool = False) -> list[tuple[Any, ...]]:
         async with self.pool.connection() as conn:
             try:
-                return await self._keyword(conn, req, limit)
+                return await self._keyword(conn, req, limit, vector=vector, neighbours=neighbours)
             finally:
                 await conn.rollback()
 
@@ -309,33 +435,16 @@ class SearchEngine:
         """Ranked, cut results and their rows (``fetch``: the row query by id)."""
         try:
             if req.mode == "hybrid":
-                # The keyword query runs on a connection of its own while the
-                # query is embedded and the ANN query runs.
-                # (The search service admits fewer requests than the pool has
-                # connections, so a request holding one while it waits for its
-                # keyword query always leaves one for that query.)
-                keyword_task = asyncio.create_task(self._keyword_own(req, self._depth(req)))
-                try:
-                    vec = await self._embed(req.query)
-                    async with self.pool.connection() as conn:
-                        try:
-                            fused = self._cut(await self._hybrid(conn, req, vec, keyword_task), req)
-                            return fused, await self._rows(conn, fetch, fused)
-                        finally:
-                            await conn.rollback()
-                finally:
-                    if not keyword_task.done():
-                        keyword_task.cancel()
-                    with contextlib.suppress(asyncio.CancelledError, psycopg.Error):
-                        await keyword_task
+                return await self._hybrid_search(req, fetch)
             query_vec = await self._embed(req.query) if req.mode == "semantic" else None
             async with self.pool.connection() as conn:
                 try:
                     if query_vec is not None:
                         nearest = await self._semantic(conn, req, query_vec, req.top_k, self.settings.ef_search)
-                        ranked = [Fused(i, s, {"semantic": s}) for i, s in nearest]
+                        ranked = [Fused(int(r[0]), float(r[1]), {"semantic": float(r[1])}) for r in nearest]
                     else:
-                        ranked = [Fused(i, s, {"keyword": s}) for i, s in await self._keyword(conn, req, req.top_k)]
+                        ranked = [Fused(int(r[0]), float(r[1]), {"keyword": float(r[1])})
+                                  for r in await self._keyword(conn, req, req.top_k)]
                     fused = self._cut(ranked, req)
                     return fused, await self._rows(conn, fetch, fused)
                 finally:
@@ -344,6 +453,50 @@ class SearchEngine:
             raise StorageError(f"PostgreSQL unavailable: {exc}") from exc
         except psycopg.Error as exc:
             raise SearchError(f"search query failed: {exc}") from exc
+
+    async def _hybrid_search(self, req: Request, fetch: str) -> tuple[list[Fused], dict[int, tuple[Any, ...]]]:
+        """Keyword and nearest-neighbour candidates, fused (see the module docstring).
+
+        The keyword query runs on a connection of its own while the query is
+        embedded and the ANN query runs. (The search service admits fewer
+        requests than the pool has connections, so a request holding one
+        while it waits for its keyword query always leaves one for that
+        query.) Each retriever's statement returns what the fusion needs of
+        its candidates — both scores when the query's vector is known
+        (cached) before the keyword query starts, and the memories'
+        neighbours — so that only the result rows are fetched afterwards; a
+        new query's keyword-only candidates get their cosine in the ANN
+        statement when the keyword query is done by then (it usually is: the
+        model is slower), else in one more statement.
+        """
+        depth = self._depth(req)
+        convex = self.settings.fusion != "rrf"
+        neighbours = convex and isinstance(req, MemorySearchRequest) and self.settings.neighbour_weight > 0
+        await self.space()  # fail early (no provider, no space) before starting anything
+        cached = self._cached_vector(req.query)
+        keyword_task = asyncio.create_task(self._keyword_own(
+            req, depth, vector=cached if convex else None, neighbours=neighbours))
+        try:
+            vec = cached if cached is not None else await self._embed(req.query)
+            async with self.pool.connection() as conn:
+                try:
+                    extra: list[int] = []
+                    if convex and cached is None and keyword_task.done() and keyword_task.exception() is None:
+                        extra = [int(r[0]) for r in keyword_task.result()]
+                    semantic = await self._semantic(conn, req, vec, depth, self.settings.hybrid_ef_search,
+                                                    neighbours=neighbours, extra=extra)
+                    keyword = await keyword_task
+                    fused = await self._fuse(conn, req, vec, semantic, keyword, scored=cached is not None or
+                                             bool(extra), neighbours=neighbours)
+                    fused = self._cut(fused, req)
+                    return fused, await self._rows(conn, fetch, fused)
+                finally:
+                    await conn.rollback()
+        finally:
+            if not keyword_task.done():
+                keyword_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, psycopg.Error):
+                await keyword_task
 
     @staticmethod
     async def _rows(conn: Conn, fetch: str, fused: Sequence[Fused]) -> dict[int, tuple[Any, ...]]:
@@ -355,29 +508,47 @@ class SearchEngine:
     def _depth(self, req: Request) -> int:
         return max(req.top_k * self.settings.hybrid_depth, self.settings.hybrid_min_candidates)
 
-    async def _hybrid(self, conn: Conn, req: Request, vec: np.ndarray,
-                      keyword_task: asyncio.Task[list[tuple[int, float]]]) -> list[Fused]:
-        semantic = await self._semantic(conn, req, vec, self._depth(req), self.settings.hybrid_ef_search)
-        keyword = await keyword_task
+    async def _fuse(self, conn: Conn, req: Request, vec: np.ndarray, semantic: Sequence[tuple[Any, ...]],
+                    keyword: Sequence[tuple[Any, ...]], *, scored: bool, neighbours: bool) -> list[Fused]:
+        """Fuse the rows of both retrievers.
+
+        Args:
+            scored: every keyword candidate's cosine is known (given by the
+                keyword statement or by ``semantic``'s extra rows; a NULL one
+                has no vector).
+        """
         weights = {"semantic": self.settings.semantic_weight, "keyword": self.settings.keyword_weight}
+        ann = [(int(r[0]), float(r[1])) for r in semantic if r[2]]
+        kw = {int(r[0]): float(r[1]) for r in keyword}
         if self.settings.fusion == "rrf":
-            return rrf({"semantic": semantic, "keyword": keyword}, weights)
-        sem = dict(semantic)
-        kw = dict(keyword)
-        missing = [i for i in kw if i not in sem]
+            return rrf({"semantic": ann, "keyword": list(kw.items())}, weights)
+        sem = dict(ann)
+        links: dict[int, tuple[int | None, int | None]] = {}
+        for r in semantic:
+            item = int(r[0])
+            if not r[2]:
+                sem.setdefault(item, float(r[1]))
+            elif neighbours:
+                links[item] = (r[3], r[4])
+        for r in keyword:
+            item = int(r[0])
+            if r[2] is not None:
+                sem.setdefault(item, float(r[2]))
+            if neighbours:
+                links.setdefault(item, (r[3], r[4]))
+        missing = [] if scored else [i for i in kw if i not in sem]
         if missing:  # keyword-only candidates: their exact cosine
             sql_, params = q.vector_scores(await self.space(), _target(req), missing, vec)
             sem.update((int(r[0]), float(r[1])) for r in await (await conn.execute(sql_, params)).fetchall())
-        items = list(dict.fromkeys([*(i for i, _ in semantic), *kw]))
+        items = list(dict.fromkeys([*(i for i, _ in ann), *kw]))
         floor = min(sem.values(), default=0.0)  # an item not embedded yet ranks last here
         scores = {"semantic": {i: sem.get(i, floor) for i in items}, "keyword": {i: kw.get(i, 0.0) for i in items}}
         fused = fuse_convex(scores, weights, parts={"semantic": sem, "keyword": kw})
-        if isinstance(req, MemorySearchRequest) and self.settings.neighbour_weight > 0 and fused:
-            # Only strong items lend much: look up the neighbours of the leading ones.
+        if neighbours and fused:
+            # Only strong items lend much: the links of the leading ones.
             lead = [f.item for f in fused[: max(2 * req.top_k, 20)]]
-            rows = await (await conn.execute(q.NEIGHBOURS, (lead,))).fetchall()
-            fused = smooth_neighbours(fused, neighbour_map((int(r[0]), r[1], r[2]) for r in rows),
-                                      self.settings.neighbour_weight)
+            fused = smooth_neighbours(
+                fused, neighbour_map((i, *links[i]) for i in lead if i in links), self.settings.neighbour_weight)
         return fused
 
     def _cut(self, fused: list[Fused], req: MemorySearchRequest | EntrySearchRequest) -> list[Fused]:

@@ -206,6 +206,13 @@ class SearchSettings(BaseModel):
     hybrid_ef_search: int = Field(64, ge=1)
     #: Seconds a search request may take (SDK side).
     timeout: float = Field(10.0, gt=0)
+    #: A semantic query filtered by boards that hold at most this many items
+    #: (estimated from ANALYZE's statistics of the items' boards), and at most
+    #: a fifth of them, scans their vectors exactly, one index-only pass over
+    #: the covering board index, instead of searching the HNSW index, whose
+    #: scan would visit about (candidates / the boards' share) vectors of
+    #: every board; 0: never.
+    exact_scan_max_rows: int = Field(10_000, ge=0)
     #: Hybrid search fetches top_k * hybrid_depth candidates from each retriever
     #: (at least hybrid_min_candidates) before fusing them.
     hybrid_depth: int = Field(4, ge=1)
@@ -222,7 +229,12 @@ class SearchSettings(BaseModel):
     #: many items generate no keyword candidates when rarer words exist (they
     #: still count in the score): bounds the work of one keyword query.
     keyword_term_max_rows: int = Field(1000, ge=1)
-    #: Most keyword candidates one query scores.
+    #: The rarest query words generate keyword candidates while their
+    #: estimated matches (scaled to the filtered boards) add up to at most
+    #: this many; each candidate costs a heap row read.
+    keyword_candidate_budget: int = Field(500, ge=1)
+    #: Most keyword candidates one query scores (a LIMIT, for when the
+    #: estimates fall short: it keeps the first rows found, not the best).
     keyword_max_candidates: int = Field(1000, ge=1)
     #: Seconds the per-word statistics (from pg_stats) are cached.
     term_stats_ttl: float = Field(60.0, ge=0)

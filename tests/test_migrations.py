@@ -102,3 +102,47 @@ async def test_failed_migration_is_rolled_back_and_reported(
     tables = _tables(dsn)
     assert "t_ok" in tables and "t_bad" not in tables
 
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_vector_tables_of_existing_spaces_get_the_board(
+        nats_server: EmbeddedNats, postgres_server: EmbeddedPostgres, unique: str, tmp_path: Path) -> None:
+    """0008 rebuilds a space's vector tables from before it with each item's board (orphans left out)."""
+    dsn = _fresh_db(postgres_server, unique)
+    settings = make_settings(nats_server.url, dsn)
+    for mig in load_migrations():
+        if mig.version < 8:
+            (tmp_path / f"{mig.version:04d}_{mig.name}.sql").write_text(mig.sql, encoding="utf-8")
+    await migrate(settings, directory=tmp_path)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        sid = conn.execute("INSERT INTO bb_embedding_spaces (model, dims) VALUES ('old', 3) RETURNING id").fetchone()
+        assert sid is not None
+        mem, ent = f"bb_vec_{sid[0]}_memories", f"bb_vec_{sid[0]}_entries"
+        for table in (mem, ent):  # the tables as spaces.py created them before 0008
+            conn.execute(f"CREATE TABLE {table} (item bigint PRIMARY KEY, revision bigint NOT NULL, "
+                         "embedding vector(3) NOT NULL)")
+            conn.execute(f"CREATE INDEX {table}_hnsw ON {table} USING hnsw (embedding vector_cosine_ops)")
+        mids = [r[0] for r in conn.execute(
+            "INSERT INTO bb_memories (id, board, agent, kind, text, created_at, updated_at, stream, seq) "
+            "SELECT 'm' || i, 'board' || (i % 2), 'a', 'episodic', 't', now(), now(), 'S', i "
+            "FROM generate_series(1, 3) i RETURNING mid").fetchall()]
+        eid = conn.execute(
+            "INSERT INTO bb_entries (board, section, key, stream, revision, updated_at) "
+            "VALUES ('eboard', 's', 'k', 'KV', 1, now()) RETURNING eid").fetchone()
+        assert eid is not None
+        conn.execute(f"INSERT INTO {mem} SELECT item, 1, '[1,0,0]' FROM unnest(%s::bigint[]) item",
+                     ([*mids, 10**9],))  # the last one's memory is gone
+        conn.execute(f"INSERT INTO {ent} VALUES (%s, 1, '[0,1,0]')", (eid[0],))
+    assert await migrate(settings) == [m.version for m in load_migrations() if m.version >= 8]
+    with psycopg.connect(dsn) as conn:
+        got = conn.execute(f"SELECT v.item, v.board, m.board FROM {mem} v JOIN bb_memories m ON m.mid = v.item "
+                           "ORDER BY v.item").fetchall()
+        count = conn.execute(f"SELECT count(*) FROM {mem}").fetchone()
+        entry = conn.execute(f"SELECT item, board, embedding::text FROM {ent}").fetchall()
+        indexes = {r[0] for r in conn.execute(
+            "SELECT indexname FROM pg_indexes WHERE tablename IN (%s, %s)", (mem, ent)).fetchall()}
+        notnull = conn.execute("SELECT attnotnull FROM pg_attribute WHERE attrelid = %s::regclass "
+                               "AND attname = 'board'", (mem,)).fetchone()
+    assert [(i, b) for i, b, _ in got] == [(i, b) for i, _, b in got] and len(got) == 3 and count == (3,)
+    assert entry == [(eid[0], "eboard", "[0,1,0]")]
+    assert indexes == {f"{t}_{i}" for t in (mem, ent) for i in ("pkey", "hnsw", "board")}
+    assert notnull == (True,)

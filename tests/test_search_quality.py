@@ -4,6 +4,7 @@ words above common ones (BM25), and hybrid fusion is a convex combination of nor
 
 from __future__ import annotations
 
+import asyncio
 import random
 import uuid
 from collections.abc import AsyncIterator, Sequence
@@ -21,8 +22,11 @@ from blackboard.db import search_sql as q
 from blackboard.db.spaces import find_space
 from blackboard.schemas.search import MemorySearchRequest
 from blackboard.search import (
+    BoardStats,
     Fused,
+    SearchEngine,
     TermStats,
+    board_rows,
     candidate_lexemes,
     fuse_convex,
     neighbour_map,
@@ -137,6 +141,134 @@ async def test_semantic_results_equal_a_brute_force_scan_of_the_stored_vectors(s
 
 
 @aio
+@pytest.mark.parametrize("exact_scan_max_rows", [0, 10_000])
+async def test_hnsw_and_exact_board_scans_both_equal_a_brute_force_scan(stack: Stack, exact_scan_max_rows: int
+                                                                        ) -> None:
+    """With statistics, a small board is scanned exactly (index-only scan of the covering board index);
+    without the exact path, through the HNSW index. Both must return the exact scan's items and scores."""
+    settings = stack.settings.search.model_copy(update={"exact_scan_max_rows": exact_scan_max_rows})
+    async with open_pool(stack.settings.postgres, min_size=1, max_size=2) as pool:
+        async with pool.connection() as conn:
+            space = await find_space(conn, stack.provider.model, stack.provider.dimensions)
+            assert space is not None
+            await conn.execute("ANALYZE bb_memories")
+            await conn.commit()
+            rows = await (await conn.execute(sql.SQL(
+                "SELECT m.id, v.board, v.embedding FROM bb_memories m JOIN {} v ON v.item = m.mid "
+                "WHERE m.board = ANY(%s)").format(space.table("memory")), (stack.boards,))).fetchall()
+        engine = SearchEngine(pool, stack.provider, settings)
+        async with pool.connection() as conn:
+            # The statistics see each test board as small (120 of many rows), and its vectors as there.
+            for board in stack.boards[:2]:
+                estimate = board_rows([board], await engine._board_stats(conn, "memory"))
+                assert estimate is not None and 0 < estimate <= 10_000
+                assert await engine._exact(conn, MemorySearchRequest(query="x", boards=[board])) == (
+                    exact_scan_max_rows > 0)
+            await conn.rollback()
+        ids = np.array([r[0] for r in rows])
+        boards = np.array([r[1] for r in rows])
+        vectors = np.stack([np.asarray(r[2].to_numpy(), dtype=np.float32) for r in rows])
+        rng = random.Random(17)
+        for _ in range(15):
+            board = rng.choice(stack.boards)
+            query = " ".join(rng.sample(_WORDS, 3))
+            res = await engine.search_memories(MemorySearchRequest(query=query, boards=[board], mode="semantic",
+                                                                   top_k=10))
+            sims = vectors[boards == board] @ stack.provider.vector(query)
+            by_id = dict(zip(ids[boards == board], sims, strict=True))
+            assert [h.score for h in res.hits] == pytest.approx(sorted(sims, reverse=True)[:10], abs=1e-5)
+            assert all(h.board == board and h.score == pytest.approx(float(by_id[h.id]), abs=1e-5)
+                       for h in res.hits)
+
+
+@aio
+async def test_the_exact_board_scan_reads_only_the_covering_board_index(stack: Stack) -> None:
+    """Once vacuumed (autovacuum does it after inserts), a board's vectors are read from the index alone."""
+    async with open_pool(stack.settings.postgres, min_size=1, max_size=1) as pool, pool.connection() as conn:
+        space = await find_space(conn, stack.provider.model, stack.provider.dimensions)
+        assert space is not None
+        await conn.rollback()
+        await conn.set_autocommit(True)
+        await conn.execute(sql.SQL("VACUUM ANALYZE {}").format(space.table("memory")))
+        await conn.set_autocommit(False)
+        await conn.execute("SET enable_seqscan = off")  # the test boards are small next to the shared table
+        query, params = q.semantic_query(space, MemorySearchRequest(query="x", boards=[stack.boards[0]]),
+                                         stack.provider.vector("alpha bravo"), 10, exact=True)
+        plan = "\n".join(r[0] for r in await (await conn.execute(
+            sql.SQL("EXPLAIN ") + query, params)).fetchall())
+        await conn.rollback()
+    assert f"Index Only Scan using {space.table_name('memory')}_board" in plan, plan
+
+
+class _SlowProvider:
+    """The test provider, slower than a keyword query (like a real model)."""
+
+    def __init__(self, inner: HashProvider, delay: float) -> None:
+        self.inner, self.delay = inner, delay
+        self.model, self.dimensions = inner.model, inner.dimensions
+
+    async def embed(self, texts: Sequence[str]) -> np.ndarray:
+        await asyncio.sleep(self.delay)
+        return await self.inner.embed(texts)
+
+
+@aio
+async def test_hybrid_scores_do_not_depend_on_which_statement_scored_the_keyword_candidates(stack: Stack) -> None:
+    """A keyword candidate's cosine comes from the keyword statement (cached query vector), from the
+    ANN statement (the keyword query finished while the model ran) or from a statement of its own
+    (the model finished first): the results must be the same."""
+    settings = stack.settings.search
+    results = []
+    async with open_pool(stack.settings.postgres, min_size=1, max_size=4) as pool:
+        slow = SearchEngine(pool, _SlowProvider(stack.provider, 0.3), settings)  # type: ignore[arg-type]
+        fast = SearchEngine(pool, stack.provider, settings.model_copy(update={"query_cache_size": 0}))
+        for engine in (slow, slow, fast):  # new (keyword done first), repeated (cached), model first
+            req = MemorySearchRequest(query="alpha bravo charlie delta support group", boards=stack.boards[:3],
+                                      top_k=10)
+            results.append([(h.id, round(h.score, 6), {k: round(v, 6) for k, v in h.scores.items()})
+                            for h in (await engine.search_memories(req)).hits])
+    assert len(results[0]) == 10
+    assert results[0] == results[1] == results[2]
+    assert any(set(h[2]) == {"semantic", "keyword"} for h in results[0])
+
+
+@aio
+async def test_a_memory_moved_to_another_board_is_found_on_the_new_board_only(stack: Stack) -> None:
+    """The vector table's board follows the memory: the embedder writes the board of the revision it embeds."""
+    old, new = stack.boards[3], stack.boards[4]
+    mid, text = f"{old}-moving", "zulu yankee xray whiskey victor uniform"
+    nc = await connect_nats(stack.settings.nats, name="test-move")
+    try:
+        js = nc.jetstream()
+        await remember(js, old, "writer", mid, text)
+        await _until_found(stack, text, old, mid)
+        await remember(js, new, "writer", mid, text)  # same id, same text, another board
+        await _until_found(stack, text, new, mid)
+    finally:
+        await nc.close()
+    for mode in ("semantic", "hybrid"):
+        assert mid not in {h.id for h in await stack.client.recall(text, board=old, mode=mode, top_k=5)}
+    async with open_pool(stack.settings.postgres, min_size=1, max_size=1) as pool, pool.connection() as conn:
+        space = await find_space(conn, stack.provider.model, stack.provider.dimensions)
+        assert space is not None
+        row = await (await conn.execute(sql.SQL(
+            "SELECT v.board FROM {} v JOIN bb_memories m ON m.mid = v.item WHERE m.id = %s").format(
+            space.table("memory")), (mid,))).fetchone()
+    assert row == (new,)
+
+
+async def _until_found(stack: Stack, text: str, board: str, mid: str, within: float = 20.0) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within
+    while True:
+        hits = await stack.client.recall(text, board=board, mode="semantic", top_k=3)
+        if hits and hits[0].id == mid and hits[0].board == board:
+            return
+        assert loop.time() < deadline, f"{mid} not found semantically on {board}"
+        await asyncio.sleep(0.05)
+
+
+@aio
 async def test_semantic_search_sees_the_metadata(stack: Stack) -> None:
     """A question names the speaker, the text does not: the embedded text must carry the metadata."""
     b = stack.boards[0]
@@ -241,6 +373,29 @@ def test_candidate_lexemes_drop_very_frequent_words_but_never_all() -> None:
     assert candidate_lexemes(["common", "usual"], None, 5000) == ["common", "usual"]
     assert candidate_lexemes(["common"], TermStats({"common": 0.4}, rows=-1), 10) == ["common"]
     assert candidate_lexemes([], stats, 10) == []
+
+
+def test_candidate_lexemes_keep_the_rarest_words_within_the_budget() -> None:
+    stats = TermStats({"a": 0.004, "b": 0.002, "c": 0.003, "d": 0.0001}, rows=100_000)  # 400, 200, 300, 10
+    assert candidate_lexemes(["a", "b", "c", "d"], stats, 1000, budget=520) == ["b", "c", "d"]
+    assert candidate_lexemes(["a", "b", "c", "d"], stats, 1000, budget=250) == ["b", "d"]
+    assert candidate_lexemes(["a", "b", "c", "d"], stats, 1000, budget=1) == ["d"]  # the rarest, always
+    assert candidate_lexemes(["a", "b"], stats, 1000, budget=100) == ["b"]
+    # A board filter holding a tenth of the rows: every word fits.
+    assert candidate_lexemes(["a", "b", "c", "d"], stats, 1000, budget=100, share=0.1) == ["a", "b", "c", "d"]
+
+
+def test_board_rows_estimates_from_the_most_common_boards_and_the_rest() -> None:
+    stats = BoardStats({"big": 0.5, "mid": 0.3}, n_distinct=12, rows=100_000)
+    assert board_rows(["big"], stats) == pytest.approx(50_000)
+    assert board_rows(["mid", "mid", "big"], stats) == pytest.approx(80_000)
+    assert board_rows(["small"], stats) == pytest.approx(20_000 / 10)  # the rest, shared by the 10 others
+    assert board_rows(["small"], BoardStats({"big": 0.5}, n_distinct=-0.001, rows=100_000)) == pytest.approx(
+        50_000 / 99)
+    # No column statistics: any board may be the whole table; never counted: unknown.
+    assert board_rows(["x"], BoardStats({}, n_distinct=0, rows=500)) == 500
+    assert board_rows(["x"], BoardStats({}, n_distinct=0, rows=-1)) is None
+    assert board_rows(["x"], None) is None
 
 
 def test_tsquery_literal_quotes_lexemes() -> None:

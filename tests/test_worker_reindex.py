@@ -33,11 +33,11 @@ async def test_reindex_fills_new_space_and_swaps_tables(pg_settings: Settings, u
     table = f"bb_vec_{stats['space']}_memories"
     with psycopg.connect(s.postgres.dsn.get_secret_value()) as conn:
         n = conn.execute(f"SELECT count(*) FROM {table} v JOIN bb_memories m ON m.mid = v.item "
-                         "WHERE m.board = %s", (unique,)).fetchone()
+                         "WHERE m.board = %s AND v.board = m.board", (unique,)).fetchone()
         dims = conn.execute(f"SELECT vector_dims(embedding) FROM {table} LIMIT 1").fetchone()
         idx = conn.execute("SELECT indexname FROM pg_indexes WHERE tablename = %s", (table,)).fetchall()
     assert n == (20,) and dims == (48,)
-    assert {r[0] for r in idx} == {f"{table}_pkey", f"{table}_hnsw"}
+    assert {r[0] for r in idx} == {f"{table}_pkey", f"{table}_hnsw", f"{table}_board"}
     # running it again replaces the space's tables (idempotent)
     again = await reindex(s, progress=False, provider=new)
     assert again["space"] == stats["space"] and again["memories"] == stats["memories"]

@@ -22,8 +22,8 @@ FROM (
 WHERE q.item_type = c.item_type AND q.item = c.item
 RETURNING q.item_type, q.item, q.enqueued_at, q.attempts"""
 
-LOAD_MEMORIES = "SELECT mid, seq, text, metadata FROM bb_memories WHERE mid = ANY(%s)"
-LOAD_ENTRIES = "SELECT eid, revision, search_text, deleted FROM bb_entries WHERE eid = ANY(%s)"
+LOAD_MEMORIES = "SELECT mid, seq, text, metadata, board FROM bb_memories WHERE mid = ANY(%s)"
+LOAD_ENTRIES = "SELECT eid, revision, search_text, deleted, board FROM bb_entries WHERE eid = ANY(%s)"
 
 #: Remove finished queue rows, unless they were re-enqueued meanwhile.
 DONE = """
@@ -41,8 +41,13 @@ BACKLOG = "SELECT count(*) FROM bb_embed_queue"
 
 
 def upsert_vectors(space: Space, item_type: ItemType, suffix: str = "") -> sql.Composed:
-    """INSERT one vector, replacing an older revision's (never a newer one)."""
+    """INSERT one vector (item, revision, board, vector), replacing an older revision's (never a newer one).
+
+    The board is the item's board at that revision (a memory rewritten onto
+    another board is queued again, and its new row carries the new board).
+    """
     return sql.SQL(
-        "INSERT INTO {t} AS v (item, revision, embedding) VALUES (%s, %s, %s) "
-        "ON CONFLICT (item) DO UPDATE SET revision = EXCLUDED.revision, embedding = EXCLUDED.embedding "
+        "INSERT INTO {t} AS v (item, revision, board, embedding) VALUES (%s, %s, %s, %s) "
+        "ON CONFLICT (item) DO UPDATE SET revision = EXCLUDED.revision, board = EXCLUDED.board, "
+        "embedding = EXCLUDED.embedding "
         "WHERE v.revision <= EXCLUDED.revision").format(t=space.table(item_type, suffix))

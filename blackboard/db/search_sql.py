@@ -2,10 +2,15 @@
 
 Semantic queries order by cosine distance on a space's HNSW index with
 ``hnsw.iterative_scan`` on, so filters applied after the index scan still fill
-``top_k``; :func:`semantic_query` with ``exact=True`` builds the exact
-(index-free) variant, used when a selective filter leaves the index scan
-short. :func:`vector_scores` gives the cosine similarity of chosen items (the
-hybrid search's keyword-only candidates).
+``top_k``; the board filter is checked on the vector table's own ``board``
+column. :func:`semantic_query` with ``exact=True`` builds the exact
+(index-free) variant, used for small boards (an index-only scan of the
+covering board index) and when a selective filter leaves the index scan
+short. Both retrievers can return what hybrid fusion needs of their
+candidates in the same statement: the other retriever's score (the cosine of
+keyword candidates, the exact cosine of extra items) and each memory's
+neighbours on its board. :func:`vector_scores` gives the cosine similarity of
+chosen items.
 
 Keyword queries score with BM25 (binary term frequency, which is what short
 memories have) in one scan: the candidates are the items matching any
@@ -33,11 +38,11 @@ __all__ = [
     "AS_OF_REVISION",
     "HISTORY",
     "MAX_QUERY_LEXEMES",
-    "NEIGHBOURS",
     "QUERY_LEXEMES",
     "SET_SCAN",
     "SET_SCAN_SESSION",
     "TOUCH_MEMORIES",
+    "board_stats_query",
     "fetch_entries",
     "fetch_memories",
     "filters",
@@ -77,15 +82,6 @@ TOUCH_MEMORIES = "UPDATE bb_memories SET last_accessed = now() WHERE mid = ANY(%
 QUERY_LEXEMES = "SELECT lexeme FROM unnest(to_tsvector('english', %s))"
 #: Most query lexemes a keyword search scores (the rest of a long query is ignored).
 MAX_QUERY_LEXEMES = 32
-#: Each memory's previous and next memory on its board, in (created_at, mid)
-#: order: one probe each of the (board, created_at, mid) index.
-NEIGHBOURS = """
-SELECT m.mid,
-       (SELECT p.mid FROM bb_memories p WHERE p.board = m.board AND (p.created_at, p.mid) < (m.created_at, m.mid)
-        ORDER BY p.created_at DESC, p.mid DESC LIMIT 1),
-       (SELECT n.mid FROM bb_memories n WHERE n.board = m.board AND (n.created_at, n.mid) > (m.created_at, m.mid)
-        ORDER BY n.created_at, n.mid LIMIT 1)
-FROM bb_memories m WHERE m.mid = ANY(%s)"""
 
 
 def or_query(text: str, max_words: int = 64) -> str:
@@ -94,8 +90,10 @@ def or_query(text: str, max_words: int = 64) -> str:
     return " or ".join(w for w in words if w.lower() != "or")
 
 
-def filters(req: MemorySearchRequest | EntrySearchRequest) -> tuple[list[sql.Composable], list[Any]]:
-    """WHERE conditions (ANDed) of a request's filters, on alias ``m`` or ``e``."""
+def filters(req: MemorySearchRequest | EntrySearchRequest, *, boards: bool = True
+            ) -> tuple[list[sql.Composable], list[Any]]:
+    """WHERE conditions (ANDed) of a request's filters, on alias ``m`` or ``e`` (without
+    the board filter if not ``boards``)."""
     memory = isinstance(req, MemorySearchRequest)
     a = "m" if memory else "e"
     conds: list[sql.Composable] = []
@@ -107,7 +105,7 @@ def filters(req: MemorySearchRequest | EntrySearchRequest) -> tuple[list[sql.Com
 
     if not memory:
         conds.append(sql.SQL("NOT e.deleted"))
-    if req.boards:
+    if req.boards and boards:
         add("{a}.board = ANY(%s)", list(req.boards))
     if isinstance(req, MemorySearchRequest):
         if req.kinds:
@@ -137,22 +135,89 @@ def _where(conds: list[sql.Composable]) -> sql.Composable:
     return sql.SQL(" WHERE ") + sql.SQL(" AND ").join(conds) if conds else sql.SQL("")
 
 
-def semantic_query(space: Space, req: MemorySearchRequest | EntrySearchRequest, vector: Any, limit: int,
-                   *, exact: bool = False) -> tuple[sql.Composed, list[Any]]:
-    """Ids and cosine similarity of the nearest items passing the filters.
+def _neighbour_cols(board: str, created: str, mid: str) -> sql.Composable:
+    """Two columns: the previous and next memory on the board, in (created_at, mid) order
+    (one probe each of the (board, created_at, mid) index)."""
+    return sql.SQL(
+        ", (SELECT p.mid FROM bb_memories p WHERE p.board = {b} AND (p.created_at, p.mid) < ({c}, {i}) "
+        "ORDER BY p.created_at DESC, p.mid DESC LIMIT 1)"
+        ", (SELECT n.mid FROM bb_memories n WHERE n.board = {b} AND (n.created_at, n.mid) > ({c}, {i}) "
+        "ORDER BY n.created_at, n.mid LIMIT 1)").format(b=sql.SQL(board), c=sql.SQL(created), i=sql.SQL(mid))
 
-    With ``exact`` the ORDER BY cannot use the index (an exact scan of the
-    filtered rows, for selective filters).
+
+def semantic_query(space: Space, req: MemorySearchRequest | EntrySearchRequest, vector: Any, limit: int,
+                   *, exact: bool = False, neighbours: bool = False,
+                   extra: Sequence[int] = ()) -> tuple[sql.Composed, list[Any]]:
+    """Rows ``(item, cosine similarity, nearest)`` of the nearest items passing the filters
+    (``nearest`` true), plus ``(previous, next)`` memory on the board with ``neighbours``.
+
+    The board filter is applied to the vector table's own ``board`` column,
+    inside the scan; the other filters (and the board again, the item's
+    current one) on the item's row. A memory query filtered by board only (or
+    not at all) takes the nearest vectors first and joins the ``limit`` rows
+    found; any other filter is applied to every row the scan visits.
+
+    Args:
+        exact: order by an expression the HNSW index cannot serve: an exact
+            scan of the rows passing the filters (with a board filter, an
+            index-only scan of the covering board index).
+        neighbours: memories only: add each row's neighbours.
+        extra: items to score as well, whether near or not (rows with
+            ``nearest`` false, no neighbours): the hybrid search's keyword-only candidates.
     """
     memory = isinstance(req, MemorySearchRequest)
-    conds, params = filters(req)
+    conds, fparams = filters(req, boards=False)
     base, alias, key = ("bb_memories m", "m", "mid") if memory else ("bb_entries e", "e", "eid")
-    order = sql.SQL("(v.embedding <=> %s::vector) + 0") if exact else sql.SQL("v.embedding <=> %s::vector")
-    query = sql.SQL("SELECT {a}.{k}, 1 - (v.embedding <=> %s::vector) AS score FROM {t} v "
-                    "JOIN {base} ON {a}.{k} = v.item{where} ORDER BY {order} LIMIT %s").format(
-        a=sql.Identifier(alias), k=sql.Identifier(key), t=space.table("memory" if memory else "entry"),
-        base=sql.SQL(base), where=_where(conds), order=order)
-    return query, [vector, *params, vector, limit]
+    a, k = sql.Identifier(alias), sql.Identifier(key)
+    table = space.table("memory" if memory else "entry")
+    boards = list(req.boards or [])
+    vconds: list[sql.Composable] = [sql.SQL("v.board = ANY(%s)")] if boards else []
+    vparams: list[Any] = [boards] if boards else []
+    # (An ORDER BY alias cannot be part of an expression: the exact order repeats the distance.)
+    order = sql.SQL("(v.embedding <=> %s::vector) + 0") if exact else sql.SQL("d")
+    oparams: list[Any] = [vector] if exact else []
+    neigh = neighbours and memory
+    if memory and not conds:
+        # Nearest first, then the join, which also checks that the memory is
+        # still on the vector's board (a join condition, so that the planner
+        # probes the primary key for the few rows instead of hashing the board).
+        cols = _neighbour_cols("m.board", "m.created_at", "m.mid") if neigh else sql.SQL("")
+        query = sql.SQL(
+            "SELECT s.item, 1 - s.d, true{cols} FROM (SELECT v.item, v.board, v.embedding <=> %s::vector AS d "
+            "FROM {t} v{vwhere} ORDER BY {order} LIMIT %s) s "
+            "JOIN bb_memories m ON m.mid = s.item AND m.board = s.board").format(
+            cols=cols, t=table, vwhere=_where(vconds), order=order)
+        params: list[Any] = [vector, *vparams, *oparams, limit]
+    else:
+        if boards:
+            conds.insert(0, sql.SQL("{a}.board = ANY(%s)").format(a=a))
+            fparams.insert(0, boards)
+        inner_cols = sql.SQL(", m.board AS mb, m.created_at AS mc") if neigh else sql.SQL("")
+        cols = _neighbour_cols("s.mb", "s.mc", "s.item") if neigh else sql.SQL("")
+        query = sql.SQL(
+            "SELECT s.item, 1 - s.d, true{cols} FROM (SELECT v.item, v.embedding <=> %s::vector AS d{inner} "
+            "FROM {t} v JOIN {base} ON {a}.{k} = v.item{where} ORDER BY {order} LIMIT %s) s").format(
+            cols=cols, inner=inner_cols, t=table, base=sql.SQL(base), a=a, k=k,
+            where=_where(vconds + conds), order=order)
+        params = [vector, *vparams, *fparams, *oparams, limit]
+    if extra:
+        nulls = sql.SQL(", NULL::bigint, NULL::bigint") if neigh else sql.SQL("")
+        query = sql.SQL("({q}) UNION ALL (SELECT v.item, 1 - (v.embedding <=> %s::vector), false{nulls} "
+                        "FROM {t} v WHERE v.item = ANY(%s))").format(q=query, nulls=nulls, t=table)
+        params += [vector, list(extra)]
+    return query, params
+
+
+def board_stats_query(target: Target) -> tuple[str, list[Any]]:
+    """ANALYZE's statistics of the ``board`` column of ``bb_memories`` or ``bb_entries``: most
+    common boards, their frequencies, the distinct count and the table's estimated row count
+    (one row; the column statistics NULL before the first ANALYZE). The vector tables hold a
+    row for (almost) every item, so this sizes their boards too."""
+    table = "bb_memories" if target == "memory" else "bb_entries"
+    return ("SELECT s.most_common_vals::text::text[], s.most_common_freqs, s.n_distinct, c.reltuples "
+            "FROM pg_class c LEFT JOIN pg_stats s ON s.schemaname = current_schema() "
+            "AND s.tablename = c.relname AND s.attname = 'board' "
+            "WHERE c.oid = to_regclass(%s)", [table])
 
 
 def tsquery_literal(lexemes: Sequence[str]) -> str:
@@ -178,8 +243,10 @@ def term_stats_query(target: Target) -> tuple[str, list[Any]]:
 
 def keyword_query(req: MemorySearchRequest | EntrySearchRequest, lexemes: Sequence[str],
                   candidate_lexemes: Sequence[str], limit: int, *, max_candidates: int,
-                  k1: float = 1.2, b: float = 0.75) -> tuple[sql.Composed, list[Any]]:
-    """Ids and BM25 scores of the items matching any of ``candidate_lexemes`` and the filters.
+                  k1: float = 1.2, b: float = 0.75, space: Space | None = None, vector: Any = None,
+                  neighbours: bool = False) -> tuple[sql.Composed, list[Any]]:
+    """Rows ``(id, BM25 score, cosine)`` of the items matching any of ``candidate_lexemes``
+    and the filters, best first; ``(previous, next)`` memory on the board added with ``neighbours``.
 
     Every lexeme of ``lexemes`` (the query's) counts in the score; candidates
     are generated from ``candidate_lexemes`` only (a subset without the very
@@ -187,6 +254,11 @@ def keyword_query(req: MemorySearchRequest | EntrySearchRequest, lexemes: Sequen
     frequency, candidate count and mean length are taken over the candidates
     (at most ``max_candidates`` of them), so the inverse document frequency is
     that of the filtered scope. Term frequency is binary.
+
+    Args:
+        space, vector: when both are given, the cosine similarity of each
+            result's vector to ``vector`` (NULL without a vector); otherwise NULL.
+        neighbours: memories only: add each result's neighbours.
     """
     memory = isinstance(req, MemorySearchRequest)
     conds, fparams = filters(req)
@@ -194,24 +266,42 @@ def keyword_query(req: MemorySearchRequest | EntrySearchRequest, lexemes: Sequen
     a = sql.Identifier(alias)
     conds.insert(0, sql.SQL("{a}.tsv @@ %s::tsquery").format(a=a))
     terms = list(lexemes)[:MAX_QUERY_LEXEMES]
-    cols = [(sql.Identifier(f"h{i}"), sql.Identifier(f"df{i}")) for i in range(len(terms))]
-    hit_cols = sql.SQL(", ").join(
-        sql.SQL("({a}.tsv @@ %s::tsquery)::int AS {h}").format(a=a, h=h) for h, _ in cols)
-    df_cols = sql.SQL(", ").join(
-        sql.SQL("count(*) FILTER (WHERE {h} = 1) OVER () AS {df}").format(h=h, df=df) for h, df in cols)
-    idf_sum = sql.SQL(" + ").join(
-        sql.SQL("{h} * ln(1 + (n - {df} + 0.5) / ({df} + 0.5))").format(h=h, df=df) for h, df in cols)
+    n_terms = range(len(terms))
+    hits = sql.SQL("").join(
+        sql.SQL(", ({a}.tsv @@ %s::tsquery)::int AS {h}").format(a=a, h=sql.Identifier(f"h{i}")) for i in n_terms)
+    dfs = sql.SQL("").join(
+        sql.SQL(", sum({h})::float8 AS {df}").format(h=sql.Identifier(f"h{i}"), df=sql.Identifier(f"df{i}"))
+        for i in n_terms)
+    idfs = sql.SQL("").join(
+        sql.SQL(", ln(1 + (n - {df} + 0.5) / ({df} + 0.5)) AS {idf}").format(
+            df=sql.Identifier(f"df{i}"), idf=sql.Identifier(f"idf{i}")) for i in n_terms)
+    total = sql.SQL(" + ").join(
+        sql.SQL("{h} * {idf}").format(h=sql.Identifier(f"h{i}"), idf=sql.Identifier(f"idf{i}")) for i in n_terms)
+    neigh = neighbours and memory
+    # The candidates once (materialised), their statistics in one aggregate
+    # row, then every candidate's score: each inverse document frequency is
+    # computed once, in float8 (window aggregates per row, and numeric
+    # arithmetic, cost about a third more).
     query = sql.SQL(
-        "SELECT id, ({idf}) * {k1p1} / (1 + {k1} * (1 - {b} + {b} * dl / avgdl)) AS score FROM ("
-        "SELECT c.*, {dfs}, count(*) OVER ()::float8 AS n, avg(dl) OVER () AS avgdl FROM ("
-        "SELECT {a}.{k} AS id, length({a}.tsv)::float8 AS dl, {hits} FROM {base}{where} LIMIT %s) c) s "
-        "ORDER BY score DESC, id LIMIT %s").format(
-        idf=idf_sum, k1p1=sql.Literal(float(k1) + 1.0), k1=sql.Literal(float(k1)), b=sql.Literal(float(b)),
-        dfs=df_cols, a=a, k=sql.Identifier(key), hits=hit_cols,
+        "WITH c AS MATERIALIZED (SELECT {a}.{k} AS id, length({a}.tsv)::float8 AS dl{place}{hits} "
+        "FROM {base}{where} LIMIT %s), "
+        "st AS (SELECT avgdl{idfs} FROM (SELECT count(*)::float8 AS n, avg(dl) AS avgdl{dfs} FROM c) a) "
+        "SELECT c.id, ({total}) * {k1p1} / (1 + {k1} * (1 - {b} + {b} * c.dl / st.avgdl)) AS score{out} "
+        "FROM c, st ORDER BY score DESC, c.id LIMIT %s").format(
+        a=a, k=sql.Identifier(key), hits=hits, dfs=dfs, idfs=idfs, total=total,
+        k1p1=sql.Literal(float(k1) + 1.0), k1=sql.Literal(float(k1)), b=sql.Literal(float(b)),
+        place=sql.SQL(", m.board AS mb, m.created_at AS mc") if neigh else sql.SQL(""),
+        out=sql.SQL(", c.mb, c.mc") if neigh else sql.SQL(""),
         base=sql.SQL("bb_memories m" if memory else "bb_entries e"), where=_where(conds))
     params: list[Any] = [tsquery_literal([t]) for t in terms]
     params += [tsquery_literal(candidate_lexemes), *fparams, max_candidates, limit]
-    return query, params
+    with_vector = space is not None and vector is not None
+    cosine = sql.SQL("1 - (v.embedding <=> %s::vector)") if with_vector else sql.SQL("NULL::float8")
+    join = sql.SQL(" LEFT JOIN {t} v ON v.item = k.id").format(
+        t=space.table("memory" if memory else "entry")) if with_vector and space is not None else sql.SQL("")
+    outer = sql.SQL("SELECT k.id, k.score, {cos}{neigh} FROM ({q}) k{join}").format(
+        cos=cosine, neigh=_neighbour_cols("k.mb", "k.mc", "k.id") if neigh else sql.SQL(""), q=query, join=join)
+    return outer, ([vector] if with_vector else []) + params
 
 
 def vector_scores(space: Space, target: Target, items: Sequence[int], vector: Any) -> tuple[sql.Composed, list[Any]]:

@@ -1,9 +1,13 @@
 """Embedding spaces: one pair of vector tables per (model, dimensions).
 
 A space's tables are ``bb_vec_<id>_memories`` and ``bb_vec_<id>_entries``
-(``item``, the revision embedded, the vector) with an HNSW cosine index. Tables
-are created on first use under an advisory lock; identifiers are built with
-``psycopg.sql`` only. Changing model or dimension therefore never rewrites a
+(``item``, the revision embedded, the item's board, the vector) with an HNSW
+cosine index and a covering ``(board) INCLUDE (item, embedding)`` index. The
+board is there so that a board filter is applied inside the vector scan (no
+join probe per visited row), and so that a small board is scanned exactly, by
+an index-only scan of its own rows, instead of the HNSW scan wading through
+the other boards' vectors. Tables are created on first use under an advisory
+lock; identifiers are built with ``psycopg.sql`` only. Changing model or dimension therefore never rewrites a
 live table: it starts a new space, filled by ``reindex``.
 """
 
@@ -15,7 +19,8 @@ from typing import Any, Literal
 import psycopg
 from psycopg import sql
 
-__all__ = ["ItemType", "Space", "create_space_tables", "drop_space_tables", "ensure_space", "find_space"]
+__all__ = ["ItemType", "Space", "board_index", "create_space_tables", "drop_space_tables", "ensure_space", "find_space",
+           "hnsw_index"]
 
 ItemType = Literal["memory", "entry"]
 
@@ -44,10 +49,10 @@ class Space:
 def _ddl(space: Space, item_type: ItemType, suffix: str, *, index: bool) -> list[sql.Composed]:
     name = space.table_name(item_type, suffix)
     stmts = [sql.SQL(
-        "CREATE TABLE IF NOT EXISTS {} (item bigint PRIMARY KEY, revision bigint NOT NULL, "
+        "CREATE TABLE IF NOT EXISTS {} (item bigint PRIMARY KEY, revision bigint NOT NULL, board text NOT NULL, "
         "embedding vector({}) NOT NULL)").format(sql.Identifier(name), sql.Literal(space.dims))]
     if index:
-        stmts.append(hnsw_index(space, item_type, suffix))
+        stmts += [hnsw_index(space, item_type, suffix), board_index(space, item_type, suffix)]
     return stmts
 
 
@@ -56,6 +61,18 @@ def hnsw_index(space: Space, item_type: ItemType, suffix: str = "") -> sql.Compo
     name = space.table_name(item_type, suffix)
     return sql.SQL("CREATE INDEX IF NOT EXISTS {} ON {} USING hnsw (embedding vector_cosine_ops)").format(
         sql.Identifier(f"{name}_hnsw"), sql.Identifier(name))
+
+
+def board_index(space: Space, item_type: ItemType, suffix: str = "") -> sql.Composed:
+    """``CREATE INDEX IF NOT EXISTS`` of the covering ``(board) INCLUDE (item, embedding)`` index.
+
+    An index-only scan of it reads one board's vectors packed together (the
+    heap has them scattered over the whole table): the exact scan of a small
+    board.
+    """
+    name = space.table_name(item_type, suffix)
+    return sql.SQL("CREATE INDEX IF NOT EXISTS {} ON {} (board) INCLUDE (item, embedding)").format(
+        sql.Identifier(f"{name}_board"), sql.Identifier(name))
 
 
 async def find_space(conn: psycopg.AsyncConnection[Any], model: str, dims: int) -> Space | None:

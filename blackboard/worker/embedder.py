@@ -109,7 +109,8 @@ class _Claimed:
 class _Batch:
     claimed: list[_Claimed]
     texts: list[str]
-    targets: list[tuple[ItemType, int, int]]
+    #: (item type, item, revision, board) of each text
+    targets: list[tuple[ItemType, int, int, str]]
     skip: set[tuple[ItemType, int]]
     vectors: np.ndarray | None = None
 
@@ -280,8 +281,8 @@ class Embedder:
         async with self._pool.connection() as conn, conn.transaction():
             if vectors is not None:
                 for item_type in ("memory", "entry"):
-                    params = [(item, rev, vectors[i]) for i, (t, item, rev) in enumerate(batch.targets)
-                              if t == item_type]
+                    params = [(item, rev, board, vectors[i])
+                              for i, (t, item, rev, board) in enumerate(batch.targets) if t == item_type]
                     if params:
                         async with conn.cursor() as c:
                             await c.executemany(q.upsert_vectors(space, item_type), params)
@@ -309,25 +310,25 @@ class Embedder:
                                                [c.enqueued_at for c in claimed]))
 
     async def _load(self, conn: psycopg.AsyncConnection[Any], claimed: list[_Claimed]
-                    ) -> tuple[list[str], list[tuple[ItemType, int, int]], set[tuple[ItemType, int]]]:
+                    ) -> tuple[list[str], list[tuple[ItemType, int, int, str]], set[tuple[ItemType, int]]]:
         mids = [c.item for c in claimed if c.item_type == "memory"]
         eids = [c.item for c in claimed if c.item_type == "entry"]
         texts: list[str] = []
-        targets: list[tuple[ItemType, int, int]] = []
+        targets: list[tuple[ItemType, int, int, str]] = []
         found: set[tuple[ItemType, int]] = set()
         if mids:
             cur = await conn.execute(q.LOAD_MEMORIES, (mids,))
-            for mid, seq, text, metadata in await cur.fetchall():
+            for mid, seq, text, metadata, board in await cur.fetchall():
                 texts.append(memory_embed_text(text, metadata))
-                targets.append(("memory", int(mid), int(seq)))
+                targets.append(("memory", int(mid), int(seq), str(board)))
                 found.add(("memory", int(mid)))
         if eids:
             cur = await conn.execute(q.LOAD_ENTRIES, (eids,))
-            for eid, rev, text, deleted in await cur.fetchall():
+            for eid, rev, text, deleted, board in await cur.fetchall():
                 if deleted or not text:
                     continue
                 texts.append(text[:MAX_EMBED_CHARS])
-                targets.append(("entry", int(eid), int(rev)))
+                targets.append(("entry", int(eid), int(rev), str(board)))
                 found.add(("entry", int(eid)))
         # Items gone (or deleted, or without text) need no vector: just finish them.
         skip = {(c.item_type, c.item) for c in claimed} - found

@@ -3,10 +3,10 @@
 The new vectors go into fresh tables (``<space table>_new``) without an index,
 written with binary COPY in big batches (bound by the model, not by HNSW
 inserts); the HNSW index is then built once over the full table (with a large
-``maintenance_work_mem``), and the new tables replace the space's tables in
-one transaction. Searches keep using the old tables (or find none, for a new
-model) until the swap. Items stored while reindexing are queued as usual and
-embedded by the workers after the swap.
+``maintenance_work_mem``), as is the covering board index, and the new tables
+replace the space's tables in one transaction. Searches keep using the old
+tables (or find none, for a new model) until the swap. Items stored while
+reindexing are queued as usual and embedded by the workers after the swap.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from blackboard.db.pool import connect
 from blackboard.db.spaces import (
     ItemType,
     Space,
+    board_index,
     create_space_tables,
     drop_space_tables,
     ensure_space,
@@ -38,8 +39,8 @@ __all__ = ["reindex"]
 log = logging.getLogger("blackboard.reindex")
 
 _SELECT: dict[str, str] = {
-    "memory": "SELECT mid, seq, text, metadata FROM bb_memories WHERE mid > %s ORDER BY mid LIMIT %s",
-    "entry": ("SELECT eid, revision, search_text, NULL FROM bb_entries WHERE eid > %s AND NOT deleted "
+    "memory": "SELECT mid, seq, text, metadata, board FROM bb_memories WHERE mid > %s ORDER BY mid LIMIT %s",
+    "entry": ("SELECT eid, revision, search_text, NULL, board FROM bb_entries WHERE eid > %s AND NOT deleted "
               "AND search_text <> '' ORDER BY eid LIMIT %s"),
 }
 _COUNT: dict[str, str] = {"memory": "SELECT count(*) FROM bb_memories",
@@ -102,7 +103,7 @@ async def reindex(settings: Settings, *, progress: bool = True, provider: Embedd
                 t1 = time.perf_counter()
                 vectors = await prov.embed(texts)
                 model_s += time.perf_counter() - t1
-                await _copy(conn, space, item_type, [(int(r[0]), int(r[1])) for r in rows], vectors)
+                await _copy(conn, space, item_type, [(int(r[0]), int(r[1]), str(r[4])) for r in rows], vectors)
                 last = int(rows[-1][0])
                 n += len(rows)
                 step(len(rows))
@@ -111,6 +112,7 @@ async def reindex(settings: Settings, *, progress: bool = True, provider: Embedd
         await conn.execute("SET maintenance_work_mem = '1GB'")
         for item_type in _TYPES:
             await conn.execute(hnsw_index(space, item_type, _NEW))
+            await conn.execute(board_index(space, item_type, _NEW))
         stats["index_seconds"] = time.perf_counter() - t_index
         async with conn.transaction():
             await drop_space_tables(conn, space)
@@ -126,13 +128,14 @@ async def reindex(settings: Settings, *, progress: bool = True, provider: Embedd
             await prov.aclose()
 
 
-async def _copy(conn: Any, space: Space, item_type: ItemType, ids: list[tuple[int, int]], vectors: Any) -> None:
+async def _copy(conn: Any, space: Space, item_type: ItemType, ids: list[tuple[int, int, str]],
+                vectors: Any) -> None:
     async with conn.cursor() as cur, cur.copy(
-            sql.SQL("COPY {} (item, revision, embedding) FROM STDIN WITH (FORMAT BINARY)").format(
+            sql.SQL("COPY {} (item, revision, board, embedding) FROM STDIN WITH (FORMAT BINARY)").format(
                 space.table(item_type, _NEW))) as copy:
-        copy.set_types(["int8", "int8", "vector"])
-        for (item, rev), vec in zip(ids, vectors, strict=True):
-            await copy.write_row((item, rev, vec))
+        copy.set_types(["int8", "int8", "text", "vector"])
+        for (item, rev, board), vec in zip(ids, vectors, strict=True):
+            await copy.write_row((item, rev, board, vec))
 
 
 async def _rename(conn: Any, space: Space, item_type: ItemType) -> None:
@@ -140,5 +143,6 @@ async def _rename(conn: Any, space: Space, item_type: ItemType) -> None:
     await conn.execute(sql.SQL("ALTER TABLE {} RENAME TO {}").format(sql.Identifier(new), sql.Identifier(final)))
     await conn.execute(sql.SQL("ALTER INDEX {} RENAME TO {}").format(
         sql.Identifier(f"{new}_hnsw"), sql.Identifier(f"{final}_hnsw")))
-    await conn.execute(sql.SQL("ALTER INDEX {} RENAME TO {}").format(
-        sql.Identifier(f"{new}_pkey"), sql.Identifier(f"{final}_pkey")))
+    for index in ("pkey", "board"):
+        await conn.execute(sql.SQL("ALTER INDEX {} RENAME TO {}").format(
+            sql.Identifier(f"{new}_{index}"), sql.Identifier(f"{final}_{index}")))
