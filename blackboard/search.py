@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 import weakref
 from collections import OrderedDict
@@ -58,6 +59,8 @@ from blackboard.settings import SearchSettings
 
 __all__ = ["BoardStats", "Fused", "SearchEngine", "TermStats", "board_rows", "candidate_lexemes", "fuse_convex",
            "neighbour_map", "rrf", "smooth_neighbours"]
+
+log = logging.getLogger("blackboard.search")
 
 #: Largest share of a table's items that the filtered boards may hold for an exact board scan: above
 #: it, the HNSW scan keeps so many of the vectors it visits that it is the cheaper one (measured: a
@@ -432,27 +435,39 @@ class SearchEngine:
                 await conn.rollback()
 
     async def _search(self, req: Request, fetch: str) -> tuple[list[Fused], dict[int, tuple[Any, ...]]]:
-        """Ranked, cut results and their rows (``fetch``: the row query by id)."""
+        """Ranked, cut results and their rows (``fetch``: the row query by id).
+
+        A query that meets a broken connection (the pool may hand one out
+        unchecked) has the pool check its idle connections, replacing the
+        broken ones (PostgreSQL restarted: all of them), and runs once more.
+        """
         try:
-            if req.mode == "hybrid":
-                return await self._hybrid_search(req, fetch)
-            query_vec = await self._embed(req.query) if req.mode == "semantic" else None
-            async with self.pool.connection() as conn:
-                try:
-                    if query_vec is not None:
-                        nearest = await self._semantic(conn, req, query_vec, req.top_k, self.settings.ef_search)
-                        ranked = [Fused(int(r[0]), float(r[1]), {"semantic": float(r[1])}) for r in nearest]
-                    else:
-                        ranked = [Fused(int(r[0]), float(r[1]), {"keyword": float(r[1])})
-                                  for r in await self._keyword(conn, req, req.top_k)]
-                    fused = self._cut(ranked, req)
-                    return fused, await self._rows(conn, fetch, fused)
-                finally:
-                    await conn.rollback()
+            try:
+                return await self._search_once(req, fetch)
+            except psycopg.OperationalError as exc:
+                await self._recover(exc)
+                return await self._search_once(req, fetch)
         except psycopg.OperationalError as exc:
             raise StorageError(f"PostgreSQL unavailable: {exc}") from exc
         except psycopg.Error as exc:
             raise SearchError(f"search query failed: {exc}") from exc
+
+    async def _search_once(self, req: Request, fetch: str) -> tuple[list[Fused], dict[int, tuple[Any, ...]]]:
+        if req.mode == "hybrid":
+            return await self._hybrid_search(req, fetch)
+        query_vec = await self._embed(req.query) if req.mode == "semantic" else None
+        async with self.pool.connection() as conn:
+            try:
+                if query_vec is not None:
+                    nearest = await self._semantic(conn, req, query_vec, req.top_k, self.settings.ef_search)
+                    ranked = [Fused(int(r[0]), float(r[1]), {"semantic": float(r[1])}) for r in nearest]
+                else:
+                    ranked = [Fused(int(r[0]), float(r[1]), {"keyword": float(r[1])})
+                              for r in await self._keyword(conn, req, req.top_k)]
+                fused = self._cut(ranked, req)
+                return fused, await self._rows(conn, fetch, fused)
+            finally:
+                await conn.rollback()
 
     async def _hybrid_search(self, req: Request, fetch: str) -> tuple[list[Fused], dict[int, tuple[Any, ...]]]:
         """Keyword and nearest-neighbour candidates, fused (see the module docstring).
@@ -591,16 +606,34 @@ class SearchEngine:
                              content_type=r[7], tags=r[8], metadata=r[9], author=r[10], created_at=r[11],
                              stored_at=r[12])
 
+    async def _fetch(self, sql_: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
+        """The rows of one read query, run once more on a broken connection (see :meth:`_search`)."""
+        for attempt in (1, 2):
+            try:
+                async with self.pool.connection() as conn:
+                    try:
+                        return list(await (await conn.execute(sql_, params)).fetchall())
+                    finally:
+                        await conn.rollback()
+            except psycopg.OperationalError as exc:
+                if attempt == 2:
+                    raise StorageError(f"PostgreSQL unavailable: {exc}") from exc
+                await self._recover(exc)
+        raise AssertionError("unreachable")
+
+    async def _recover(self, exc: BaseException) -> None:
+        """After a broken connection: drop (and replace) every broken idle connection of the pool."""
+        log.info("search: a connection was broken (%s); checking the pool", str(exc).strip()[:200])
+        with contextlib.suppress(Exception):
+            await self.pool.check()
+
     async def history(self, req: HistoryRequest) -> HistoryResponse:
         """Every stored revision of a key, oldest first.
 
         Raises:
             NotFoundError: the key has no stored revision.
         """
-        async with self.pool.connection() as conn:
-            cur = await conn.execute(q.HISTORY, (req.board, req.section, req.key, req.limit or 2**62))
-            rows = await cur.fetchall()
-            await conn.rollback()
+        rows = await self._fetch(q.HISTORY, (req.board, req.section, req.key, req.limit or 2**62))
         if not rows:
             raise NotFoundError(f"{req.board}.{req.section}.{req.key}", "no stored revision of this key")
         return HistoryResponse(revisions=[self._revision(r) for r in rows])
@@ -612,10 +645,8 @@ class SearchEngine:
             NotFoundError: the key did not exist then, or was deleted.
         """
         sql_, when = (q.AS_OF_REVISION, req.revision) if req.revision is not None else (q.AS_OF_AT, req.at)
-        async with self.pool.connection() as conn:
-            cur = await conn.execute(sql_, (req.board, req.section, req.key, when))
-            row = await cur.fetchone()
-            await conn.rollback()
+        rows = await self._fetch(sql_, (req.board, req.section, req.key, when))
+        row = rows[0] if rows else None
         name = f"{req.board}.{req.section}.{req.key}"
         if row is None:
             raise NotFoundError(name, f"{name!r} did not exist at that point")

@@ -33,6 +33,8 @@ class Corpus:
     nc: NATS
     seqs: dict[str, int]
     t_before_update: datetime
+    dsn: str
+    worker: str
 
 
 @pytest_asyncio.fixture(loop_scope="session", scope="module")
@@ -74,7 +76,7 @@ async def corpus(nats_server: object, postgres_server: object) -> AsyncIterator[
         seqs["plan2"] = await put_entry(js, subj, a, "notes", "plan", {"title": "migrate the database twice"},
                                         author="bob")
         await w.wait_caught_up(60, embedded=True)
-        yield Corpus(a, b, SearchClient(nc, s), nc, seqs, t_before)
+        yield Corpus(a, b, SearchClient(nc, s), nc, seqs, t_before, s.postgres.dsn.get_secret_value(), s.worker.name)
     await nc.close()
 
 
@@ -208,3 +210,19 @@ async def test_no_service_raises_search_error(nats_factory: object) -> None:
             await SearchClient(nc, s).recall("anything")
     finally:
         await nc.close()
+
+
+async def test_search_survives_its_connections_being_killed(corpus: Corpus) -> None:
+    """The service's pool hands connections out unchecked: a query meeting a dead one is retried."""
+    import psycopg
+
+    async with await psycopg.AsyncConnection.connect(corpus.dsn, autocommit=True) as admin:
+        cur = await admin.execute("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                                  "WHERE application_name = %s", (f"blackboard-{corpus.worker}-search",))
+        row = await cur.fetchone()
+    assert row is not None and row[0] >= 1  # the service's idle connections are gone
+    for mode in ("keyword", "semantic", "hybrid"):
+        hits = await corpus.client.recall("pizza cafeteria", board=corpus.a, mode=mode)  # type: ignore[arg-type]
+        assert hits and hits[0].id == f"{corpus.a}-m3", mode
+    revisions = await corpus.client.history(corpus.a, "notes", "plan")
+    assert [r.revision for r in revisions] == [corpus.seqs["plan1"], corpus.seqs["plan2"]]

@@ -36,10 +36,18 @@ async def configure_connection(conn: psycopg.AsyncConnection[object]) -> None:
 @asynccontextmanager
 async def open_pool(settings: PostgresSettings, *, name: str = "blackboard",
                     min_size: int | None = None, max_size: int | None = None,
-                    wait: bool = True) -> AsyncIterator[AsyncConnectionPool]:
-    """An open pool (closed on exit); connections are checked before use.
+                    wait: bool = True, check: bool = True,
+                    autocommit: bool = False) -> AsyncIterator[AsyncConnectionPool]:
+    """An open pool (closed on exit).
 
-    With ``wait=True`` the pool waits until its first connections are up.
+    With ``check`` (the default) a connection is checked (a round trip)
+    every time it is taken from the pool; without it a caller meets a
+    connection broken meanwhile (PostgreSQL restarted) as an
+    ``OperationalError`` on first use, and the pool then discards it: callers
+    retry. With ``autocommit`` every statement commits by itself (read-only
+    work: no ROLLBACK round trip after use, and psycopg keeps its prepared
+    statements, which a rollback clears). With ``wait=True`` the pool waits
+    until its first connections are up.
 
     Raises:
         StorageError: PostgreSQL is not reachable in time (only with ``wait``).
@@ -49,8 +57,8 @@ async def open_pool(settings: PostgresSettings, *, name: str = "blackboard",
         min_size=settings.pool_min if min_size is None else min_size,
         max_size=settings.pool_max if max_size is None else max_size,
         configure=configure_connection,
-        check=AsyncConnectionPool.check_connection,
-        kwargs={"autocommit": False, "application_name": name},
+        check=AsyncConnectionPool.check_connection if check else None,
+        kwargs={"autocommit": autocommit, "application_name": name},
         name=name,
         open=False,
         timeout=settings.connect_timeout,

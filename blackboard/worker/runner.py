@@ -104,7 +104,7 @@ class Worker:
             if self._serve_search:
                 from blackboard.worker.search_service import SearchService
 
-                self.search = SearchService(self._nc, self.pool, s,
+                self.search = SearchService(self._nc, s,
                                             provider=self.embedder.provider if self.embedder else None,
                                             status=self.status)
                 await self.search.start()
