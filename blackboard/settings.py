@@ -107,7 +107,8 @@ class PostgresSettings(BaseModel):
     dsn: SecretStr = SecretStr("postgresql://postgres@127.0.0.1:5433/blackboard")
     #: Smallest connection pool of a worker.
     pool_min: int = Field(1, ge=0)
-    #: Largest connection pool of a worker.
+    #: Largest connection pool of a worker; a worker serving search opens a
+    #: second pool of this size for it (up to 2 x pool_max connections).
     pool_max: int = Field(8, ge=1)
     #: Seconds to wait for a connection (start-up, pool checkout).
     connect_timeout: float = Field(10.0, gt=0)
