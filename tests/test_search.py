@@ -226,3 +226,18 @@ async def test_search_survives_its_connections_being_killed(corpus: Corpus) -> N
         assert hits and hits[0].id == f"{corpus.a}-m3", mode
     revisions = await corpus.client.history(corpus.a, "notes", "plan")
     assert [r.revision for r in revisions] == [corpus.seqs["plan1"], corpus.seqs["plan2"]]
+
+
+async def test_search_embeds_queries_with_a_provider_of_its_own(pg_settings: Settings, unique: str) -> None:
+    """The embedder's batches hold the local model for a while: queries get their own instance."""
+    s = pg_settings.model_copy(update={"worker": WorkerSettings(name=f"own{unique}", lag_interval=600)})
+    async with Worker(s) as w:
+        assert w.embedder is not None and w.search is not None and w.search.engine is not None
+        query_provider = w.search.engine.provider
+        assert query_provider is not None and query_provider is not w.embedder.provider
+        assert (query_provider.model, query_provider.dimensions) == (w.embedder.provider.model,
+                                                                     w.embedder.provider.dimensions)
+    quiet = s.model_copy(update={"worker": s.worker.model_copy(update={"embed": False})})
+    async with Worker(quiet) as w:  # a worker that does not embed still embeds queries
+        assert w.embedder is None and w.search is not None and w.search.engine is not None
+        assert w.search.engine.provider is not None

@@ -22,6 +22,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from blackboard.connection import connect_nats
 from blackboard.db import migrate, open_pool
+from blackboard.errors import ConfigurationError
 from blackboard.settings import Settings
 from blackboard.streams import ensure_streams
 from blackboard.worker.embed_inbox import EmbedInbox
@@ -66,6 +67,7 @@ class Worker:
         self.votes: VoteCloser | None = None
         self.started_at = 0.0
         self._owned_provider: EmbeddingProvider | None = None
+        self._owned_query_provider: EmbeddingProvider | None = None
 
     # -- lifecycle ---------------------------------------------------------
     async def start(self) -> None:
@@ -104,9 +106,21 @@ class Worker:
             if self._serve_search:
                 from blackboard.worker.search_service import SearchService
 
-                self.search = SearchService(self._nc, s,
-                                            provider=self.embedder.provider if self.embedder else None,
-                                            status=self.status)
+                query_provider = self._provider
+                if query_provider is None:
+                    # An instance of its own: the local model runs one call at
+                    # a time, so queries would otherwise wait behind the
+                    # embedder's batches (a batch of 64 takes ~0.3 s here);
+                    # also lets a worker that does not embed answer semantic
+                    # queries. The model loads on the first query.
+                    try:
+                        query_provider = self._owned_query_provider = load_provider(s)
+                    except ConfigurationError as exc:
+                        if self.embedder is not None:
+                            raise
+                        log.warning("search: no embedding provider (%s): semantic and hybrid search "
+                                    "unavailable in this worker", exc)
+                self.search = SearchService(self._nc, s, provider=query_provider, status=self.status)
                 await self.search.start()
             self._spawn("lag reporter", self._report_lag)
             self.started_at = time.time()
@@ -127,10 +141,11 @@ class Worker:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         self._tasks.clear()
-        if self._owned_provider is not None:
-            with contextlib.suppress(Exception):
-                await self._owned_provider.aclose()
-            self._owned_provider = None
+        for owned in (self._owned_provider, self._owned_query_provider):
+            if owned is not None:
+                with contextlib.suppress(Exception):
+                    await owned.aclose()
+        self._owned_provider = self._owned_query_provider = None
         if self._pool_cm is not None:
             with contextlib.suppress(Exception):
                 await self._pool_cm.__aexit__(None, None, None)
