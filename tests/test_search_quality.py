@@ -9,6 +9,7 @@ import random
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pytest
@@ -109,6 +110,17 @@ async def test_semantic_finds_the_exact_stored_text_first_with_a_board_filter(st
         assert all(h.board == board for h in hits)
 
 
+async def _stored_vectors(conn: Any, space: Any, boards: list[str], board_column: str
+                         ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Memory ids, boards (read from ``board_column``: ``m.board`` or the vector table's ``v.board``)
+    and stored vectors of the given boards."""
+    rows = await (await conn.execute(sql.SQL(
+        "SELECT m.id, {}, v.embedding FROM bb_memories m JOIN {} v ON v.item = m.mid "
+        "WHERE m.board = ANY(%s)").format(sql.SQL(board_column), space.table("memory")), (boards,))).fetchall()
+    return (np.array([r[0] for r in rows]), np.array([r[1] for r in rows]),
+            np.stack([np.asarray(r[2].to_numpy(), dtype=np.float32) for r in rows]))
+
+
 @aio
 async def test_semantic_results_equal_a_brute_force_scan_of_the_stored_vectors(stack: Stack) -> None:
     """The vector path (shared HNSW index, board filter, iterative scan, exact fallback,
@@ -116,12 +128,7 @@ async def test_semantic_results_equal_a_brute_force_scan_of_the_stored_vectors(s
     async with open_pool(stack.settings.postgres, min_size=1, max_size=1) as pool, pool.connection() as conn:
         space = await find_space(conn, stack.provider.model, stack.provider.dimensions)
         assert space is not None
-        rows = await (await conn.execute(sql.SQL(
-            "SELECT m.id, m.board, v.embedding FROM bb_memories m JOIN {} v ON v.item = m.mid "
-            "WHERE m.board = ANY(%s)").format(space.table("memory")), (stack.boards,))).fetchall()
-    ids = np.array([r[0] for r in rows])
-    boards = np.array([r[1] for r in rows])
-    vectors = np.stack([np.asarray(r[2].to_numpy(), dtype=np.float32) for r in rows])
+        ids, boards, vectors = await _stored_vectors(conn, space, stack.boards, "m.board")
     rng = random.Random(11)
     for _ in range(30):
         board = rng.choice(stack.boards)
@@ -153,9 +160,7 @@ async def test_hnsw_and_exact_board_scans_both_equal_a_brute_force_scan(stack: S
             assert space is not None
             await conn.execute("ANALYZE bb_memories")
             await conn.commit()
-            rows = await (await conn.execute(sql.SQL(
-                "SELECT m.id, v.board, v.embedding FROM bb_memories m JOIN {} v ON v.item = m.mid "
-                "WHERE m.board = ANY(%s)").format(space.table("memory")), (stack.boards,))).fetchall()
+            ids, boards, vectors = await _stored_vectors(conn, space, stack.boards, "v.board")
         engine = SearchEngine(pool, stack.provider, settings)
         async with pool.connection() as conn:
             # The statistics see each test board as small (120 of many rows), and its vectors as there.
@@ -165,9 +170,6 @@ async def test_hnsw_and_exact_board_scans_both_equal_a_brute_force_scan(stack: S
                 assert await engine._exact(conn, MemorySearchRequest(query="x", boards=[board])) == (
                     exact_scan_max_rows > 0)
             await conn.rollback()
-        ids = np.array([r[0] for r in rows])
-        boards = np.array([r[1] for r in rows])
-        vectors = np.stack([np.asarray(r[2].to_numpy(), dtype=np.float32) for r in rows])
         rng = random.Random(17)
         for _ in range(15):
             board = rng.choice(stack.boards)
