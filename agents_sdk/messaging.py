@@ -47,19 +47,20 @@ from agents_sdk.inbox import (
 from agents_sdk.search import raise_for_error
 from blackboard import codec
 from blackboard.errors import (
+    BlackboardError,
     InvalidKeyError,
     InvalidPayloadError,
     MessagingError,
     NoHandlerError,
     NoResponderError,
     NotConnectedError,
-    OperationTimeoutError,
     PayloadTooLargeError,
     RemoteError,
     RequestTimeoutError,
     SearchError,
     TransportError,
 )
+from blackboard.publisher import Publisher
 from blackboard.schemas import MessageEnvelope, MessageKind, validate_wire
 from blackboard.schemas.message_search import (
     MessageHit,
@@ -86,15 +87,6 @@ log = logging.getLogger("agents_sdk.messaging")
 Handler = Callable[[Message], Awaitable[Any] | Any]
 
 _MSG_TOO_BIG = 10054
-_RETRYABLE = (
-    nats.errors.TimeoutError,
-    nats.js.errors.NoStreamResponseError,
-    nats.errors.NoRespondersError,
-    nats.errors.ConnectionReconnectingError,
-    nats.errors.OutboundBufferLimitError,
-    nats.errors.StaleConnectionError,
-    asyncio.TimeoutError,
-)
 _BOARD_PREFIX = Subjects.broadcast("x")[:-1]
 _TOPIC_PREFIX = Subjects.topic("x")[:-1]
 
@@ -188,6 +180,7 @@ class Messenger:
         self._nc = nc
         self._settings = settings
         self._js = nc.jetstream(timeout=settings.nats.request_timeout)
+        self._publisher = Publisher(nc, self._js, settings.nats)
         self.consumer = InboxConsumer(nc, self._js, settings, self.agent)
         self._id_prefix = secrets.token_hex(8)
         self._counter = itertools.count(1)
@@ -281,35 +274,18 @@ class Messenger:
         return headers
 
     async def _publish(self, subject: str, payload: bytes, headers: dict[str, str]) -> int:
-        """Publish until acknowledged or ``nats.write_timeout``; returns the stream sequence."""
-        loop = asyncio.get_running_loop()
-        ns = self._settings.nats
-        deadline = loop.time() + ns.write_timeout
-        delay = 0.05
-        while True:
-            remaining = deadline - loop.time()
-            timeout = max(0.05, min(ns.request_timeout, remaining)) if remaining > 0 else ns.request_timeout
-            try:
-                ack = await self._js.publish(subject, payload, timeout=timeout, headers=headers)
-                return int(ack.seq)
-            except nats.js.errors.APIError as exc:
-                if exc.err_code == _MSG_TOO_BIG:
-                    raise PayloadTooLargeError(len(payload), self._max) from exc
-                raise TransportError(f"JetStream refused the message on {subject}: {exc.description} "
-                                     f"(code {exc.err_code})") from exc
-            except nats.errors.MaxPayloadError as exc:
-                raise PayloadTooLargeError(len(payload), self._nc.max_payload) from exc
-            except nats.errors.ConnectionClosedError as exc:
-                raise NotConnectedError("the NATS connection is closed") from exc
-            except _RETRYABLE as exc:
-                if loop.time() + delay >= deadline:
-                    if not self._nc.is_connected:
-                        raise NotConnectedError(f"not connected to NATS: message on {subject} not "
-                                                f"acknowledged within {ns.write_timeout:g}s") from exc
-                    raise OperationTimeoutError(f"message on {subject} not acknowledged within "
-                                                f"{ns.write_timeout:g}s") from exc
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 1.0)
+        """Publish until acknowledged or ``nats.write_timeout`` (the board's publisher: retries,
+        outage and timeout errors); returns the stream sequence."""
+
+        def refused(exc: nats.js.errors.APIError) -> BlackboardError:
+            if exc.err_code == _MSG_TOO_BIG:
+                return PayloadTooLargeError(len(payload), self._max)
+            return TransportError(f"JetStream refused the message on {subject}: {exc.description} "
+                                  f"(code {exc.err_code})")
+
+        ack = await self._publisher.publish(subject, payload, headers, what=f"message on {subject}",
+                                            map_api_error=refused)
+        return ack.seq
 
     # ------------------------------------------------------------ inbox
     def inbox(self, *, types: Collection[str] | None = None, batch: int | None = None,
@@ -581,3 +557,4 @@ class Messenger:
         for future in self._replies.values():
             if not future.done():
                 future.set_exception(NotConnectedError("the agent was closed while waiting for a reply"))
+        await self._publisher.close()
