@@ -358,6 +358,22 @@ def _str_list(value: Any) -> list[str] | None:
     return value
 
 
+def _fast_common(obj: dict[str, Any], msg: RawMessage
+                 ) -> tuple[list[str], dict[str, Any], datetime, bytes, bool] | None:
+    """The fields entries and memories share, checked the fast way: tags, metadata, creation
+    time, the metadata's JSON text, and whether the payload may hold floats; None when unsure."""
+    tags = _str_list(obj.get("tags", []))
+    metadata = obj.get("metadata", {})
+    created = _aware(obj.get("created_at"))
+    if tags is None or type(metadata) is not dict or created is None:
+        return None
+    floats = _has_float_marker(msg.data)
+    meta_json = _json_text(metadata, floats)
+    if meta_json is None:
+        return None
+    return tags, metadata, created, meta_json, floats
+
+
 def _fast_entry(obj: Any, msg: RawMessage, parts: Any, index_chars: int) -> EntryRow | None:
     """The entry row of a well-formed envelope, checked without pydantic; None when unsure.
 
@@ -374,15 +390,10 @@ def _fast_entry(obj: Any, msg: RawMessage, parts: Any, index_chars: int) -> Entr
     author = obj.get("author")
     if type(ctype) is not str or type(author) is not str or "\x00" in ctype or "\x00" in author:
         return None
-    tags = _str_list(obj.get("tags", []))
-    metadata = obj.get("metadata", {})
-    created = _aware(obj.get("created_at"))
-    if tags is None or type(metadata) is not dict or created is None:
+    common = _fast_common(obj, msg)
+    if common is None:
         return None
-    floats = _has_float_marker(msg.data)
-    meta_json = _json_text(metadata, floats)
-    if meta_json is None:
-        return None
+    tags, metadata, created, meta_json, floats = common
     value = obj["value"]
     value_json = _json_text(value, floats)
     if value_json is None:
@@ -411,14 +422,10 @@ def _fast_memory(obj: Any, msg: RawMessage, board: str, agent: str, index_chars:
             or (source is not None and (type(source) is not str or "\x00" in source))
             or type(read_only) is not bool):
         return None
-    tags = _str_list(obj.get("tags", []))
-    metadata = obj.get("metadata", {})
-    created = _aware(obj.get("created_at"))
-    if tags is None or type(metadata) is not dict or created is None:
+    common = _fast_common(obj, msg)
+    if common is None:
         return None
-    meta_json = _json_text(metadata, _has_float_marker(msg.data))
-    if meta_json is None:
-        return None
+    tags, metadata, created, meta_json, _ = common
     try:
         validate_name(board, "board")
         validate_name(agent, "agent")
