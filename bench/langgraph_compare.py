@@ -28,29 +28,20 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import shutil
-import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from _common import percentile
+from _common import embedded_stack, percentile
 
 from agents_sdk import Agent, MemoryInput
-from blackboard.connection import connect_nats
-from blackboard.db import migrate
-from blackboard.embedded import EmbeddedNats, EmbeddedPostgres
 from blackboard.embeddings import EmbeddingProvider, provider_from_settings
 from blackboard.settings import (
-    NatsSettings,
-    PostgresSettings,
     SearchSettings,
     Settings,
     WorkerSettings,
 )
-from blackboard.streams import ensure_streams
 from blackboard.worker import Worker
 
 _LOCOMO = Path(__file__).resolve().parents[2] / "shared" / "data" / "locomo"
@@ -172,23 +163,10 @@ async def main() -> None:
     ap.add_argument("--queries", type=int, default=200)
     args = ap.parse_args()
     texts, queries = load_workload(args.items, args.queries)
-    root = Path(tempfile.mkdtemp(prefix="bb-lg-bench-"))
-    os.chmod(root, 0o755)
-    ns = EmbeddedNats(root / "nats", port=0, sync_interval="1s")
-    pg = EmbeddedPostgres(root / "pg", port=0)
-    ns.start()
-    pg.start()
-    try:
-        s = Settings().model_copy(update={
-            "nats": NatsSettings(url=ns.url), "postgres": PostgresSettings(dsn=pg.dsn),  # type: ignore[arg-type]
-            "worker": WorkerSettings(name="lgbench", lag_interval=600),
-            # Every query pays its embedding, as in LangGraph (which has no
-            # query cache): the same queries are asked once per mode.
-            "search": SearchSettings(query_cache_size=0)})
-        await migrate(s)
-        nc = await connect_nats(s.nats, name="setup")
-        await ensure_streams(nc.jetstream(), s)
-        await nc.close()
+    # Every query pays its embedding, as in LangGraph (which has no query
+    # cache): the same queries are asked once per mode.
+    async with embedded_stack("bb-lg-bench-", worker=WorkerSettings(name="lgbench", lag_interval=600),
+                              search=SearchSettings(query_cache_size=0)) as (s, _, pg):
         async with provider_from_settings(s.embedding) as provider:
             await provider.embed(texts[:8])  # load the model outside the timings
             raw_model = await model_rate(provider, texts[: min(len(texts), 512)], s.embedding.batch_size)
@@ -212,10 +190,6 @@ async def main() -> None:
                 verdict = f"{a / b:8.2f}x faster" if b < a else f"{b / a:8.2f}x slower"
                 print(f"  search p{p} ms (ours {mode:8s})     {a:10.2f}  {b:10.2f}  {verdict}")
         print("  targets: writes >= 10x (acknowledged), search faster than LangGraph")
-    finally:
-        pg.stop()
-        ns.stop()
-        shutil.rmtree(root, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -18,17 +18,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import shutil
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+from _common import embedded_stack
+
 from agents_sdk.agent import Agent
 from agents_sdk.longterm import MemoryInput
-from blackboard.embedded import EmbeddedNats, EmbeddedPostgres
-from blackboard.settings import NatsSettings, PostgresSettings, Settings, WorkerSettings
+from blackboard.settings import WorkerSettings
 from blackboard.worker import Worker
 
 KS = (1, 5, 10, 20)
@@ -62,15 +60,7 @@ async def main() -> None:
     ap.add_argument("--neighbour-weight", type=float, help="override settings.search.neighbour_weight (ablation)")
     args = ap.parse_args()
     convs = [load(p) for p in sorted(args.data.glob("*.json"))]
-    root = Path(tempfile.mkdtemp(prefix="bb-locomo-"))
-    os.chmod(root, 0o755)
-    ns, pg = EmbeddedNats(root / "nats", port=0, sync_interval="1s"), EmbeddedPostgres(root / "pg", port=0)
-    ns.start()
-    pg.start()
-    try:
-        s = Settings().model_copy(update={
-            "nats": NatsSettings(url=ns.url), "postgres": PostgresSettings(dsn=pg.dsn),
-            "worker": WorkerSettings(lag_interval=600)})
+    async with embedded_stack("bb-locomo-", worker=WorkerSettings(lag_interval=600)) as (s, _, _):
         overrides = {k: v for k, v in (("fusion", args.fusion), ("neighbour_weight", args.neighbour_weight))
                      if v is not None}
         if overrides:
@@ -106,10 +96,6 @@ async def main() -> None:
                 print(f"{mode:8s} " + "  ".join(f"R@{k} {sums[k] / nq:.3f}" for k in KS)
                       + f"   R@10 by category {cats}   ({nq} questions, {per_q:.1f} ms/question)")
         print("reference (issue): BM25 R@10 ~0.55, MiniLM dense ~0.57, their RRF ~0.62; target hybrid >= 0.70")
-    finally:
-        pg.stop()
-        ns.stop()
-        shutil.rmtree(root, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -20,27 +20,22 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import random
-import shutil
-import tempfile
 import time
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
 import numpy as np
+from _common import embedded_stack
 from nats.aio.msg import Msg
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from agents_sdk.search import SearchClient
 from blackboard.connection import connect_nats
-from blackboard.db import migrate, open_pool
+from blackboard.db import open_pool
 from blackboard.db.spaces import board_index, ensure_space, hnsw_index
-from blackboard.embedded import EmbeddedNats, EmbeddedPostgres
 from blackboard.embeddings import provider_from_settings
-from blackboard.settings import NatsSettings, PostgresSettings, Settings, WorkerSettings
-from blackboard.streams import ensure_streams
+from blackboard.settings import WorkerSettings
 from blackboard.worker import Worker
 
 
@@ -62,16 +57,7 @@ async def main() -> None:
     rng = random.Random(7)
     vocab = _vocab(rng)
     weights = [1 / (i + 1) for i in range(len(vocab))]
-    root = Path(tempfile.mkdtemp(prefix="bb-search-bench-"))
-    os.chmod(root, 0o755)
-    ns, pg = EmbeddedNats(root / "nats", port=0, sync_interval="1s"), EmbeddedPostgres(root / "pg", port=0)
-    ns.start()
-    pg.start()
-    try:
-        s = Settings().model_copy(update={
-            "nats": NatsSettings(url=ns.url), "postgres": PostgresSettings(dsn=pg.dsn),
-            "worker": WorkerSettings(lag_interval=600)})
-        await migrate(s)
+    async with embedded_stack("bb-search-bench-", worker=WorkerSettings(lag_interval=600)) as (s, _, _):
         prov = provider_from_settings(s.embedding)
         boards = [f"b{i}" for i in range(20)]
         kinds = ["episodic", "semantic", "procedural", "knowledge"]
@@ -131,7 +117,6 @@ async def main() -> None:
             return [" ".join(rng.choices(vocab[:800], k=5)) for _ in range(args.queries)]
 
         nc = await connect_nats(s.nats, name="bench")
-        await ensure_streams(nc.jetstream(), s)
         async with prov, Worker(s, provider=prov):
             emb: list[float] = []
             for qtext in fresh_queries()[:100]:
@@ -172,10 +157,6 @@ async def main() -> None:
                           f"   (p95 / raw ANN p95: {_pct(cold, 95) / ann95:.1f}x, {_pct(warm, 95) / ann95:.1f}x)")
             print("target: hybrid p95 <= 10 ms at 100k memories")
         await nc.close()
-    finally:
-        pg.stop()
-        ns.stop()
-        shutil.rmtree(root, ignore_errors=True)
 
 
 if __name__ == "__main__":
