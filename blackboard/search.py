@@ -30,9 +30,9 @@ import logging
 import time
 import weakref
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import numpy as np
 import psycopg
@@ -61,6 +61,7 @@ __all__ = ["BoardStats", "Fused", "SearchEngine", "TermStats", "board_rows", "ca
            "neighbour_map", "rrf", "smooth_neighbours"]
 
 log = logging.getLogger("blackboard.search")
+_T = TypeVar("_T")
 
 #: Largest share of a table's items that the filtered boards may hold for an exact board scan: above
 #: it, the HNSW scan keeps so many of the vectors it visits that it is the cheaper one (measured: a
@@ -437,16 +438,10 @@ class SearchEngine:
     async def _search(self, req: Request, fetch: str) -> tuple[list[Fused], dict[int, tuple[Any, ...]]]:
         """Ranked, cut results and their rows (``fetch``: the row query by id).
 
-        A query that meets a broken connection (the pool may hand one out
-        unchecked) has the pool check its idle connections, replacing the
-        broken ones (PostgreSQL restarted: all of them), and runs once more.
+        Run once more on a broken connection (see :meth:`_once_more`).
         """
         try:
-            try:
-                return await self._search_once(req, fetch)
-            except psycopg.OperationalError as exc:
-                await self._recover(exc)
-                return await self._search_once(req, fetch)
+            return await self._once_more(lambda: self._search_once(req, fetch))
         except psycopg.OperationalError as exc:
             raise StorageError(f"PostgreSQL unavailable: {exc}") from exc
         except psycopg.Error as exc:
@@ -607,25 +602,31 @@ class SearchEngine:
                              stored_at=r[12])
 
     async def _fetch(self, sql_: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
-        """The rows of one read query, run once more on a broken connection (see :meth:`_search`)."""
-        for attempt in (1, 2):
-            try:
-                async with self.pool.connection() as conn:
-                    try:
-                        return list(await (await conn.execute(sql_, params)).fetchall())
-                    finally:
-                        await conn.rollback()
-            except psycopg.OperationalError as exc:
-                if attempt == 2:
-                    raise StorageError(f"PostgreSQL unavailable: {exc}") from exc
-                await self._recover(exc)
-        raise AssertionError("unreachable")
+        """The rows of one read query, run once more on a broken connection (see :meth:`_once_more`)."""
 
-    async def _recover(self, exc: BaseException) -> None:
-        """After a broken connection: drop (and replace) every broken idle connection of the pool."""
-        log.info("search: a connection was broken (%s); checking the pool", str(exc).strip()[:200])
-        with contextlib.suppress(Exception):
-            await self.pool.check()
+        async def read() -> list[tuple[Any, ...]]:
+            async with self.pool.connection() as conn:
+                try:
+                    return list(await (await conn.execute(sql_, params)).fetchall())
+                finally:
+                    await conn.rollback()
+
+        try:
+            return await self._once_more(read)
+        except psycopg.OperationalError as exc:
+            raise StorageError(f"PostgreSQL unavailable: {exc}") from exc
+
+    async def _once_more(self, attempt: Callable[[], Awaitable[_T]]) -> _T:
+        """``attempt()``; after a broken connection (the pool may hand one out unchecked), the pool
+        checks its idle connections, replacing the broken ones (PostgreSQL restarted: all of them),
+        and ``attempt()`` runs once more."""
+        try:
+            return await attempt()
+        except psycopg.OperationalError as exc:
+            log.info("search: a connection was broken (%s); checking the pool", str(exc).strip()[:200])
+            with contextlib.suppress(Exception):
+                await self.pool.check()
+            return await attempt()
 
     async def history(self, req: HistoryRequest) -> HistoryResponse:
         """Every stored revision of a key, oldest first.
