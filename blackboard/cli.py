@@ -79,14 +79,16 @@ async def _dev(args: argparse.Namespace) -> int:
     data_dir.mkdir(parents=True, exist_ok=True)
 
     nats_server = EmbeddedNats(data_dir / "nats", host=host, port=nats_port, sync_interval=sync)
-    pg_server = EmbeddedPostgres(data_dir / "postgres", host=host, port=pg_port)
+    pg_server = EmbeddedPostgres(data_dir / "postgres", host=host, port=pg_port,
+                                 shared_buffers=dev.pg_shared_buffers)
     print(f"blackboard dev: data in {data_dir}", flush=True)
     await asyncio.to_thread(nats_server.start)
     try:
         print(f"  nats-server   {nats_server.url}  (JetStream, sync_interval={sync})", flush=True)
         if not args.no_postgres:
             await asyncio.to_thread(pg_server.start)
-            print(f"  postgres      {pg_server.dsn}  (PostgreSQL 18 + pgvector)", flush=True)
+            print(f"  postgres      {pg_server.dsn}  (PostgreSQL 18 + pgvector, "
+                  f"shared_buffers={pg_server.shared_buffers})", flush=True)
         settings = settings.model_copy(update={
             "nats": settings.nats.model_copy(update={"url": nats_server.url}),
             "postgres": settings.postgres.model_copy(update={"dsn": SecretStr(pg_server.dsn)}),

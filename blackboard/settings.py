@@ -276,6 +276,9 @@ class DevSettings(BaseModel):
     pg_port: int = Field(5433, ge=0, le=65535)
     #: Run a worker inside ``blackboard dev``.
     run_worker: bool = True
+    #: PostgreSQL's buffer cache in the dev stack (e.g. ``512MB``); None: a
+    #: quarter of the machine's memory, between 128MB and 1GB.
+    pg_shared_buffers: str | None = None
 
 
 class Settings(BaseSettings):

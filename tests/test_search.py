@@ -241,3 +241,16 @@ async def test_search_embeds_queries_with_a_provider_of_its_own(pg_settings: Set
     async with Worker(quiet) as w:  # a worker that does not embed still embeds queries
         assert w.embedder is None and w.search is not None and w.search.engine is not None
         assert w.search.engine.provider is not None
+
+
+async def test_search_connections_plan_each_query_for_its_parameters(pg_settings: Settings, unique: str) -> None:
+    """A generic plan of a prepared search can be several times slower: the service's pool forces custom plans."""
+    s = pg_settings.model_copy(update={"worker": WorkerSettings(name=f"plan{unique}", lag_interval=600,
+                                                                embed=False)})
+    async with Worker(s) as w:
+        assert w.search is not None and w.search.engine is not None
+        pool = w.search.engine.pool
+        async with pool.connection() as a, pool.connection() as b:  # two connections, both configured
+            for conn in (a, b):
+                row = await (await conn.execute("SHOW plan_cache_mode")).fetchone()
+                assert row == ("force_custom_plan",)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -20,24 +20,36 @@ __all__ = ["configure_connection", "connect", "open_pool"]
 log = logging.getLogger("blackboard.db")
 
 
-async def configure_connection(conn: psycopg.AsyncConnection[object]) -> None:
-    """Register pgvector's binary adapters when the extension exists.
+async def configure_connection(conn: psycopg.AsyncConnection[object],
+                               session: Mapping[str, str] | None = None) -> None:
+    """Register pgvector's binary adapters when the extension exists, and set
+    the ``session`` settings (name -> value, for the connection's lifetime).
 
     Before the first migration the ``vector`` type is missing; the connection
     is then left as it is (``migrate`` creates the extension first).
     """
     if await TypeInfo.fetch(conn, "vector") is not None:
         await register_vector_async(conn)
-    # TypeInfo.fetch runs a query: leave the connection idle for the pool.
+    for name, value in (session or {}).items():
+        await conn.execute("SELECT set_config(%s, %s, false)", (name, value))
+    # The queries above leave a transaction open unless in autocommit: commit
+    # it (a rollback would undo the settings), leaving the connection idle.
     if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
-        await conn.rollback()
+        await conn.commit()
+
+
+def _configure(session: Mapping[str, str] | None) -> Callable[[psycopg.AsyncConnection[Any]], Awaitable[None]]:
+    async def configure(conn: psycopg.AsyncConnection[Any]) -> None:
+        await configure_connection(conn, session)
+
+    return configure
 
 
 @asynccontextmanager
 async def open_pool(settings: PostgresSettings, *, name: str = "blackboard",
                     min_size: int | None = None, max_size: int | None = None,
-                    wait: bool = True, check: bool = True,
-                    autocommit: bool = False) -> AsyncIterator[AsyncConnectionPool]:
+                    wait: bool = True, check: bool = True, autocommit: bool = False,
+                    session: Mapping[str, str] | None = None) -> AsyncIterator[AsyncConnectionPool]:
     """An open pool (closed on exit).
 
     With ``check`` (the default) a connection is checked (a round trip)
@@ -46,8 +58,9 @@ async def open_pool(settings: PostgresSettings, *, name: str = "blackboard",
     ``OperationalError`` on first use, and the pool then discards it: callers
     retry. With ``autocommit`` every statement commits by itself (read-only
     work: no ROLLBACK round trip after use, and psycopg keeps its prepared
-    statements, which a rollback clears). With ``wait=True`` the pool waits
-    until its first connections are up.
+    statements, which a rollback clears). ``session``: settings given to
+    every connection of the pool (name -> value). With ``wait=True`` the pool
+    waits until its first connections are up.
 
     Raises:
         StorageError: PostgreSQL is not reachable in time (only with ``wait``).
@@ -56,7 +69,7 @@ async def open_pool(settings: PostgresSettings, *, name: str = "blackboard",
         settings.dsn.get_secret_value(),
         min_size=settings.pool_min if min_size is None else min_size,
         max_size=settings.pool_max if max_size is None else max_size,
-        configure=configure_connection,
+        configure=_configure(session),
         check=AsyncConnectionPool.check_connection if check else None,
         kwargs={"autocommit": autocommit, "application_name": name},
         name=name,

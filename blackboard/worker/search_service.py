@@ -21,7 +21,8 @@ The service has a PostgreSQL pool of its own (``postgres.pool_max``
 connections), so that queries never wait behind the ingest and embedding
 transactions of the same worker, in autocommit mode and without a check on
 checkout: two to four round trips less per query (the engine retries a query
-once on a connection found broken).
+once on a connection found broken). Its statements are planned for their
+parameters every time (:data:`SEARCH_SESSION`).
 """
 
 from __future__ import annotations
@@ -56,11 +57,18 @@ from blackboard.search import SearchEngine
 from blackboard.settings import Settings
 from blackboard.subjects import SEARCH_SERVICE, Header, Subjects
 
-__all__ = ["SEARCH_VERSION", "SearchService", "error_reply"]
+__all__ = ["SEARCH_SESSION", "SEARCH_VERSION", "SearchService", "error_reply"]
 
 log = logging.getLogger("blackboard.worker.search")
 
 SEARCH_VERSION = "1.0.0"
+#: Session settings of the search pool's connections. psycopg prepares a
+#: statement run five times, and PostgreSQL then may switch it to a generic
+#: plan, made without the parameters' values: for a search (which boards,
+#: which words, how selective) that plan can be several times slower (keyword
+#: search on 2,000 LoCoMo turns: p95 26 ms prepared, 5 ms planned per query).
+#: A custom plan each time costs ~0.3-0.6 ms of planning; parsing stays saved.
+SEARCH_SESSION: dict[str, str] = {"plan_cache_mode": "force_custom_plan"}
 _CODES = {"NotFoundError": "404", "InvalidPayloadError": "400", "InvalidKeyError": "400"}
 
 
@@ -102,7 +110,7 @@ class SearchService:
         """
         s = self._settings
         self._pool_cm = open_pool(s.postgres, name=f"blackboard-{s.worker.name}-search", min_size=1,
-                                  check=False, autocommit=True)
+                                  check=False, autocommit=True, session=SEARCH_SESSION)
         self._pool = await self._pool_cm.__aenter__()
         self.engine = SearchEngine(self._pool, self._provider, s.search)
         try:
