@@ -18,8 +18,10 @@ selection, fusion and row shaping are pure functions.
   union and combined as a weighted mean (:func:`fuse_convex`), a convex
   combination, which keeps how far apart the scores are where reciprocal-rank
   fusion (:func:`rrf`, ``settings.search.fusion = "rrf"``) keeps only the order.
-  The retrievers' statements return the other score and the neighbours of
-  their candidates, so fusion rarely needs a statement of its own.
+  The retrievers' statements return the other score of their candidates, so
+  fusion rarely needs a statement of its own; the neighbours that
+  :func:`smooth_neighbours` lends scores to come with the leading results'
+  rows.
 """
 
 from __future__ import annotations
@@ -369,20 +371,19 @@ class SearchEngine:
         return 1.0 if rows is None or stats is None or stats.rows <= 0 else rows / stats.rows
 
     async def _semantic(self, conn: Conn, req: Request, vector: np.ndarray, limit: int, ef_search: int, *,
-                        neighbours: bool = False, extra: Sequence[int] = ()) -> list[tuple[Any, ...]]:
+                        extra: Sequence[int] = ()) -> list[tuple[Any, ...]]:
         """Rows ``(item, score, nearest[, previous, next])``: the nearest items passing the
         filters, best first, then the ``extra`` items (see :func:`search_sql.semantic_query`)."""
         space = await self.space()
         exact = await self._exact(conn, req)
         if not exact:
             await self._scan_settings(conn, max(ef_search, limit))
-        sql_, params = q.semantic_query(space, req, vector, limit, exact=exact, neighbours=neighbours, extra=extra)
+        sql_, params = q.semantic_query(space, req, vector, limit, exact=exact, extra=extra)
         rows = await (await conn.execute(sql_, params)).fetchall()
         if not exact and sum(1 for r in rows if r[2]) < limit and _has_filters(req):
             # A filter so selective that the index scan ran dry before filling
             # `limit`: scan the filtered rows exactly instead.
-            sql_, params = q.semantic_query(space, req, vector, limit, exact=True, neighbours=neighbours,
-                                            extra=extra)
+            sql_, params = q.semantic_query(space, req, vector, limit, exact=True, extra=extra)
             rows = await (await conn.execute(sql_, params)).fetchall()
         # relaxed_order may be slightly out of order
         rows.sort(key=lambda r: (not r[2], -float(r[1])))
@@ -413,9 +414,9 @@ class SearchEngine:
         self._remember(self._lexeme_cache, text, lexemes)
         return lexemes
 
-    async def _keyword(self, conn: Conn, req: Request, limit: int, *, vector: np.ndarray | None = None,
-                       neighbours: bool = False) -> list[tuple[Any, ...]]:
-        """Rows ``(item, BM25 score, cosine or None[, previous, next])``, best first."""
+    async def _keyword(self, conn: Conn, req: Request, limit: int, *,
+                       vector: np.ndarray | None = None) -> list[tuple[Any, ...]]:
+        """Rows ``(item, BM25 score, cosine or None)``, best first."""
         lexemes = await self._lexemes(conn, req.query)
         if not lexemes:  # only stop words
             return []
@@ -424,14 +425,14 @@ class SearchEngine:
         chosen = candidate_lexemes(lexemes, stats, self.settings.keyword_term_max_rows,
                                    self.settings.keyword_candidate_budget, await self._board_share(conn, req))
         sql_, params = q.keyword_query(req, lexemes, chosen, limit, max_candidates=self.settings.keyword_max_candidates,
-                                       space=space, vector=vector, neighbours=neighbours)
+                                       space=space, vector=vector)
         return list(await (await conn.execute(sql_, params)).fetchall())
 
-    async def _keyword_own(self, req: Request, limit: int, *, vector: np.ndarray | None = None,
-                           neighbours: bool = False) -> list[tuple[Any, ...]]:
+    async def _keyword_own(self, req: Request, limit: int, *,
+                           vector: np.ndarray | None = None) -> list[tuple[Any, ...]]:
         async with self.pool.connection() as conn:
             try:
-                return await self._keyword(conn, req, limit, vector=vector, neighbours=neighbours)
+                return await self._keyword(conn, req, limit, vector=vector)
             finally:
                 await conn.rollback()
 
@@ -472,20 +473,20 @@ class SearchEngine:
         requests than the pool has connections, so a request holding one
         while it waits for its keyword query always leaves one for that
         query.) Each retriever's statement returns what the fusion needs of
-        its candidates — both scores when the query's vector is known
-        (cached) before the keyword query starts, and the memories'
-        neighbours — so that only the result rows are fetched afterwards; a
-        new query's keyword-only candidates get their cosine in the ANN
+        its candidates (both scores when the query's vector is known (cached)
+        before the keyword query starts), so that only the result rows are
+        fetched afterwards; a new query's keyword-only candidates get their cosine in the ANN
         statement when the keyword query is done by then (it usually is: the
-        model is slower), else in one more statement.
+        model is slower), else in one more statement. With neighbour smoothing
+        the leading results' rows are fetched with their neighbours (see
+        :meth:`_smoothed`).
         """
         depth = self._depth(req)
         convex = self.settings.fusion != "rrf"
         neighbours = convex and isinstance(req, MemorySearchRequest) and self.settings.neighbour_weight > 0
         await self.space()  # fail early (no provider, no space) before starting anything
         cached = self._cached_vector(req.query)
-        keyword_task = asyncio.create_task(self._keyword_own(
-            req, depth, vector=cached if convex else None, neighbours=neighbours))
+        keyword_task = asyncio.create_task(self._keyword_own(req, depth, vector=cached if convex else None))
         try:
             vec = cached if cached is not None else await self._embed(req.query)
             async with self.pool.connection() as conn:
@@ -494,10 +495,12 @@ class SearchEngine:
                     if convex and cached is None and keyword_task.done() and keyword_task.exception() is None:
                         extra = [int(r[0]) for r in keyword_task.result()]
                     semantic = await self._semantic(conn, req, vec, depth, self.settings.hybrid_ef_search,
-                                                    neighbours=neighbours, extra=extra)
+                                                    extra=extra)
                     keyword = await keyword_task
-                    fused = await self._fuse(conn, req, vec, semantic, keyword, scored=cached is not None or
-                                             bool(extra), neighbours=neighbours)
+                    fused = await self._fuse(conn, req, vec, semantic, keyword,
+                                             scored=cached is not None or bool(extra))
+                    if neighbours:
+                        return await self._smoothed(conn, req, fused)
                     fused = self._cut(fused, req)
                     return fused, await self._rows(conn, fetch, fused)
                 finally:
@@ -507,6 +510,24 @@ class SearchEngine:
                 keyword_task.cancel()
             with contextlib.suppress(asyncio.CancelledError, psycopg.Error):
                 await keyword_task
+
+    async def _smoothed(self, conn: Conn, req: Request, fused: list[Fused]
+                        ) -> tuple[list[Fused], dict[int, tuple[Any, ...]]]:
+        """Neighbour smoothing (:func:`smooth_neighbours`), then the cut, and the results' rows.
+
+        Only strong items lend much: the links of the leading fused items
+        (``max(2 * top_k, 20)``) are used, and they come with those items'
+        rows, in one statement; a result from outside the lead (lifted by a
+        neighbour) has its row fetched afterwards.
+        """
+        lead = fused[: max(2 * req.top_k, 20)]
+        rows = await self._rows(conn, q.fetch_memories(linked=True), lead)
+        links = neighbour_map((item, r[-2], r[-1]) for item, r in rows.items())
+        fused = self._cut(smooth_neighbours(fused, links, self.settings.neighbour_weight), req)
+        missing = [f for f in fused if f.item not in rows]
+        if missing:
+            rows.update(await self._rows(conn, q.fetch_memories(), missing))
+        return fused, rows
 
     @staticmethod
     async def _rows(conn: Conn, fetch: str, fused: Sequence[Fused]) -> dict[int, tuple[Any, ...]]:
@@ -519,7 +540,7 @@ class SearchEngine:
         return max(req.top_k * self.settings.hybrid_depth, self.settings.hybrid_min_candidates)
 
     async def _fuse(self, conn: Conn, req: Request, vec: np.ndarray, semantic: Sequence[tuple[Any, ...]],
-                    keyword: Sequence[tuple[Any, ...]], *, scored: bool, neighbours: bool) -> list[Fused]:
+                    keyword: Sequence[tuple[Any, ...]], *, scored: bool) -> list[Fused]:
         """Fuse the rows of both retrievers.
 
         Args:
@@ -533,19 +554,12 @@ class SearchEngine:
         if self.settings.fusion == "rrf":
             return rrf({"semantic": ann, "keyword": list(kw.items())}, weights)
         sem = dict(ann)
-        links: dict[int, tuple[int | None, int | None]] = {}
         for r in semantic:
-            item = int(r[0])
             if not r[2]:
-                sem.setdefault(item, float(r[1]))
-            elif neighbours:
-                links[item] = (r[3], r[4])
+                sem.setdefault(int(r[0]), float(r[1]))
         for r in keyword:
-            item = int(r[0])
             if r[2] is not None:
-                sem.setdefault(item, float(r[2]))
-            if neighbours:
-                links.setdefault(item, (r[3], r[4]))
+                sem.setdefault(int(r[0]), float(r[2]))
         missing = [] if scored else [i for i in kw if i not in sem]
         if missing:  # keyword-only candidates: their exact cosine
             sql_, params = q.vector_scores(await self.space(), _target(req), missing, vec)
@@ -553,13 +567,7 @@ class SearchEngine:
         items = list(dict.fromkeys([*(i for i, _ in ann), *kw]))
         floor = min(sem.values(), default=0.0)  # an item not embedded yet ranks last here
         scores = {"semantic": {i: sem.get(i, floor) for i in items}, "keyword": {i: kw.get(i, 0.0) for i in items}}
-        fused = fuse_convex(scores, weights, parts={"semantic": sem, "keyword": kw})
-        if neighbours and fused:
-            # Only strong items lend much: the links of the leading ones.
-            lead = [f.item for f in fused[: max(2 * req.top_k, 20)]]
-            fused = smooth_neighbours(
-                fused, neighbour_map((i, *links[i]) for i in lead if i in links), self.settings.neighbour_weight)
-        return fused
+        return fuse_convex(scores, weights, parts={"semantic": sem, "keyword": kw})
 
     def _cut(self, fused: list[Fused], req: MemorySearchRequest | EntrySearchRequest) -> list[Fused]:
         if req.min_score is not None:

@@ -8,9 +8,9 @@ column. :func:`semantic_query` with ``exact=True`` builds the exact
 covering board index) and when a selective filter leaves the index scan
 short. Both retrievers can return what hybrid fusion needs of their
 candidates in the same statement: the other retriever's score (the cosine of
-keyword candidates, the exact cosine of extra items) and each memory's
-neighbours on its board. :func:`vector_scores` gives the cosine similarity of
-chosen items.
+keyword candidates, the exact cosine of extra items). :func:`vector_scores`
+gives the cosine similarity of chosen items; :func:`fetch_memories` with
+``linked`` adds each memory's neighbours on its board to its row.
 
 Keyword queries score with BM25 (binary term frequency, which is what short
 memories have) in one scan: the candidates are the items matching any
@@ -146,10 +146,9 @@ def _neighbour_cols(board: str, created: str, mid: str) -> sql.Composable:
 
 
 def semantic_query(space: Space, req: MemorySearchRequest | EntrySearchRequest, vector: Any, limit: int,
-                   *, exact: bool = False, neighbours: bool = False,
-                   extra: Sequence[int] = ()) -> tuple[sql.Composed, list[Any]]:
+                   *, exact: bool = False, extra: Sequence[int] = ()) -> tuple[sql.Composed, list[Any]]:
     """Rows ``(item, cosine similarity, nearest)`` of the nearest items passing the filters
-    (``nearest`` true), plus ``(previous, next)`` memory on the board with ``neighbours``.
+    (``nearest`` true).
 
     The board filter is applied to the vector table's own ``board`` column,
     inside the scan; the other filters (and the board again, the item's
@@ -161,9 +160,8 @@ def semantic_query(space: Space, req: MemorySearchRequest | EntrySearchRequest, 
         exact: order by an expression the HNSW index cannot serve: an exact
             scan of the rows passing the filters (with a board filter, an
             index-only scan of the covering board index).
-        neighbours: memories only: add each row's neighbours.
         extra: items to score as well, whether near or not (rows with
-            ``nearest`` false, no neighbours): the hybrid search's keyword-only candidates.
+            ``nearest`` false): the hybrid search's keyword-only candidates.
     """
     memory = isinstance(req, MemorySearchRequest)
     conds, fparams = filters(req, boards=False)
@@ -176,34 +174,28 @@ def semantic_query(space: Space, req: MemorySearchRequest | EntrySearchRequest, 
     # (An ORDER BY alias cannot be part of an expression: the exact order repeats the distance.)
     order = sql.SQL("(v.embedding <=> %s::vector) + 0") if exact else sql.SQL("d")
     oparams: list[Any] = [vector] if exact else []
-    neigh = neighbours and memory
     if memory and not conds:
         # Nearest first, then the join, which also checks that the memory is
         # still on the vector's board (a join condition, so that the planner
         # probes the primary key for the few rows instead of hashing the board).
-        cols = _neighbour_cols("m.board", "m.created_at", "m.mid") if neigh else sql.SQL("")
         query = sql.SQL(
-            "SELECT s.item, 1 - s.d, true{cols} FROM (SELECT v.item, v.board, v.embedding <=> %s::vector AS d "
+            "SELECT s.item, 1 - s.d, true FROM (SELECT v.item, v.board, v.embedding <=> %s::vector AS d "
             "FROM {t} v{vwhere} ORDER BY {order} LIMIT %s) s "
             "JOIN bb_memories m ON m.mid = s.item AND m.board = s.board").format(
-            cols=cols, t=table, vwhere=_where(vconds), order=order)
+            t=table, vwhere=_where(vconds), order=order)
         params: list[Any] = [vector, *vparams, *oparams, limit]
     else:
         if boards:
             conds.insert(0, sql.SQL("{a}.board = ANY(%s)").format(a=a))
             fparams.insert(0, boards)
-        inner_cols = sql.SQL(", m.board AS mb, m.created_at AS mc") if neigh else sql.SQL("")
-        cols = _neighbour_cols("s.mb", "s.mc", "s.item") if neigh else sql.SQL("")
         query = sql.SQL(
-            "SELECT s.item, 1 - s.d, true{cols} FROM (SELECT v.item, v.embedding <=> %s::vector AS d{inner} "
+            "SELECT s.item, 1 - s.d, true FROM (SELECT v.item, v.embedding <=> %s::vector AS d "
             "FROM {t} v JOIN {base} ON {a}.{k} = v.item{where} ORDER BY {order} LIMIT %s) s").format(
-            cols=cols, inner=inner_cols, t=table, base=sql.SQL(base), a=a, k=k,
-            where=_where(vconds + conds), order=order)
+            t=table, base=sql.SQL(base), a=a, k=k, where=_where(vconds + conds), order=order)
         params = [vector, *vparams, *fparams, *oparams, limit]
     if extra:
-        nulls = sql.SQL(", NULL::bigint, NULL::bigint") if neigh else sql.SQL("")
-        query = sql.SQL("({q}) UNION ALL (SELECT v.item, 1 - (v.embedding <=> %s::vector), false{nulls} "
-                        "FROM {t} v WHERE v.item = ANY(%s))").format(q=query, nulls=nulls, t=table)
+        query = sql.SQL("({q}) UNION ALL (SELECT v.item, 1 - (v.embedding <=> %s::vector), false "
+                        "FROM {t} v WHERE v.item = ANY(%s))").format(q=query, t=table)
         params += [vector, list(extra)]
     return query, params
 
@@ -243,10 +235,10 @@ def term_stats_query(target: Target) -> tuple[str, list[Any]]:
 
 def keyword_query(req: MemorySearchRequest | EntrySearchRequest, lexemes: Sequence[str],
                   candidate_lexemes: Sequence[str], limit: int, *, max_candidates: int,
-                  k1: float = 1.2, b: float = 0.75, space: Space | None = None, vector: Any = None,
-                  neighbours: bool = False) -> tuple[sql.Composed, list[Any]]:
+                  k1: float = 1.2, b: float = 0.75, space: Space | None = None,
+                  vector: Any = None) -> tuple[sql.Composed, list[Any]]:
     """Rows ``(id, BM25 score, cosine)`` of the items matching any of ``candidate_lexemes``
-    and the filters, best first; ``(previous, next)`` memory on the board added with ``neighbours``.
+    and the filters, best first.
 
     Every lexeme of ``lexemes`` (the query's) counts in the score; candidates
     are generated from ``candidate_lexemes`` only (a subset without the very
@@ -258,7 +250,6 @@ def keyword_query(req: MemorySearchRequest | EntrySearchRequest, lexemes: Sequen
     Args:
         space, vector: when both are given, the cosine similarity of each
             result's vector to ``vector`` (NULL without a vector); otherwise NULL.
-        neighbours: memories only: add each result's neighbours.
     """
     memory = isinstance(req, MemorySearchRequest)
     conds, fparams = filters(req)
@@ -277,21 +268,18 @@ def keyword_query(req: MemorySearchRequest | EntrySearchRequest, lexemes: Sequen
             df=sql.Identifier(f"df{i}"), idf=sql.Identifier(f"idf{i}")) for i in n_terms)
     total = sql.SQL(" + ").join(
         sql.SQL("{h} * {idf}").format(h=sql.Identifier(f"h{i}"), idf=sql.Identifier(f"idf{i}")) for i in n_terms)
-    neigh = neighbours and memory
     # The candidates once (materialised), their statistics in one aggregate
     # row, then every candidate's score: each inverse document frequency is
     # computed once, in float8 (window aggregates per row, and numeric
     # arithmetic, cost about a third more).
     query = sql.SQL(
-        "WITH c AS MATERIALIZED (SELECT {a}.{k} AS id, length({a}.tsv)::float8 AS dl{place}{hits} "
+        "WITH c AS MATERIALIZED (SELECT {a}.{k} AS id, length({a}.tsv)::float8 AS dl{hits} "
         "FROM {base}{where} LIMIT %s), "
         "st AS (SELECT avgdl{idfs} FROM (SELECT count(*)::float8 AS n, avg(dl) AS avgdl{dfs} FROM c) a) "
-        "SELECT c.id, ({total}) * {k1p1} / (1 + {k1} * (1 - {b} + {b} * c.dl / st.avgdl)) AS score{out} "
+        "SELECT c.id, ({total}) * {k1p1} / (1 + {k1} * (1 - {b} + {b} * c.dl / st.avgdl)) AS score "
         "FROM c, st ORDER BY score DESC, c.id LIMIT %s").format(
         a=a, k=sql.Identifier(key), hits=hits, dfs=dfs, idfs=idfs, total=total,
         k1p1=sql.Literal(float(k1) + 1.0), k1=sql.Literal(float(k1)), b=sql.Literal(float(b)),
-        place=sql.SQL(", m.board AS mb, m.created_at AS mc") if neigh else sql.SQL(""),
-        out=sql.SQL(", c.mb, c.mc") if neigh else sql.SQL(""),
         base=sql.SQL("bb_memories m" if memory else "bb_entries e"), where=_where(conds))
     params: list[Any] = [tsquery_literal([t]) for t in terms]
     params += [tsquery_literal(candidate_lexemes), *fparams, max_candidates, limit]
@@ -299,8 +287,7 @@ def keyword_query(req: MemorySearchRequest | EntrySearchRequest, lexemes: Sequen
     cosine = sql.SQL("1 - (v.embedding <=> %s::vector)") if with_vector else sql.SQL("NULL::float8")
     join = sql.SQL(" LEFT JOIN {t} v ON v.item = k.id").format(
         t=space.table("memory" if memory else "entry")) if with_vector and space is not None else sql.SQL("")
-    outer = sql.SQL("SELECT k.id, k.score, {cos}{neigh} FROM ({q}) k{join}").format(
-        cos=cosine, neigh=_neighbour_cols("k.mb", "k.mc", "k.id") if neigh else sql.SQL(""), q=query, join=join)
+    outer = sql.SQL("SELECT k.id, k.score, {cos} FROM ({q}) k{join}").format(cos=cosine, q=query, join=join)
     return outer, ([vector] if with_vector else []) + params
 
 
@@ -311,9 +298,11 @@ def vector_scores(space: Space, target: Target, items: Sequence[int], vector: An
     return query, [vector, list(items)]
 
 
-def fetch_memories() -> str:
-    """Full rows of memories by mid."""
-    return f"SELECT m.mid, {_MEMORY_COLS} FROM bb_memories m WHERE m.mid = ANY(%s)"
+def fetch_memories(*, linked: bool = False) -> str:
+    """Full rows of memories by mid; with ``linked``, each row ends with the previous and the
+    next memory on its board (in ``(created_at, mid)`` order, one probe of an index each)."""
+    links = _neighbour_cols("m.board", "m.created_at", "m.mid").as_string(None) if linked else ""
+    return f"SELECT m.mid, {_MEMORY_COLS}{links} FROM bb_memories m WHERE m.mid = ANY(%s)"
 
 
 def fetch_entries() -> str:
