@@ -76,8 +76,8 @@ async def main() -> None:
                     for i in range(args.n):
                         text = " ".join(rng.choices(vocab, weights, k=14))
                         at = now - timedelta(milliseconds=args.n - i)  # one a millisecond, oldest first
-                        await copy.write_row((f"m{i}", boards[i % 20], f"agent{i % 50}", kinds[i % 4], text,
-                                              [f"t{i % 10}"], Jsonb({"n": i % 100}), at, at, "BB_MEMORY",
+                        await copy.write_row((f"m{i}", boards[i % 20], f"agent{i % 50}", kinds[(i // 7) % 4], text,
+                                              [f"t{(i // 20) % 10}"], Jsonb({"n": i % 100}), at, at, "BB_MEMORY",
                                               i + 1, text))
                 await conn.commit()
                 vecs = np.random.default_rng(1).standard_normal((args.n, prov.dimensions)).astype(np.float32)
@@ -141,6 +141,7 @@ async def main() -> None:
             print("mode     filter          new query (model + search)      repeated query (search only)")
             for mode in ("keyword", "semantic", "hybrid"):
                 for label, kw in (("no filter", {}), ("board filter", {"board": "b3"}),
+                                  # ~125 memories of 100k: a selective filter
                                   ("board+tag+kind", {"board": "b3", "tags_any": ["t3"], "kind": "semantic"})):
                     queries = fresh_queries()
                     rounds: list[list[float]] = []
