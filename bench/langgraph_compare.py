@@ -16,7 +16,10 @@ is off, so every query pays its embedding on both sides.
   and a semantic ``agent.recall`` of the last one finds it.
 * Search latency: ``store.asearch(limit=10)`` vs ``agent.recall(top_k=10)``
   (hybrid, the default; semantic, the same kind of search as LangGraph's;
-  keyword for reference), both embedding the query (keyword needs none).
+  keyword for reference), both embedding the query (keyword needs none);
+  asked after both systems' writes, each query of every system and mode one
+  after the other, the order reversed every other query, so that drift and
+  noise on a shared machine hit all alike.
 
 Needs the ``bench`` extra (``pip install -e '.[bench]'``).
 
@@ -29,17 +32,17 @@ import argparse
 import asyncio
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-from _common import embedded_stack, percentile
+from _common import alternate, embedded_stack, percentile
 
 from agents_sdk import Agent, MemoryInput
 from blackboard.embeddings import EmbeddingProvider, provider_from_settings
 from blackboard.settings import (
     SearchSettings,
-    Settings,
     WorkerSettings,
 )
 from blackboard.worker import Worker
@@ -68,9 +71,9 @@ def load_workload(n_items: int, n_queries: int) -> tuple[list[str], list[str]]:
     return texts[:n_items], list(dict.fromkeys(queries))[:n_queries]
 
 
-async def bench_langgraph(dsn: str, provider: EmbeddingProvider, texts: Sequence[str],
-                          queries: Sequence[str]) -> dict[str, Any]:
-    from langgraph.store.base import PutOp
+@asynccontextmanager
+async def langgraph_store(dsn: str, provider: EmbeddingProvider) -> AsyncIterator[Any]:
+    """LangGraph's AsyncPostgresStore with a pgvector HNSW index, embedding with our model."""
     from langgraph.store.postgres import AsyncPostgresStore
 
     async def embed(batch: Sequence[str]) -> list[list[float]]:
@@ -78,29 +81,30 @@ async def bench_langgraph(dsn: str, provider: EmbeddingProvider, texts: Sequence
 
     index = {"dims": provider.dimensions, "embed": embed, "fields": ["text"],
              "ann_index_config": {"kind": "hnsw", "vector_type": "vector"}, "distance_type": "cosine"}
-    out: dict[str, Any] = {}
     async with AsyncPostgresStore.from_conn_string(dsn, index=index) as store:  # type: ignore[arg-type]
         await store.setup()
-        ns = ("bench", "one")
-        t0 = time.perf_counter()
-        for i, text in enumerate(texts):
-            await store.aput(ns, f"k{i}", {"text": text})
-        dt = time.perf_counter() - t0
-        found = await store.asearch(ns, query=texts[-1], limit=10)
-        assert any(item.key == f"k{len(texts) - 1}" for item in found), "LangGraph: last put not found"
-        out["one_ack"] = out["one_searchable"] = len(texts) / dt
-        ns_b = ("bench", "batch")
-        t0 = time.perf_counter()
-        for i in range(0, len(texts), _BATCH):
-            await store.abatch([PutOp(ns_b, f"k{j}", {"text": texts[j]})
-                                for j in range(i, min(i + _BATCH, len(texts)))])
-        out["batch_ack"] = out["batch_searchable"] = len(texts) / (time.perf_counter() - t0)
-        lat = []
-        for q in queries:
-            t = time.perf_counter()
-            await store.asearch(ns, query=q, limit=10)
-            lat.append(time.perf_counter() - t)
-        out["search"] = lat
+        yield store
+
+
+async def langgraph_writes(store: Any, texts: Sequence[str]) -> dict[str, float]:
+    """``aput`` one by one into ("bench", "one"), then ``abatch`` of 64 into ("bench", "batch")."""
+    from langgraph.store.base import PutOp
+
+    out: dict[str, float] = {}
+    ns = ("bench", "one")
+    t0 = time.perf_counter()
+    for i, text in enumerate(texts):
+        await store.aput(ns, f"k{i}", {"text": text})
+    dt = time.perf_counter() - t0
+    found = await store.asearch(ns, query=texts[-1], limit=10)
+    assert any(item.key == f"k{len(texts) - 1}" for item in found), "LangGraph: last put not found"
+    out["one_ack"] = out["one_searchable"] = len(texts) / dt
+    ns_b = ("bench", "batch")
+    t0 = time.perf_counter()
+    for i in range(0, len(texts), _BATCH):
+        await store.abatch([PutOp(ns_b, f"k{j}", {"text": texts[j]})
+                            for j in range(i, min(i + _BATCH, len(texts)))])
+    out["batch_ack"] = out["batch_searchable"] = len(texts) / (time.perf_counter() - t0)
     return out
 
 
@@ -113,41 +117,51 @@ async def _searchable(agent: Agent, worker: Worker, board: str, last_text: str, 
         await asyncio.sleep(0.05)
 
 
-async def bench_ours(settings: Settings, provider: EmbeddingProvider, texts: Sequence[str],
-                     queries: Sequence[str]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    async with Worker(settings, provider=provider) as worker, \
-            Agent.connect("bench", settings=settings) as agent:
-        board = "one"
-        t0 = time.perf_counter()
-        last = ""
-        for text in texts:
-            last = await agent.remember(text, board=board)
-        t_ack = time.perf_counter()
-        await _searchable(agent, worker, board, texts[-1], last)
-        t_found = time.perf_counter()
-        out["one_ack"] = len(texts) / (t_ack - t0)
-        out["one_searchable"] = len(texts) / (t_found - t0)
-        assert worker.embedder is not None
-        out["model_seconds"] = worker.embedder.stats.model_seconds
-        board = "batch"
-        t0 = time.perf_counter()
-        ids: list[str] = []
-        for i in range(0, len(texts), _BATCH):
-            ids += await agent.remember_many(MemoryInput(text=t, board=board) for t in texts[i:i + _BATCH])
-        t_ack = time.perf_counter()
-        await _searchable(agent, worker, board, texts[-1], ids[-1])
-        t_found = time.perf_counter()
-        out["batch_ack"] = len(texts) / (t_ack - t0)
-        out["batch_searchable"] = len(texts) / (t_found - t0)
-        for mode in ("hybrid", "semantic", "keyword"):
-            lat = []
-            for q in queries:
-                t = time.perf_counter()
-                await agent.recall(q, board="one", top_k=10, mode=mode)  # type: ignore[arg-type]
-                lat.append(time.perf_counter() - t)
-            out[f"search_{mode}"] = lat
+async def our_writes(agent: Agent, worker: Worker, texts: Sequence[str]) -> dict[str, float]:
+    """``agent.remember`` one by one onto board "one", then ``remember_many`` of 64 onto "batch"."""
+    out: dict[str, float] = {}
+    board = "one"
+    t0 = time.perf_counter()
+    last = ""
+    for text in texts:
+        last = await agent.remember(text, board=board)
+    t_ack = time.perf_counter()
+    await _searchable(agent, worker, board, texts[-1], last)
+    t_found = time.perf_counter()
+    out["one_ack"] = len(texts) / (t_ack - t0)
+    out["one_searchable"] = len(texts) / (t_found - t0)
+    board = "batch"
+    t0 = time.perf_counter()
+    ids: list[str] = []
+    for i in range(0, len(texts), _BATCH):
+        ids += await agent.remember_many(MemoryInput(text=t, board=board) for t in texts[i:i + _BATCH])
+    t_ack = time.perf_counter()
+    await _searchable(agent, worker, board, texts[-1], ids[-1])
+    t_found = time.perf_counter()
+    out["batch_ack"] = len(texts) / (t_ack - t0)
+    out["batch_searchable"] = len(texts) / (t_found - t0)
     return out
+
+
+async def searches(store: Any, agent: Agent, queries: Sequence[str]) -> dict[str, list[float]]:
+    """Each query asked of LangGraph and of ours in each mode, one after the other, the order
+    reversed every other query (drift and noise hit all four alike); seconds per search."""
+
+    def timed(call: Callable[[str], Awaitable[object]]) -> Callable[[int], Awaitable[float]]:
+        async def run(r: int) -> float:
+            t = time.perf_counter()
+            await call(queries[r])
+            return time.perf_counter() - t
+
+        return run
+
+    def ours(mode: str) -> Callable[[str], Awaitable[object]]:
+        return lambda q: agent.recall(q, board="one", top_k=10, mode=mode)  # type: ignore[arg-type]
+
+    return await alternate(len(queries), {
+        "langgraph": timed(lambda q: store.asearch(("bench", "one"), query=q, limit=10)),
+        "hybrid": timed(ours("hybrid")), "semantic": timed(ours("semantic")), "keyword": timed(ours("keyword")),
+    })
 
 
 async def model_rate(provider: EmbeddingProvider, texts: Sequence[str], batch: int) -> float:
@@ -170,8 +184,12 @@ async def main() -> None:
         async with provider_from_settings(s.embedding) as provider:
             await provider.embed(texts[:8])  # load the model outside the timings
             raw_model = await model_rate(provider, texts[: min(len(texts), 512)], s.embedding.batch_size)
-            lg = await bench_langgraph(pg.dsn, provider, texts, queries)
-            ours = await bench_ours(s, provider, texts, queries)
+            async with langgraph_store(pg.dsn, provider) as store:
+                lg = await langgraph_writes(store, texts)
+                async with Worker(s, provider=provider) as worker, \
+                        Agent.connect("bench", settings=s) as agent:
+                    ours = await our_writes(agent, worker, texts)
+                    lat = await searches(store, agent, queries)
         print(f"items: {len(texts)} LoCoMo turns, queries: {len(queries)}; model {provider.model} "
               f"alone: {raw_model:.1f} texts/s (batch {s.embedding.batch_size})")
         print(f"{'':34s}{'LangGraph':>12s}{'ours':>12s}{'ours/LG':>10s}")
@@ -185,8 +203,8 @@ async def main() -> None:
         line("batches of 64, searchable/s", lg["batch_searchable"], ours["batch_searchable"], "  ")
         for mode in ("hybrid", "semantic", "keyword"):
             for p in (50, 95):
-                a = percentile(lg["search"], p) * 1000
-                b = percentile(ours[f"search_{mode}"], p) * 1000
+                a = percentile(lat["langgraph"], p) * 1000
+                b = percentile(lat[mode], p) * 1000
                 verdict = f"{a / b:8.2f}x faster" if b < a else f"{b / a:8.2f}x slower"
                 print(f"  search p{p} ms (ours {mode:8s})     {a:10.2f}  {b:10.2f}  {verdict}")
         print("  targets: writes >= 10x (acknowledged), search faster than LangGraph")
