@@ -38,6 +38,7 @@ from typing import Any, Literal, TypeVar
 
 import numpy as np
 import psycopg
+from psycopg import sql
 from psycopg_pool import AsyncConnectionPool
 
 from blackboard import codec
@@ -371,23 +372,32 @@ class SearchEngine:
         return 1.0 if rows is None or stats is None or stats.rows <= 0 else rows / stats.rows
 
     async def _semantic(self, conn: Conn, req: Request, vector: np.ndarray, limit: int, ef_search: int, *,
-                        extra: Sequence[int] = ()) -> list[tuple[Any, ...]]:
-        """Rows ``(item, score, nearest[, previous, next])``: the nearest items passing the
-        filters, best first, then the ``extra`` items (see :func:`search_sql.semantic_query`)."""
+                        extra: Sequence[int] = (), rows: bool = False) -> list[tuple[Any, ...]]:
+        """Rows ``(item, score, nearest)``: the nearest items passing the
+        filters, best first, then the ``extra`` items (see :func:`search_sql.semantic_query`);
+        with ``rows``, each followed by the item's full row (:func:`search_sql.with_rows`)."""
         space = await self.space()
         exact = await self._exact(conn, req)
         if not exact:
             await self._scan_settings(conn, max(ef_search, limit))
-        sql_, params = q.semantic_query(space, req, vector, limit, exact=exact, extra=extra)
-        rows = await (await conn.execute(sql_, params)).fetchall()
-        if not exact and sum(1 for r in rows if r[2]) < limit and _has_filters(req):
+        found = await self._run(conn, *q.semantic_query(space, req, vector, limit, exact=exact, extra=extra),
+                                target=_target(req) if rows else None)
+        if not exact and sum(1 for r in found if r[2]) < limit and _has_filters(req):
             # A filter so selective that the index scan ran dry before filling
             # `limit`: scan the filtered rows exactly instead.
-            sql_, params = q.semantic_query(space, req, vector, limit, exact=True, extra=extra)
-            rows = await (await conn.execute(sql_, params)).fetchall()
+            found = await self._run(conn, *q.semantic_query(space, req, vector, limit, exact=True, extra=extra),
+                                    target=_target(req) if rows else None)
         # relaxed_order may be slightly out of order
-        rows.sort(key=lambda r: (not r[2], -float(r[1])))
-        return rows
+        found.sort(key=lambda r: (not r[2], -float(r[1])))
+        return found
+
+    @staticmethod
+    async def _run(conn: Conn, query: sql.Composed, params: Sequence[Any], *,
+                   target: Target | None = None) -> list[tuple[Any, ...]]:
+        """The rows of ``query``; with a ``target``, each followed by the item's full row."""
+        if target is not None:
+            query = q.with_rows(query, target)
+        return list(await (await conn.execute(query, params)).fetchall())
 
     async def _term_stats(self, conn: psycopg.AsyncConnection[Any], target: Target) -> TermStats | None:
         now = time.monotonic()
@@ -415,8 +425,9 @@ class SearchEngine:
         return lexemes
 
     async def _keyword(self, conn: Conn, req: Request, limit: int, *,
-                       vector: np.ndarray | None = None) -> list[tuple[Any, ...]]:
-        """Rows ``(item, BM25 score, cosine or None)``, best first."""
+                       vector: np.ndarray | None = None, rows: bool = False) -> list[tuple[Any, ...]]:
+        """Rows ``(item, BM25 score, cosine or None)``, best first; with ``rows``, each followed
+        by the item's full row."""
         lexemes = await self._lexemes(conn, req.query)
         if not lexemes:  # only stop words
             return []
@@ -426,7 +437,10 @@ class SearchEngine:
                                    self.settings.keyword_candidate_budget, await self._board_share(conn, req))
         sql_, params = q.keyword_query(req, lexemes, chosen, limit, max_candidates=self.settings.keyword_max_candidates,
                                        space=space, vector=vector)
-        return list(await (await conn.execute(sql_, params)).fetchall())
+        found = await self._run(conn, sql_, params, target=_target(req) if rows else None)
+        if rows:  # the join does not keep the order
+            found.sort(key=lambda r: (-float(r[1]), int(r[0])))
+        return found
 
     async def _keyword_own(self, req: Request, limit: int, *,
                            vector: np.ndarray | None = None) -> list[tuple[Any, ...]]:
@@ -451,17 +465,17 @@ class SearchEngine:
     async def _search_once(self, req: Request, fetch: str) -> tuple[list[Fused], dict[int, tuple[Any, ...]]]:
         if req.mode == "hybrid":
             return await self._hybrid_search(req, fetch)
+        # One retriever, no fusion: its statement returns the results' rows too.
         query_vec = await self._embed(req.query) if req.mode == "semantic" else None
         async with self.pool.connection() as conn:
             try:
                 if query_vec is not None:
-                    nearest = await self._semantic(conn, req, query_vec, req.top_k, self.settings.ef_search)
-                    ranked = [Fused(int(r[0]), float(r[1]), {"semantic": float(r[1])}) for r in nearest]
+                    found = await self._semantic(conn, req, query_vec, req.top_k, self.settings.ef_search,
+                                                 rows=True)
                 else:
-                    ranked = [Fused(int(r[0]), float(r[1]), {"keyword": float(r[1])})
-                              for r in await self._keyword(conn, req, req.top_k)]
-                fused = self._cut(ranked, req)
-                return fused, await self._rows(conn, fetch, fused)
+                    found = await self._keyword(conn, req, req.top_k, rows=True)
+                ranked = [Fused(int(r[0]), float(r[1]), {req.mode: float(r[1])}) for r in found]
+                return self._cut(ranked, req), {int(r[0]): r[3:] for r in found}
             finally:
                 await conn.rollback()
 

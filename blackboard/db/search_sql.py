@@ -52,6 +52,7 @@ __all__ = [
     "term_stats_query",
     "tsquery_literal",
     "vector_scores",
+    "with_rows",
 ]
 
 Target = Literal["memory", "entry"]
@@ -296,6 +297,17 @@ def vector_scores(space: Space, target: Target, items: Sequence[int], vector: An
     query = sql.SQL("SELECT item, 1 - (embedding <=> %s::vector) FROM {t} WHERE item = ANY(%s)").format(
         t=space.table(target))
     return query, [vector, list(items)]
+
+
+def with_rows(query: sql.Composable, target: Target) -> sql.Composed:
+    """``query``'s three columns ``(item, score, flag)`` followed by the item's full row (as
+    :func:`fetch_memories` / :func:`fetch_entries` give it), for the items still there: a
+    search that needs no fusion gets its results in one statement (in no particular order)."""
+    cols, table, key = (("m.mid, " + _MEMORY_COLS, "bb_memories m", "m.mid") if target == "memory"
+                        else ("e.eid, " + _ENTRY_COLS, "bb_entries e", "e.eid"))
+    return sql.SQL("SELECT r.item, r.score, r.flag, {cols} FROM ({q}) AS r(item, score, flag) "
+                   "JOIN {table} ON {key} = r.item").format(
+        cols=sql.SQL(cols), q=query, table=sql.SQL(table), key=sql.SQL(key))
 
 
 def fetch_memories(*, linked: bool = False) -> str:
