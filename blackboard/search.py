@@ -665,7 +665,7 @@ class SearchEngine:
         """The revision of a key current at ``req.revision`` or ``req.at``.
 
         Raises:
-            NotFoundError: the key did not exist then, or was deleted.
+            NotFoundError: the key did not exist then, was deleted, or (at a time) had expired.
         """
         sql_, when = (q.AS_OF_REVISION, req.revision) if req.revision is not None else (q.AS_OF_AT, req.at)
         rows = await self._fetch(sql_, (req.board, req.section, req.key, when))
@@ -676,6 +676,9 @@ class SearchEngine:
         rev = self._revision(row)
         if rev.op != "PUT":
             raise NotFoundError(name, f"{name!r} was deleted at that point (revision {rev.revision})")
+        if req.at is not None and row[-1] is not None and row[-1] <= req.at:
+            raise NotFoundError(name, f"{name!r} had expired at that point (revision {rev.revision}, "
+                                      f"its TTL ended at {row[-1].isoformat()})")
         return rev
 
     async def flush_touched(self) -> None:

@@ -254,3 +254,59 @@ async def test_search_connections_plan_each_query_for_its_parameters(pg_settings
             for conn in (a, b):
                 row = await (await conn.execute("SHOW plan_cache_mode")).fetchone()
                 assert row == ("force_custom_plan",)
+
+
+async def test_an_entry_that_expired_while_the_worker_was_away_is_not_found(pg_settings: Settings,
+                                                                          unique: str) -> None:
+    """The server's delete marker lives ~1 s: a worker down meanwhile never reads it. The stored
+    revision's expiry still keeps the entry out of searches and time-based as-of reads."""
+    import asyncio
+    from datetime import UTC, datetime
+
+    from agents_sdk import Agent
+
+    # A bucket of its own: the other tests' workers (sharing this PostgreSQL) must not read the marker.
+    s = pg_settings.model_copy(update={
+        "worker": WorkerSettings(name=f"ttl{unique}", embed=False, batch_wait=0.02, lag_interval=600),
+        "board": pg_settings.board.model_copy(update={"bucket": f"ttl{unique}"})})
+    nc = await connect_nats(s.nats, name="test-ttl")
+    await ensure_streams(nc.jetstream(), s)
+    client = SearchClient(nc, s)
+    try:
+        async with Agent.connect("ttl-writer", settings=s) as agent:
+            board = agent.board(unique)
+            async with Worker(s) as w:
+                # (2 s: this worker is stopped before the key expires and its marker appears)
+                rev = await board.put("s", "gone", f"ephemeral {unique}", ttl=2)
+                await board.put("s", "kept", f"durable {unique}")
+                await w.wait_caught_up(30)
+                hits = await client.search_entries(unique, board=unique, mode="keyword")
+                assert {h.key for h in hits} == {"gone", "kept"}  # stored while it lived
+            # The worker is stopped: the key expires, the server places its
+            # delete marker, and the marker expires too (the stream then holds
+            # nothing for the key).
+            import nats.js.errors
+
+            subj = Subjects(s.board.bucket)
+            js = nc.jetstream()
+            for _ in range(200):
+                try:
+                    await js.get_last_msg(subj.kv_stream, subj.entry(unique, "s", "gone"))
+                except nats.js.errors.NotFoundError:
+                    break
+                await asyncio.sleep(0.1)
+            else:
+                pytest.fail("the entry and its delete marker did not expire within 20 s")
+            with pytest.raises(NotFoundError):
+                await board.get("s", "gone")
+            async with Worker(s) as w:
+                await w.wait_caught_up(30)
+                hits = await client.search_entries(unique, board=unique, mode="keyword")
+                assert [h.key for h in hits] == ["kept"]
+                revisions = await client.history(unique, "s", "gone")
+                assert [(r.revision, r.op) for r in revisions] == [(rev, "PUT")]  # the marker was never read
+                assert (await client.as_of(unique, "s", "gone", revision=rev)).value == f"ephemeral {unique}"
+                with pytest.raises(NotFoundError, match="expired"):
+                    await client.as_of(unique, "s", "gone", at=datetime.now(UTC))
+    finally:
+        await nc.close()

@@ -179,3 +179,20 @@ def test_server_expiry_marker_is_a_purge() -> None:
     row = d.decode_entry(_entry_msg(None, raw=b"", headers=headers), _SUBJECTS, max_bytes=10**6, index_chars=10**5)
     assert (row.op, row.value, row.search_text) == ("PURGE", None, "")
     assert (row.board, row.section, row.key) == ("b", "s", "k")
+
+
+@pytest.mark.parametrize(("value", "seconds"), [
+    ("30s", 30.0), ("30", 30.0), ("1h30m", 5400.0), ("1.5h", 5400.0), ("500ms", 0.5), ("2m0.5s", 120.5),
+    ("never", None), ("", None), ("abc", None), ("1x", None), ("-5s", None), ("0s", None), ("1h-2m", None),
+])
+def test_parse_ttl_reads_seconds_and_go_durations(value: str, seconds: float | None) -> None:
+    assert d.parse_ttl(value) == seconds
+
+
+def test_an_entry_written_with_a_ttl_records_when_it_expires(monkeypatch: pytest.MonkeyPatch) -> None:
+    env = {"v": 1, "value": {"a": 1}, "content_type": "application/json", "tags": [], "metadata": {},
+           "author": "me", "created_at": _NOW}
+    for headers, expires in (({"Nats-TTL": "90s"}, _NOW + timedelta(seconds=90)), ({"Nats-TTL": "never"}, None),
+                             ({}, None)):
+        fast, general = _decode_both(_entry_msg(env, headers=headers), monkeypatch)
+        assert fast.expires_at == general.expires_at == expires, headers

@@ -37,7 +37,7 @@ __all__ = [
 ]
 
 REVISION_COLUMNS = ("stream", "seq", "board", "section", "key", "op", "value", "value_raw", "content_type",
-                    "tags", "metadata", "author", "created_at", "stored_at")
+                    "tags", "metadata", "author", "created_at", "stored_at", "expires_at")
 MEMORY_COLUMNS = ("stream", "seq", "id", "board", "agent", "kind", "text", "tags", "metadata",
                   "importance", "source", "read_only", "created_at", "search_text")
 
@@ -49,7 +49,7 @@ CREATE_STAGE_REVISIONS = """
 CREATE TEMP TABLE IF NOT EXISTS bb_stage_revisions (
     stream text, seq bigint, board text, section text, key text, op text, value jsonb,
     value_raw bytea, content_type text, tags text[], metadata jsonb, author text,
-    created_at timestamptz, stored_at timestamptz
+    created_at timestamptz, stored_at timestamptz, expires_at timestamptz
 ) ON COMMIT DELETE ROWS"""
 COPY_STAGE_REVISIONS = f"COPY bb_stage_revisions ({', '.join(REVISION_COLUMNS)}) FROM STDIN (FORMAT BINARY)"
 MOVE_STAGED_REVISIONS = f"""
@@ -71,16 +71,18 @@ WITH latest AS (
     ORDER BY r.board, r.section, r.key
 ), up AS (
     INSERT INTO bb_entries AS e (board, section, key, stream, revision, deleted, value, value_raw,
-                                 content_type, tags, metadata, author, created_at, updated_at, search_text)
+                                 content_type, tags, metadata, author, created_at, updated_at, search_text,
+                                 expires_at)
     SELECT board, section, key, stream, seq, op <> 'PUT', value, value_raw, content_type,
-           tags, metadata, author, created_at, stored_at, search_text
+           tags, metadata, author, created_at, stored_at, search_text, expires_at
     FROM latest
     ON CONFLICT (board, section, key) DO UPDATE SET
         stream = EXCLUDED.stream, revision = EXCLUDED.revision, deleted = EXCLUDED.deleted,
         value = EXCLUDED.value, value_raw = EXCLUDED.value_raw, content_type = EXCLUDED.content_type,
         tags = EXCLUDED.tags, metadata = EXCLUDED.metadata, author = EXCLUDED.author,
         created_at = CASE WHEN e.deleted THEN EXCLUDED.created_at ELSE e.created_at END,
-        updated_at = EXCLUDED.updated_at, search_text = EXCLUDED.search_text
+        updated_at = EXCLUDED.updated_at, search_text = EXCLUDED.search_text,
+        expires_at = EXCLUDED.expires_at
     WHERE e.revision < EXCLUDED.revision
     RETURNING e.eid, e.deleted, e.search_text
 )

@@ -69,7 +69,8 @@ HISTORY = f"SELECT {REVISION_COLS} FROM (SELECT * FROM bb_entry_revisions WHERE 
           "AND key = %s ORDER BY seq DESC LIMIT %s) r ORDER BY seq"
 AS_OF_REVISION = f"SELECT {REVISION_COLS} FROM bb_entry_revisions WHERE board = %s AND section = %s " \
                  "AND key = %s AND seq <= %s ORDER BY seq DESC LIMIT 1"
-AS_OF_AT = f"SELECT {REVISION_COLS} FROM bb_entry_revisions WHERE board = %s AND section = %s " \
+#: (The revision's expiry last: a revision past it at that time had expired.)
+AS_OF_AT = f"SELECT {REVISION_COLS}, expires_at FROM bb_entry_revisions WHERE board = %s AND section = %s " \
            "AND key = %s AND stored_at <= %s ORDER BY seq DESC LIMIT 1"
 #: Per-transaction HNSW settings: ef_search, and iterative scans so that
 #: filters applied after the index scan still fill the limit.
@@ -105,7 +106,8 @@ def filters(req: MemorySearchRequest | EntrySearchRequest, *, boards: bool = Tru
         params.append(value)
 
     if not memory:
-        conds.append(sql.SQL("NOT e.deleted"))
+        # Deleted, or expired by its TTL (whether or not the server's delete marker was read).
+        conds.append(sql.SQL("NOT e.deleted AND (e.expires_at IS NULL OR e.expires_at > now())"))
     if req.boards and boards:
         add("{a}.board = ANY(%s)", list(req.boards))
     if isinstance(req, MemorySearchRequest):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -36,6 +37,7 @@ __all__ = [
     "is_json_safe",
     "memory_search_text",
     "parse_ack_reply",
+    "parse_ttl",
 ]
 
 #: Metadata values longer than this are not copied into the keyword index.
@@ -47,6 +49,27 @@ _MEMORY_KINDS = frozenset(get_args(MemoryKind))
 _KV_OP = Header.KV_OPERATION.value
 _ENCODING = Header.ENCODING.value
 _MARKER = Header.MARKER_REASON.value
+_TTL = Header.MSG_TTL.value
+#: Units of a Go duration, as nats-server reads ``Nats-TTL`` (e.g. ``90s``, ``1h30m``, ``1.5h``).
+_DURATION_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+_DURATION_RE = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
+
+
+def parse_ttl(value: str) -> float | None:
+    """Seconds of a ``Nats-TTL`` header (an integer of seconds or a Go duration);
+    None for ``never`` or a value nats-server would not accept either (no expiry recorded)."""
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
+    if not value or value == "never":
+        return None
+    pos, total = 0, 0.0
+    for m in _DURATION_RE.finditer(value):
+        if m.start() != pos:
+            return None
+        total += float(m.group(1)) * _DURATION_UNITS[m.group(2)]
+        pos = m.end()
+    return total if pos == len(value) and total > 0 else None
 
 
 def parse_ack_reply(reply: str) -> tuple[str, int, datetime]:
@@ -160,6 +183,8 @@ class EntryRow:
     #: ``value`` / ``metadata`` as JSON text (UTF-8) when the decoder already made it.
     value_json: bytes | None = None
     metadata_json: bytes | None = None
+    #: When a revision written with a TTL (``Nats-TTL``) expires: ``stored_at`` + TTL.
+    expires_at: datetime | None = None
 
 
 @dataclass(slots=True)  # not frozen: a frozen __init__ costs ~1 µs more per row
@@ -461,20 +486,26 @@ def decode_entry(msg: RawMessage, subjects: Subjects, *, max_bytes: int, index_c
     if op in ("DEL", "PURGE"):
         return EntryRow(msg.stream, msg.seq, parts.board, parts.section, parts.key, op, None, None,
                         None, [], {}, None, None, msg.timestamp, "")
+    ttl = msg.headers.get(_TTL) if msg.headers else None
+    row = None
     if len(msg.data) <= max_bytes:
         row = _fast_entry(_unpack_strict(msg), msg, parts, index_chars)
-        if row is not None:
-            return row
-    env = validate_wire(EntryEnvelope, _payload(msg, max_bytes))
-    _check_fields(env.tags, env.metadata, (env.author, "author"), (env.content_type, "content_type"))
-    if is_json_safe(env.value):
-        value, raw = env.value, None
-    else:
-        value, raw = None, codec.encode(env.value)
-    text = entry_search_text(env.value, env.content_type, env.tags, index_chars)
-    return EntryRow(msg.stream, msg.seq, parts.board, parts.section, parts.key, "PUT", value, raw,
-                    env.content_type, list(env.tags), dict(env.metadata), env.author, env.created_at,
-                    msg.timestamp, text)
+    if row is None:
+        env = validate_wire(EntryEnvelope, _payload(msg, max_bytes))
+        _check_fields(env.tags, env.metadata, (env.author, "author"), (env.content_type, "content_type"))
+        if is_json_safe(env.value):
+            value, raw = env.value, None
+        else:
+            value, raw = None, codec.encode(env.value)
+        text = entry_search_text(env.value, env.content_type, env.tags, index_chars)
+        row = EntryRow(msg.stream, msg.seq, parts.board, parts.section, parts.key, "PUT", value, raw,
+                       env.content_type, list(env.tags), dict(env.metadata), env.author, env.created_at,
+                       msg.timestamp, text)
+    if ttl is not None:
+        seconds = parse_ttl(ttl)
+        if seconds is not None:
+            row.expires_at = msg.timestamp + timedelta(seconds=seconds)
+    return row
 
 
 def decode_memory(msg: RawMessage, *, max_bytes: int, index_chars: int) -> MemoryRow | ForgetRow:

@@ -108,7 +108,7 @@ def _revision_row(r: EntryRow) -> bytes:
         pgcopy.text(r.stream), pgcopy.bigint(r.seq), pgcopy.text(r.board), pgcopy.text(r.section),
         pgcopy.text(r.key), pgcopy.text(r.op), value, pgcopy.bytea(r.value_raw), pgcopy.text(r.content_type),
         pgcopy.text_array(r.tags), pgcopy.jsonb(meta), pgcopy.text(r.author),
-        pgcopy.timestamptz(r.created_at), pgcopy.timestamptz(r.stored_at),
+        pgcopy.timestamptz(r.created_at), pgcopy.timestamptz(r.stored_at), pgcopy.timestamptz(r.expires_at),
     ))
 
 
