@@ -2,7 +2,10 @@
 
 Both systems run against the same embedded PostgreSQL (pgvector, HNSW cosine
 index) and embed with the same local model (all-MiniLM-L6-v2 on onnxruntime,
-one provider object, wrapped as LangGraph's async embed function). The texts
+the same provider objects: one for batches, and the query provider our worker
+makes for its search service (``embedding.quantized_queries``: the local
+model's quantised copy) for single texts, wrapped as LangGraph's async embed
+function, so both systems embed a query with the same model). The texts
 are LoCoMo dialogue turns, the queries LoCoMo questions (``../shared/data``),
 each query asked once per system and mode; our search service's query cache
 is off, so every query pays its embedding on both sides.
@@ -72,12 +75,14 @@ def load_workload(n_items: int, n_queries: int) -> tuple[list[str], list[str]]:
 
 
 @asynccontextmanager
-async def langgraph_store(dsn: str, provider: EmbeddingProvider) -> AsyncIterator[Any]:
+async def langgraph_store(dsn: str, provider: EmbeddingProvider,
+                          query_provider: EmbeddingProvider) -> AsyncIterator[Any]:
     """LangGraph's AsyncPostgresStore with a pgvector HNSW index, embedding with our model."""
     from langgraph.store.postgres import AsyncPostgresStore
 
     async def embed(batch: Sequence[str]) -> list[list[float]]:
-        return (await provider.embed(list(batch))).tolist()  # type: ignore[no-any-return]
+        one = query_provider if len(batch) == 1 else provider  # a query (or a single put), or a batch
+        return (await one.embed(list(batch))).tolist()  # type: ignore[no-any-return]
 
     index = {"dims": provider.dimensions, "embed": embed, "fields": ["text"],
              "ann_index_config": {"kind": "hnsw", "vector_type": "vector"}, "distance_type": "cosine"}
@@ -181,12 +186,14 @@ async def main() -> None:
     # cache): the same queries are asked once per mode.
     async with embedded_stack("bb-lg-bench-", worker=WorkerSettings(name="lgbench", lag_interval=600),
                               search=SearchSettings(query_cache_size=0)) as (s, _, pg):
-        async with provider_from_settings(s.embedding) as provider:
-            await provider.embed(texts[:8])  # load the model outside the timings
+        async with provider_from_settings(s.embedding) as provider, \
+                provider_from_settings(s.embedding, queries=True) as query_provider:
+            await provider.embed(texts[:8])  # load the models outside the timings
+            await query_provider.embed(texts[:1])
             raw_model = await model_rate(provider, texts[: min(len(texts), 512)], s.embedding.batch_size)
-            async with langgraph_store(pg.dsn, provider) as store:
+            async with langgraph_store(pg.dsn, provider, query_provider) as store:
                 lg = await langgraph_writes(store, texts)
-                async with Worker(s, provider=provider) as worker, \
+                async with Worker(s, provider=provider, query_provider=query_provider) as worker, \
                         Agent.connect("bench", settings=s) as agent:
                     ours = await our_writes(agent, worker, texts)
                     lat = await searches(store, agent, queries)

@@ -11,7 +11,8 @@ first round pays for the query embedding (what a user asking something new
 waits for), the second finds the embedding in the search service's query
 cache (what the search itself costs; the figure for a repeated query). Raw
 layers next to them: a core NATS request/reply round trip, the bare ANN query
-in SQL, and one query embedding with the model alone.
+in SQL, and one query embedding with the search service's query model alone
+(``embedding.quantized_queries``: the local model's quantised copy).
 
 Usage: python bench/search_bench.py [--n 100000] [--queries 300]
 """
@@ -117,11 +118,14 @@ async def main() -> None:
             return [" ".join(rng.choices(vocab[:800], k=5)) for _ in range(args.queries)]
 
         nc = await connect_nats(s.nats, name="bench")
-        async with prov, Worker(s, provider=prov):
+        # The search service's own query provider, as a worker makes it (the
+        # local model's quantised copy, one text per call).
+        qprov = provider_from_settings(s.embedding, queries=True)
+        async with prov, qprov, Worker(s, provider=prov, query_provider=qprov):
             emb: list[float] = []
             for qtext in fresh_queries()[:100]:
                 t = time.perf_counter()
-                await prov.embed([qtext])
+                await qprov.embed([qtext])
                 emb.append((time.perf_counter() - t) * 1000)
             rtt: list[float] = []
             async def echo(msg: Msg) -> None:

@@ -139,6 +139,11 @@ class EmbeddingSettings(BaseModel):
     send_dimensions: bool = True
     #: onnxruntime intra-op threads of the local provider (0: one per core).
     threads: int = Field(0, ge=0)
+    #: The local provider embeds search queries with a dynamically quantised
+    #: copy of the model (int8; made from the packaged model on first use and
+    #: cached in ~/.cache/blackboard; one text per call, one thread): ~2x
+    #: faster per query, the same LoCoMo recall against the stored vectors.
+    quantized_queries: bool = True
 
 
 class LLMSettings(BaseModel):

@@ -493,3 +493,78 @@ async def test_openai_provider_handles_empty_input_and_empty_strings(openai_fake
         vectors = await provider.embed(["", "words"])
     assert vectors.shape == (2, 64)
     assert openai_fake.requests_to("/v1/embeddings")[-1].body["input"] == [" ", "words"]
+
+
+# -- the quantised query model -----------------------------------------------
+
+@pytest.fixture(scope="session")
+def minilm_quantized() -> Iterator[LocalProvider]:
+    provider = LocalProvider(quantized=True)
+    provider.load_sync()
+    yield provider
+    asyncio.run(provider.aclose())
+
+
+@session_loop
+async def test_quantized_provider_ranks_like_the_model_and_stays_close_to_its_vectors(
+    minilm: LocalProvider, minilm_quantized: LocalProvider,
+) -> None:
+    texts = [QUERY, SIMILAR, *DISSIMILAR, "Caroline went to an LGBTQ support group.",
+             "What is the capital of France?", "Paris is the capital city of France."]
+    full = await minilm.embed(texts)
+    quant = await minilm_quantized.embed(texts)
+    assert quant.shape == (len(texts), 384) and quant.dtype == np.float32
+    np.testing.assert_allclose(np.linalg.norm(quant, axis=1), 1.0, rtol=1e-5)
+    assert min(float(a @ b) for a, b in zip(full, quant, strict=True)) > 0.97  # measured: 0.98-0.995
+    sims = quant[1:5] @ quant[0]
+    assert sims[0] > max(sims[1:]) + 0.3
+    assert float(quant[6] @ quant[7]) > float(quant[6] @ quant[2])
+
+
+@session_loop
+async def test_quantized_provider_embeds_a_text_alike_whatever_else_is_in_the_call(
+    minilm_quantized: LocalProvider,
+) -> None:
+    """Activations are quantised per model call: one text per call keeps a text's vector its own."""
+    assert minilm_quantized.batch_size == 1
+    alone = await minilm_quantized.embed([SIMILAR])
+    crowded = await minilm_quantized.embed(["x " * 200, SIMILAR, *DISSIMILAR])
+    np.testing.assert_array_equal(alone[0], crowded[1])
+
+
+def test_the_quantized_model_is_made_once_then_read_from_the_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import onnxruntime.quantization
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    source = packaged_model_files().model
+    made = local_module.quantized_model(source)
+    assert made.parent == tmp_path / "blackboard" and made.is_file()
+    assert not [p for p in made.parent.iterdir() if p.name.startswith(".quantize-")]  # no leftovers
+
+    def refuse(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("quantised again")
+
+    monkeypatch.setattr(onnxruntime.quantization, "quantize_dynamic", refuse)
+    assert local_module.quantized_model(source) == made
+    provider = LocalProvider(quantized=True)
+    provider.load_sync()
+    assert provider.embed_sync(["still works"]).shape == (1, 384)
+
+
+def test_the_quantized_model_needs_the_onnx_package(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setitem(sys.modules, "onnx", None)  # import onnx -> ImportError
+    with pytest.raises(EmbeddingModelUnavailableError, match="onnx package"):
+        LocalProvider(quantized=True).load_sync()
+
+
+def test_query_providers_from_settings_are_quantized_unless_turned_off() -> None:
+    settings = EmbeddingSettings()
+    query = embeddings.provider_from_settings(settings, queries=True)
+    batch = embeddings.provider_from_settings(settings)
+    assert isinstance(query, LocalProvider) and query.quantized and query.threads == 1
+    assert isinstance(batch, LocalProvider) and not batch.quantized
+    plain = embeddings.provider_from_settings(settings.model_copy(update={"quantized_queries": False}), queries=True)
+    assert isinstance(plain, LocalProvider) and not plain.quantized

@@ -46,8 +46,12 @@ __all__ = [
 ]
 
 
-def provider_from_settings(settings: EmbeddingSettings) -> EmbeddingProvider:
+def provider_from_settings(settings: EmbeddingSettings, *, queries: bool = False) -> EmbeddingProvider:
     """The provider ``settings`` describe (no IO: the model loads on first use).
+
+    ``queries``: the instance embeds search queries, one at a time (the local
+    provider then runs its quantised copy, one thread, if
+    ``settings.quantized_queries``).
 
     Raises:
         ConfigurationError: the local provider is asked for another model or
@@ -65,6 +69,8 @@ def provider_from_settings(settings: EmbeddingSettings) -> EmbeddingProvider:
             )
         # settings.batch_size is the size of the callers' batches (and of API
         # requests); the model's own batches are smaller (see LocalProvider).
+        if queries and settings.quantized_queries:
+            return LocalProvider(quantized=True, threads=1)
         return LocalProvider(threads=settings.threads)
     return OpenAIProvider(
         model=settings.model,

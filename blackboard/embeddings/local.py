@@ -16,6 +16,17 @@ distributions' metadata and read by path, and checked against pinned sha256
 digests, so nothing reaches for the network (no hub client is involved) and a
 changed file is an error rather than silently different vectors.
 
+The packaged model stores int8 weights that onnxruntime turns into float32
+when it loads them, so it runs in float32. For search queries (one short
+text, latency-bound) :class:`LocalProvider` with ``quantized=True`` runs a
+copy quantised dynamically (int8 weights per channel and int8 activations,
+onnxruntime's ``quantize_dynamic``; made from the packaged model on first use
+and cached, see :func:`quantized_model`): 3.2 vs 7.2 ms for a 19-token query
+on one core here, and LoCoMo questions against vectors stored by the float32
+model find the same evidence (dense recall@10 0.505 vs 0.507). Activations are
+quantised per call, so such a provider embeds one text per call: a text's
+vector never depends on the other texts of a batch.
+
 The pipeline is sentence-transformers': WordPiece tokens (at most 256), the
 transformer, mean pooling over real tokens, L2 normalisation. Texts are
 sorted by length before they are cut into batches (padding to the longest
@@ -28,8 +39,12 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import importlib.metadata
+import logging
+import os
+import tempfile
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -44,7 +59,10 @@ from blackboard.errors import EmbeddingError, EmbeddingModelUnavailableError
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
 
-__all__ = ["LOCAL_DIMENSIONS", "LOCAL_MODEL", "LOCAL_MODEL_ALIASES", "LocalModelFiles", "LocalProvider", "packaged_model_files"]
+__all__ = ["LOCAL_DIMENSIONS", "LOCAL_MODEL", "LOCAL_MODEL_ALIASES", "LocalModelFiles", "LocalProvider",
+           "packaged_model_files", "quantized_model"]
+
+log = logging.getLogger("blackboard.embeddings")
 
 #: The one model the local provider runs.
 LOCAL_MODEL: Final = "all-MiniLM-L6-v2"
@@ -98,6 +116,80 @@ def packaged_model_files() -> LocalModelFiles:
     )
 
 
+def _cache_dirs() -> list[Path]:
+    """Where a quantised model is kept: the user's cache, else the temporary directory."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return [Path(base) / "blackboard", Path(tempfile.gettempdir()) / f"blackboard-{os.getuid()}"]
+
+
+@contextmanager
+def _root_logger_quiet() -> Iterator[None]:
+    """onnxruntime's quantiser logs advice through ``logging.warning``, which would also
+    configure the root logger of an application that has not: keep both from happening."""
+    root = logging.getLogger()
+    guard = logging.NullHandler()
+    level = root.level
+    root.addHandler(guard)
+    root.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        root.setLevel(level)
+        root.removeHandler(guard)
+
+
+def quantized_model(source: Path, digest: str | None = None) -> Path:
+    """A dynamically quantised copy of the ONNX model at ``source`` (int8 weights per channel,
+    int8 activations at run time), made once and cached.
+
+    onnxruntime folds the packaged model's int8-to-float32 weight conversion
+    into float32 weights (its basic graph optimisation), then
+    ``quantize_dynamic`` quantises the weight matrix products. The copy is
+    named after the source's sha256 and the onnxruntime version, written to a
+    temporary file and renamed into place, so concurrent processes never read
+    half a file; it lives in ``$XDG_CACHE_HOME/blackboard`` (default
+    ``~/.cache/blackboard``), or the temporary directory if that is not
+    writable. Nothing is downloaded.
+
+    Raises:
+        EmbeddingModelUnavailableError: the ``onnx`` package (needed to
+            quantise) is missing, or no cache directory is writable.
+    """
+    try:
+        import onnx  # noqa: F401  (onnxruntime's quantiser needs it)
+        import onnxruntime as ort
+        from onnxruntime.quantization import QuantType, quantize_dynamic
+    except ImportError as exc:
+        raise EmbeddingModelUnavailableError(
+            LOCAL_MODEL, f"the onnx package is needed to quantise the query model; {_INSTALL_HINT}, "
+                         "or set BLACKBOARD_EMBEDDING__QUANTIZED_QUERIES=false") from exc
+    name = f"{LOCAL_MODEL}.dynint8.{(digest or _sha256(source))[:16]}.ort{ort.__version__}.onnx"
+    problems = []
+    for folder in _cache_dirs():
+        target = folder / name
+        if target.is_file():
+            return target
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryDirectory(dir=folder, prefix=".quantize-") as tmp:
+                folded = Path(tmp) / "folded.onnx"
+                options = ort.SessionOptions()
+                options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+                options.optimized_model_filepath = str(folded)
+                options.log_severity_level = 3
+                ort.InferenceSession(str(source), sess_options=options, providers=["CPUExecutionProvider"])
+                out = Path(tmp) / "model.onnx"
+                with _root_logger_quiet():
+                    quantize_dynamic(str(folded), str(out), weight_type=QuantType.QInt8, per_channel=True,
+                                     extra_options={"MatMulConstBOnly": True})
+                os.replace(out, target)
+            log.info("quantised %s for queries into %s", LOCAL_MODEL, target)
+            return target
+        except OSError as exc:
+            problems.append(f"{folder}: {exc}")
+    raise EmbeddingModelUnavailableError(LOCAL_MODEL, "cannot write the quantised model: " + "; ".join(problems))
+
+
 def _sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with path.open("rb") as f:
@@ -128,6 +220,8 @@ class LocalProvider:
         files: model and tokenizer paths; default: the packaged files, verified.
         verify: check the files' sha256 against the pinned digests (only
             meaningful for the packaged files).
+        quantized: run the dynamically quantised copy of the model (see the
+            module docstring and :func:`quantized_model`), one text per call.
     """
 
     def __init__(
@@ -139,9 +233,13 @@ class LocalProvider:
         spin: bool = False,
         files: LocalModelFiles | None = None,
         verify: bool = True,
+        quantized: bool = False,
     ) -> None:
         if batch_size < 1:
             raise ValueError("batch_size must be at least 1")
+        self.quantized = quantized
+        if quantized:
+            batch_size = 1  # activations are quantised per call: one text each
         if threads < 0:
             raise ValueError("threads must be 0 (automatic) or more")
         self.batch_size = batch_size
@@ -201,6 +299,9 @@ class LocalProvider:
                         raise EmbeddingModelUnavailableError(
                             LOCAL_MODEL, f"{path} does not match its pinned sha256; reinstall the package"
                         )
+            model_path = files.model
+            if self.quantized:
+                model_path = quantized_model(files.model, _MODEL_SHA256 if self._verify else None)
             try:
                 tokenizer = Tokenizer.from_file(str(files.tokenizer))
                 # Batches are padded here, per batch, after sorting by length;
@@ -217,7 +318,7 @@ class LocalProvider:
                     "session.intra_op.allow_spinning", "1" if self.spin else "0"
                 )
                 session = ort.InferenceSession(
-                    str(files.model), sess_options=options, providers=["CPUExecutionProvider"]
+                    str(model_path), sess_options=options, providers=["CPUExecutionProvider"]
                 )
             except Exception as exc:  # onnxruntime and tokenizers raise plain Exceptions
                 raise EmbeddingError(f"could not load the local model from {files}: {exc}") from exc

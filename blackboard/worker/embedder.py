@@ -48,15 +48,15 @@ _LEASE_SECONDS = 120.0
 _MAX_ATTEMPTS = 5
 
 
-def load_provider(settings: Settings) -> EmbeddingProvider:
-    """The provider configured in ``settings.embedding``.
+def load_provider(settings: Settings, *, queries: bool = False) -> EmbeddingProvider:
+    """The provider configured in ``settings.embedding`` (``queries``: the instance for search queries).
 
     Raises:
         ConfigurationError: the embeddings package or the configured model is unavailable.
     """
     from blackboard.embeddings import provider_from_settings
 
-    return provider_from_settings(settings.embedding)
+    return provider_from_settings(settings.embedding, queries=queries)
 
 
 #: Metadata values longer than this are left out of the embedded text.

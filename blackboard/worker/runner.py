@@ -44,14 +44,18 @@ class Worker:
         handlers: streams to persist (default: :func:`default_handlers`).
         provider: embedding provider (default: from ``settings.embedding``
             when ``settings.worker.embed``).
+        query_provider: embeds search queries (default: ``provider`` when
+            given, else an instance of its own from ``settings.embedding``).
         serve_search: also serve the search micro service (default: ``settings.worker.serve_search``).
     """
 
     def __init__(self, settings: Settings, *, handlers: list[StreamHandler] | None = None,
-                 provider: EmbeddingProvider | None = None, serve_search: bool | None = None) -> None:
+                 provider: EmbeddingProvider | None = None, query_provider: EmbeddingProvider | None = None,
+                 serve_search: bool | None = None) -> None:
         self.settings = settings
         self._handlers = handlers
         self._provider = provider
+        self._query_provider = query_provider or provider
         self._serve_search = settings.worker.serve_search if serve_search is None else serve_search
         self._stop = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
@@ -106,20 +110,26 @@ class Worker:
             if self._serve_search:
                 from blackboard.worker.search_service import SearchService
 
-                query_provider = self._provider
+                query_provider = self._query_provider
                 if query_provider is None:
                     # An instance of its own: the local model runs one call at
                     # a time, so queries would otherwise wait behind the
                     # embedder's batches (a batch of 64 takes ~0.3 s here);
                     # also lets a worker that does not embed answer semantic
-                    # queries. The model loads on the first query.
+                    # queries. The model loads in the background now (the
+                    # local provider's quantised copy is made on first use,
+                    # a few seconds), not on the first query.
                     try:
-                        query_provider = self._owned_query_provider = load_provider(s)
+                        query_provider = self._owned_query_provider = load_provider(s, queries=True)
                     except ConfigurationError as exc:
                         if self.embedder is not None:
                             raise
                         log.warning("search: no embedding provider (%s): semantic and hybrid search "
                                     "unavailable in this worker", exc)
+                    else:
+                        load = getattr(query_provider, "load", None)  # a local model (an API has nothing to load)
+                        if load is not None:
+                            self._spawn("query model load", self._load_in_background(load))
                 self.search = SearchService(self._nc, s, provider=query_provider, status=self.status)
                 await self.search.start()
             self._spawn("lag reporter", self._report_lag)
@@ -162,6 +172,17 @@ class Worker:
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                         tb: TracebackType | None) -> None:
         await self.stop()
+
+    @staticmethod
+    def _load_in_background(load: Callable[[], Awaitable[None]]) -> Callable[[asyncio.Event], Awaitable[None]]:
+        async def run(stop: asyncio.Event) -> None:
+            try:
+                await load()
+            except Exception as exc:  # the first query will meet (and report) the same error
+                log.warning("search: the query embedding model is unavailable: %s", exc)
+            await stop.wait()
+
+        return run
 
     def _spawn(self, what: str, fn: Callable[[asyncio.Event], Awaitable[None]]) -> None:
         async def supervise() -> None:
