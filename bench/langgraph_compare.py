@@ -2,10 +2,11 @@
 
 Both systems run against the same embedded PostgreSQL (pgvector, HNSW cosine
 index) and embed with the same local model (all-MiniLM-L6-v2 on onnxruntime,
-the same provider objects: one for batches, and the query provider our worker
-makes for its search service (``embedding.quantized_queries``: the local
-model's quantised copy) for single texts, wrapped as LangGraph's async embed
-function, so both systems embed a query with the same model). The texts
+the same provider objects, wrapped as LangGraph's async embed function: the
+worker's model for what is stored, and for queries the query provider our
+worker makes for its search service (``embedding.quantized_queries``: the
+local model's quantised copy), so each system embeds the same texts with the
+same model). The texts
 are LoCoMo dialogue turns, the queries LoCoMo questions (``../shared/data``),
 each query asked once per system and mode; our search service's query cache
 is off, so every query pays its embedding on both sides.
@@ -52,6 +53,10 @@ from blackboard.worker import Worker
 
 _LOCOMO = Path(__file__).resolve().parents[2] / "shared" / "data" / "locomo"
 _BATCH = 64
+#: True while LangGraph searches: its embed function then uses the query model. (A plain
+#: flag, not a context variable: the store embeds in a background task of its own; the
+#: searches run one at a time.)
+_QUERYING = [False]
 
 
 def load_workload(n_items: int, n_queries: int) -> tuple[list[str], list[str]]:
@@ -81,7 +86,7 @@ async def langgraph_store(dsn: str, provider: EmbeddingProvider,
     from langgraph.store.postgres import AsyncPostgresStore
 
     async def embed(batch: Sequence[str]) -> list[list[float]]:
-        one = query_provider if len(batch) == 1 else provider  # a query (or a single put), or a batch
+        one = query_provider if _QUERYING[0] else provider  # a search's query, or what a put stores
         return (await one.embed(list(batch))).tolist()  # type: ignore[no-any-return]
 
     index = {"dims": provider.dimensions, "embed": embed, "fields": ["text"],
@@ -163,8 +168,15 @@ async def searches(store: Any, agent: Agent, queries: Sequence[str]) -> dict[str
     def ours(mode: str) -> Callable[[str], Awaitable[object]]:
         return lambda q: agent.recall(q, board="one", top_k=10, mode=mode)  # type: ignore[arg-type]
 
+    async def langgraph_search(q: str) -> object:
+        _QUERYING[0] = True  # LangGraph embeds the query with the query model
+        try:
+            return await store.asearch(("bench", "one"), query=q, limit=10)
+        finally:
+            _QUERYING[0] = False
+
     return await alternate(len(queries), {
-        "langgraph": timed(lambda q: store.asearch(("bench", "one"), query=q, limit=10)),
+        "langgraph": timed(langgraph_search),
         "hybrid": timed(ours("hybrid")), "semantic": timed(ours("semantic")), "keyword": timed(ours("keyword")),
     })
 
