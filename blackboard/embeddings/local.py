@@ -119,7 +119,8 @@ def packaged_model_files() -> LocalModelFiles:
 def _cache_dirs() -> list[Path]:
     """Where a quantised model is kept: the user's cache, else the temporary directory."""
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return [Path(base) / "blackboard", Path(tempfile.gettempdir()) / f"blackboard-{os.getuid()}"]
+    user = os.getuid() if hasattr(os, "getuid") else os.getpid()  # (no uid outside POSIX)
+    return [Path(base) / "blackboard", Path(tempfile.gettempdir()) / f"blackboard-{user}"]
 
 
 @contextmanager
