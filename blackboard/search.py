@@ -18,8 +18,9 @@ selection, fusion and row shaping are pure functions.
   union and combined as a weighted mean (:func:`fuse_convex`), a convex
   combination, which keeps how far apart the scores are where reciprocal-rank
   fusion (:func:`rrf`, ``settings.search.fusion = "rrf"``) keeps only the order.
-  The retrievers' statements return the other score of their candidates, so
-  fusion rarely needs a statement of its own; the neighbours that
+  The keyword side computes its candidates' cosines on its own connection
+  (in its statement for a cached query vector, else as soon as the vector is
+  there), so fusion needs no statement of its own; the neighbours that
   :func:`smooth_neighbours` lends scores to come with the leading results'
   rows.
 """
@@ -372,20 +373,20 @@ class SearchEngine:
         return 1.0 if rows is None or stats is None or stats.rows <= 0 else rows / stats.rows
 
     async def _semantic(self, conn: Conn, req: Request, vector: np.ndarray, limit: int, ef_search: int, *,
-                        extra: Sequence[int] = (), rows: bool = False) -> list[tuple[Any, ...]]:
-        """Rows ``(item, score, nearest)``: the nearest items passing the
-        filters, best first, then the ``extra`` items (see :func:`search_sql.semantic_query`);
-        with ``rows``, each followed by the item's full row (:func:`search_sql.with_rows`)."""
+                        rows: bool = False) -> list[tuple[Any, ...]]:
+        """Rows ``(item, score, nearest)``: the nearest items passing the filters, best first
+        (see :func:`search_sql.semantic_query`); with ``rows``, each followed by the item's full
+        row (:func:`search_sql.with_rows`)."""
         space = await self.space()
         exact = await self._exact(conn, req)
         if not exact:
             await self._scan_settings(conn, max(ef_search, limit))
-        found = await self._run(conn, *q.semantic_query(space, req, vector, limit, exact=exact, extra=extra),
+        found = await self._run(conn, *q.semantic_query(space, req, vector, limit, exact=exact),
                                 target=_target(req) if rows else None)
         if not exact and sum(1 for r in found if r[2]) < limit and _has_filters(req):
             # A filter so selective that the index scan ran dry before filling
             # `limit`: scan the filtered rows exactly instead.
-            found = await self._run(conn, *q.semantic_query(space, req, vector, limit, exact=True, extra=extra),
+            found = await self._run(conn, *q.semantic_query(space, req, vector, limit, exact=True),
                                     target=_target(req) if rows else None)
         # relaxed_order may be slightly out of order
         found.sort(key=lambda r: (not r[2], -float(r[1])))
@@ -442,11 +443,20 @@ class SearchEngine:
             found.sort(key=lambda r: (-float(r[1]), int(r[0])))
         return found
 
-    async def _keyword_own(self, req: Request, limit: int, *,
-                           vector: np.ndarray | None = None) -> list[tuple[Any, ...]]:
+    async def _keyword_own(self, req: Request, limit: int, *, vector: np.ndarray | None = None,
+                           later: asyncio.Future[np.ndarray] | None = None) -> list[tuple[Any, ...]]:
+        """:meth:`_keyword` on a connection of its own. ``later``: the query's vector, still being
+        computed; once the keyword statement is done, the candidates' cosines are computed here
+        when it comes, so the rows carry their cosine either way."""
         async with self.pool.connection() as conn:
             try:
-                return await self._keyword(conn, req, limit, vector=vector)
+                rows = await self._keyword(conn, req, limit, vector=vector)
+                if vector is None and later is not None and rows:
+                    vec = await later
+                    sql_, params = q.vector_scores(await self.space(), _target(req), [int(r[0]) for r in rows], vec)
+                    cosine = {int(r[0]): float(r[1]) for r in await (await conn.execute(sql_, params)).fetchall()}
+                    rows = [(r[0], r[1], cosine.get(int(r[0]))) for r in rows]
+                return rows
             finally:
                 await conn.rollback()
 
@@ -486,13 +496,11 @@ class SearchEngine:
         embedded and the ANN query runs. (The search service admits fewer
         requests than the pool has connections, so a request holding one
         while it waits for its keyword query always leaves one for that
-        query.) Each retriever's statement returns what the fusion needs of
-        its candidates (both scores when the query's vector is known (cached)
-        before the keyword query starts), so that only the result rows are
-        fetched afterwards; a new query's keyword-only candidates get their cosine in the ANN
-        statement when the keyword query is done by then (it usually is: the
-        model is slower), else in one more statement. With neighbour smoothing
-        the leading results' rows are fetched with their neighbours (see
+        query.) The keyword side returns its candidates with their cosine:
+        in its statement when the query's vector is cached, else computed on
+        its connection once the vector is there (while the ANN query runs on
+        the other), so fusion itself is pure. With neighbour smoothing the
+        leading results' rows are fetched with their neighbours (see
         :meth:`_smoothed`).
         """
         depth = self._depth(req)
@@ -500,19 +508,18 @@ class SearchEngine:
         neighbours = convex and isinstance(req, MemorySearchRequest) and self.settings.neighbour_weight > 0
         await self.space()  # fail early (no provider, no space) before starting anything
         cached = self._cached_vector(req.query)
-        keyword_task = asyncio.create_task(self._keyword_own(req, depth, vector=cached if convex else None))
+        later = asyncio.get_running_loop().create_future() if convex and cached is None else None
+        keyword_task = asyncio.create_task(self._keyword_own(
+            req, depth, vector=cached if convex else None, later=later))
         try:
             vec = cached if cached is not None else await self._embed(req.query)
+            if later is not None:
+                later.set_result(vec)
             async with self.pool.connection() as conn:
                 try:
-                    extra: list[int] = []
-                    if convex and cached is None and keyword_task.done() and keyword_task.exception() is None:
-                        extra = [int(r[0]) for r in keyword_task.result()]
-                    semantic = await self._semantic(conn, req, vec, depth, self.settings.hybrid_ef_search,
-                                                    extra=extra)
+                    semantic = await self._semantic(conn, req, vec, depth, self.settings.hybrid_ef_search)
                     keyword = await keyword_task
-                    fused = await self._fuse(conn, req, vec, semantic, keyword,
-                                             scored=cached is not None or bool(extra))
+                    fused = self._fuse(semantic, keyword)
                     if neighbours:
                         return await self._smoothed(conn, req, fused)
                     fused = self._cut(fused, req)
@@ -520,6 +527,8 @@ class SearchEngine:
                 finally:
                     await conn.rollback()
         finally:
+            if later is not None and not later.done():
+                later.cancel()
             if not keyword_task.done():
                 keyword_task.cancel()
             with contextlib.suppress(asyncio.CancelledError, psycopg.Error):
@@ -553,31 +562,18 @@ class SearchEngine:
     def _depth(self, req: Request) -> int:
         return max(req.top_k * self.settings.hybrid_depth, self.settings.hybrid_min_candidates)
 
-    async def _fuse(self, conn: Conn, req: Request, vec: np.ndarray, semantic: Sequence[tuple[Any, ...]],
-                    keyword: Sequence[tuple[Any, ...]], *, scored: bool) -> list[Fused]:
-        """Fuse the rows of both retrievers.
-
-        Args:
-            scored: every keyword candidate's cosine is known (given by the
-                keyword statement or by ``semantic``'s extra rows; a NULL one
-                has no vector).
-        """
+    def _fuse(self, semantic: Sequence[tuple[Any, ...]], keyword: Sequence[tuple[Any, ...]]) -> list[Fused]:
+        """Fuse the rows of both retrievers: ``(item, cosine, nearest)`` and ``(item, BM25, cosine)``
+        (the keyword rows carry every candidate's cosine, NULL for an item without a vector)."""
         weights = {"semantic": self.settings.semantic_weight, "keyword": self.settings.keyword_weight}
         ann = [(int(r[0]), float(r[1])) for r in semantic if r[2]]
         kw = {int(r[0]): float(r[1]) for r in keyword}
         if self.settings.fusion == "rrf":
             return rrf({"semantic": ann, "keyword": list(kw.items())}, weights)
         sem = dict(ann)
-        for r in semantic:
-            if not r[2]:
-                sem.setdefault(int(r[0]), float(r[1]))
         for r in keyword:
             if r[2] is not None:
                 sem.setdefault(int(r[0]), float(r[2]))
-        missing = [] if scored else [i for i in kw if i not in sem]
-        if missing:  # keyword-only candidates: their exact cosine
-            sql_, params = q.vector_scores(await self.space(), _target(req), missing, vec)
-            sem.update((int(r[0]), float(r[1])) for r in await (await conn.execute(sql_, params)).fetchall())
         items = list(dict.fromkeys([*(i for i, _ in ann), *kw]))
         floor = min(sem.values(), default=0.0)  # an item not embedded yet ranks last here
         scores = {"semantic": {i: sem.get(i, floor) for i in items}, "keyword": {i: kw.get(i, 0.0) for i in items}}

@@ -6,10 +6,9 @@ Semantic queries order by cosine distance on a space's HNSW index with
 column. :func:`semantic_query` with ``exact=True`` builds the exact
 (index-free) variant, used for small boards (an index-only scan of the
 covering board index) and when a selective filter leaves the index scan
-short. Both retrievers can return what hybrid fusion needs of their
-candidates in the same statement: the other retriever's score (the cosine of
-keyword candidates, the exact cosine of extra items). :func:`vector_scores`
-gives the cosine similarity of chosen items; :func:`fetch_memories` with
+short. The keyword query can return its candidates' cosine when the query's
+vector is known; :func:`vector_scores` gives the cosine similarity of chosen
+items (hybrid search's keyword candidates otherwise); :func:`fetch_memories` with
 ``linked`` adds each memory's neighbours on its board to its row.
 
 Keyword queries score with BM25 (binary term frequency, which is what short
@@ -149,9 +148,9 @@ def _neighbour_cols(board: str, created: str, mid: str) -> sql.Composable:
 
 
 def semantic_query(space: Space, req: MemorySearchRequest | EntrySearchRequest, vector: Any, limit: int,
-                   *, exact: bool = False, extra: Sequence[int] = ()) -> tuple[sql.Composed, list[Any]]:
-    """Rows ``(item, cosine similarity, nearest)`` of the nearest items passing the filters
-    (``nearest`` true).
+                   *, exact: bool = False) -> tuple[sql.Composed, list[Any]]:
+    """Rows ``(item, cosine similarity, true)`` of the nearest items passing the filters (the
+    third column keeps the rows' shape that :func:`with_rows` wraps).
 
     The board filter is applied to the vector table's own ``board`` column,
     inside the scan; the other filters (and the board again, the item's
@@ -163,8 +162,6 @@ def semantic_query(space: Space, req: MemorySearchRequest | EntrySearchRequest, 
         exact: order by an expression the HNSW index cannot serve: an exact
             scan of the rows passing the filters (with a board filter, an
             index-only scan of the covering board index).
-        extra: items to score as well, whether near or not (rows with
-            ``nearest`` false): the hybrid search's keyword-only candidates.
     """
     memory = isinstance(req, MemorySearchRequest)
     conds, fparams = filters(req, boards=False)
@@ -196,10 +193,6 @@ def semantic_query(space: Space, req: MemorySearchRequest | EntrySearchRequest, 
             "FROM {t} v JOIN {base} ON {a}.{k} = v.item{where} ORDER BY {order} LIMIT %s) s").format(
             t=table, base=sql.SQL(base), a=a, k=k, where=_where(vconds + conds), order=order)
         params = [vector, *vparams, *fparams, *oparams, limit]
-    if extra:
-        query = sql.SQL("({q}) UNION ALL (SELECT v.item, 1 - (v.embedding <=> %s::vector), false "
-                        "FROM {t} v WHERE v.item = ANY(%s))").format(q=query, t=table)
-        params += [vector, list(extra)]
     return query, params
 
 
