@@ -15,12 +15,11 @@ import contextlib
 import logging
 from collections.abc import Callable
 
-import psycopg
-from psycopg_pool import AsyncConnectionPool, PoolTimeout
+from psycopg_pool import AsyncConnectionPool
 
 from blackboard.db import ingest_sql as q
 from blackboard.settings import Settings
-from blackboard.worker.ingest import backoff_delays
+from blackboard.worker.ingest import RETRYABLE, backoff_delays, error_line
 
 __all__ = ["EmbedInbox"]
 
@@ -78,10 +77,9 @@ class EmbedInbox:
             try:
                 while not stop.is_set() and await self.move_once():
                     pass
-            except (psycopg.OperationalError, psycopg.errors.TransactionRollback, PoolTimeout) as exc:
+            except RETRYABLE as exc:
                 wait = delay()
-                log.warning("embedding inbox: PostgreSQL unavailable (%s); retrying in %.2fs",
-                            str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__, wait)
+                log.warning("embedding inbox: PostgreSQL unavailable (%s); retrying in %.2fs", error_line(exc), wait)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), wait)
                 continue

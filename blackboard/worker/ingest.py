@@ -44,13 +44,19 @@ from blackboard.worker._tasks import run_until_stopped
 from blackboard.worker.decode import DeadLetter, RawMessage, parse_ack_reply
 from blackboard.worker.handlers import Conn, StreamHandler
 
-__all__ = ["ConsumerLag", "IngestLoop", "IngestStats", "backoff_delays", "to_raw"]
+__all__ = ["RETRYABLE", "ConsumerLag", "IngestLoop", "IngestStats", "backoff_delays", "error_line", "to_raw"]
 
 log = logging.getLogger("blackboard.worker.ingest")
 
 #: Errors after which the same batch is simply retried (connection trouble,
 #: deadlock or serialization failure between workers).
-_RETRYABLE = (psycopg.OperationalError, psycopg.errors.TransactionRollback, PoolTimeout)
+RETRYABLE = (psycopg.OperationalError, psycopg.errors.TransactionRollback, PoolTimeout)
+
+
+def error_line(exc: BaseException) -> str:
+    """The first line of an error's message (its type's name if it has none), for a log line."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def backoff_delays(first: float, maximum: float) -> Callable[[], float]:
@@ -356,13 +362,12 @@ class IngestLoop:
                 try:
                     await self._write(rows, dead, slot)
                     break
-                except _RETRYABLE as exc:
+                except RETRYABLE as exc:
                     self.stats.retries += 1
                     self.stats.last_error = repr(exc)
                     wait = delay()
                     log.warning("%s: PostgreSQL unavailable (%s); retrying in %.2fs", self.durable,
-                                str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__,
-                                wait)
+                                error_line(exc), wait)
                     for msg in msgs:  # keep the batch ours while we wait
                         with contextlib.suppress(Exception):
                             await msg.in_progress()
@@ -421,7 +426,7 @@ class IngestLoop:
                     async with conn.transaction():
                         await self.handler.write(conn, [row])
                     good.append((msg, row))
-                except _RETRYABLE:
+                except RETRYABLE:
                     raise
                 except psycopg.Error as exc:
                     dead.append(DeadLetter.of(to_raw(msg), f"refused by PostgreSQL: {exc}"))
