@@ -62,6 +62,13 @@ _MEMORY_COLS = ("m.id, m.board, m.agent, m.kind, m.text, m.tags, m.metadata, m.i
 _ENTRY_COLS = ("e.board, e.section, e.key, e.revision, e.value, e.value_raw, e.content_type, e.tags, "
                "e.metadata, e.author, e.created_at, e.updated_at")
 
+#: The previous and the next memory on ``m``'s board, in (created_at, mid) order: two more columns.
+_NEIGHBOUR_COLS = (
+    ", (SELECT p.mid FROM bb_memories p WHERE p.board = m.board AND (p.created_at, p.mid) < (m.created_at, m.mid) "
+    "ORDER BY p.created_at DESC, p.mid DESC LIMIT 1)"
+    ", (SELECT n.mid FROM bb_memories n WHERE n.board = m.board AND (n.created_at, n.mid) > (m.created_at, m.mid) "
+    "ORDER BY n.created_at, n.mid LIMIT 1)")
+
 REVISION_COLS = ("board, section, key, seq, op, value, value_raw, content_type, tags, metadata, author, "
                  "created_at, stored_at")
 HISTORY = f"SELECT {REVISION_COLS} FROM (SELECT * FROM bb_entry_revisions WHERE board = %s AND section = %s " \
@@ -135,16 +142,6 @@ def filters(req: MemorySearchRequest | EntrySearchRequest, *, boards: bool = Tru
 
 def _where(conds: list[sql.Composable]) -> sql.Composable:
     return sql.SQL(" WHERE ") + sql.SQL(" AND ").join(conds) if conds else sql.SQL("")
-
-
-def _neighbour_cols(board: str, created: str, mid: str) -> sql.Composable:
-    """Two columns: the previous and next memory on the board, in (created_at, mid) order
-    (one probe each of the (board, created_at, mid) index)."""
-    return sql.SQL(
-        ", (SELECT p.mid FROM bb_memories p WHERE p.board = {b} AND (p.created_at, p.mid) < ({c}, {i}) "
-        "ORDER BY p.created_at DESC, p.mid DESC LIMIT 1)"
-        ", (SELECT n.mid FROM bb_memories n WHERE n.board = {b} AND (n.created_at, n.mid) > ({c}, {i}) "
-        "ORDER BY n.created_at, n.mid LIMIT 1)").format(b=sql.SQL(board), c=sql.SQL(created), i=sql.SQL(mid))
 
 
 def semantic_query(space: Space, req: MemorySearchRequest | EntrySearchRequest, vector: Any, limit: int,
@@ -308,8 +305,7 @@ def with_rows(query: sql.Composable, target: Target) -> sql.Composed:
 def fetch_memories(*, linked: bool = False) -> str:
     """Full rows of memories by mid; with ``linked``, each row ends with the previous and the
     next memory on its board (in ``(created_at, mid)`` order, one probe of an index each)."""
-    links = _neighbour_cols("m.board", "m.created_at", "m.mid").as_string(None) if linked else ""
-    return f"SELECT m.mid, {_MEMORY_COLS}{links} FROM bb_memories m WHERE m.mid = ANY(%s)"
+    return f"SELECT m.mid, {_MEMORY_COLS}{_NEIGHBOUR_COLS if linked else ''} FROM bb_memories m WHERE m.mid = ANY(%s)"
 
 
 def fetch_entries() -> str:

@@ -141,8 +141,6 @@ async def _copy(conn: Any, space: Space, item_type: ItemType, ids: list[tuple[in
 async def _rename(conn: Any, space: Space, item_type: ItemType) -> None:
     new, final = space.table_name(item_type, _NEW), space.table_name(item_type)
     await conn.execute(sql.SQL("ALTER TABLE {} RENAME TO {}").format(sql.Identifier(new), sql.Identifier(final)))
-    await conn.execute(sql.SQL("ALTER INDEX {} RENAME TO {}").format(
-        sql.Identifier(f"{new}_hnsw"), sql.Identifier(f"{final}_hnsw")))
-    for index in ("pkey", "board"):
+    for index in ("hnsw", "pkey", "board"):
         await conn.execute(sql.SQL("ALTER INDEX {} RENAME TO {}").format(
             sql.Identifier(f"{new}_{index}"), sql.Identifier(f"{final}_{index}")))
