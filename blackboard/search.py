@@ -320,10 +320,15 @@ class SearchEngine:
         return vec
 
     def _cached_vector(self, text: str) -> np.ndarray | None:
-        cached = self._queries.get(text)
-        if cached is not None:
-            self._queries.move_to_end(text)
-        return cached
+        return self._recall(self._queries, text)
+
+    @staticmethod
+    def _recall(cache: OrderedDict[str, _T], key: str) -> _T | None:
+        """The cached value of ``key`` (now the most recently used), or None."""
+        value = cache.get(key)
+        if value is not None:
+            cache.move_to_end(key)
+        return value
 
     def _remember(self, cache: OrderedDict[str, Any], key: str, value: Any) -> None:
         if self.settings.query_cache_size:
@@ -416,9 +421,8 @@ class SearchEngine:
 
     async def _lexemes(self, conn: Conn, text: str) -> list[str]:
         """The query's distinct lexemes under the index's configuration (cached like embeddings)."""
-        cached = self._lexeme_cache.get(text)
+        cached = self._recall(self._lexeme_cache, text)
         if cached is not None:
-            self._lexeme_cache.move_to_end(text)
             return cached
         cur = await conn.execute(q.QUERY_LEXEMES, (text,))
         lexemes = [str(r[0]) for r in await cur.fetchall()][: q.MAX_QUERY_LEXEMES]
