@@ -83,13 +83,14 @@ async def test_dev_runs_the_stack_persists_and_restarts_on_the_same_data() -> No
 
     proc, lines = _start_dev(data_dir)  # second start reuses the data
     try:
+        assert any(_READY in line for line in lines), "\n".join(lines)
         nats_url, _ = _urls(lines)
         async with Agent.connect("cli-test", settings=make_settings(nats_url)) as agent:
             entry = await agent.board("cli").get("s", "k")
         assert (entry.value, entry.revision) == ("persist me", rev)
     finally:
-        _stop(proc)
-    assert proc.returncode == 0
+        out = _stop(proc)
+    assert proc.returncode == 0, "\n".join(lines) + "\n" + out
 
 
 def test_taken_port_is_a_one_line_error() -> None:
