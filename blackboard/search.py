@@ -267,6 +267,20 @@ def _has_filters(req: Request) -> bool:
     return bool(q.filters(req)[1])
 
 
+def _candidate_rows(*retrieved: Sequence[tuple[Any, ...]], linked: bool) -> dict[int, tuple[Any, ...]]:
+    """Item -> full row, from retriever rows ``(item, score, flag, *row)``. With ``linked`` (rows
+    ending with the neighbours, NULL for candidates outside a retriever's lead), an item that
+    both retrievers returned keeps the row that has its neighbours."""
+    rows: dict[int, tuple[Any, ...]] = {}
+    for found in retrieved:
+        for r in found:
+            item = int(r[0])
+            have = rows.get(item)
+            if have is None or (linked and have[-2] is None and have[-1] is None):
+                rows[item] = r[3:]
+    return rows
+
+
 class SearchEngine:
     """Runs searches against PostgreSQL.
 
@@ -378,31 +392,33 @@ class SearchEngine:
         return 1.0 if rows is None or stats is None or stats.rows <= 0 else rows / stats.rows
 
     async def _semantic(self, conn: Conn, req: Request, vector: np.ndarray, limit: int, ef_search: int, *,
-                        rows: bool = False) -> list[tuple[Any, ...]]:
+                        rows: bool = False, linked: int = 0) -> list[tuple[Any, ...]]:
         """Rows ``(item, score, nearest)``: the nearest items passing the filters, best first
         (see :func:`search_sql.semantic_query`); with ``rows``, each followed by the item's full
-        row (:func:`search_sql.with_rows`)."""
+        row (:func:`search_sql.with_rows`, ``linked`` as there)."""
         space = await self.space()
         exact = await self._exact(conn, req)
         if not exact:
             await self._scan_settings(conn, max(ef_search, limit))
+        target = _target(req) if rows else None
         found = await self._run(conn, *q.semantic_query(space, req, vector, limit, exact=exact),
-                                target=_target(req) if rows else None)
+                                target=target, linked=linked)
         if not exact and sum(1 for r in found if r[2]) < limit and _has_filters(req):
             # A filter so selective that the index scan ran dry before filling
             # `limit`: scan the filtered rows exactly instead.
             found = await self._run(conn, *q.semantic_query(space, req, vector, limit, exact=True),
-                                    target=_target(req) if rows else None)
+                                    target=target, linked=linked)
         # relaxed_order may be slightly out of order
         found.sort(key=lambda r: (not r[2], -float(r[1])))
         return found
 
     @staticmethod
     async def _run(conn: Conn, query: sql.Composed, params: Sequence[Any], *,
-                   target: Target | None = None) -> list[tuple[Any, ...]]:
-        """The rows of ``query``; with a ``target``, each followed by the item's full row."""
+                   target: Target | None = None, linked: int = 0) -> list[tuple[Any, ...]]:
+        """The rows of ``query``; with a ``target``, each followed by the item's full row (and
+        for the ``linked`` best, the item's neighbours: :func:`search_sql.with_rows`)."""
         if target is not None:
-            query = q.with_rows(query, target)
+            query = q.with_rows(query, target, linked=linked)
         return list(await (await conn.execute(query, params)).fetchall())
 
     async def _term_stats(self, conn: psycopg.AsyncConnection[Any], target: Target) -> TermStats | None:
@@ -429,10 +445,10 @@ class SearchEngine:
         self._remember(self._lexeme_cache, text, lexemes)
         return lexemes
 
-    async def _keyword(self, conn: Conn, req: Request, limit: int, *,
-                       vector: np.ndarray | None = None, rows: bool = False) -> list[tuple[Any, ...]]:
+    async def _keyword(self, conn: Conn, req: Request, limit: int, *, vector: np.ndarray | None = None,
+                       rows: bool = False, linked: int = 0) -> list[tuple[Any, ...]]:
         """Rows ``(item, BM25 score, cosine or None)``, best first; with ``rows``, each followed
-        by the item's full row."""
+        by the item's full row (``linked`` as in :func:`search_sql.with_rows`)."""
         lexemes = await self._lexemes(conn, req.query)
         if not lexemes:  # only stop words
             return []
@@ -442,24 +458,26 @@ class SearchEngine:
                                    self.settings.keyword_candidate_budget, await self._board_share(conn, req))
         sql_, params = q.keyword_query(req, lexemes, chosen, limit, max_candidates=self.settings.keyword_max_candidates,
                                        space=space, vector=vector)
-        found = await self._run(conn, sql_, params, target=_target(req) if rows else None)
+        found = await self._run(conn, sql_, params, target=_target(req) if rows else None, linked=linked)
         if rows:  # the join does not keep the order
             found.sort(key=lambda r: (-float(r[1]), int(r[0])))
         return found
 
     async def _keyword_own(self, req: Request, limit: int, *, vector: np.ndarray | None = None,
-                           later: asyncio.Future[np.ndarray] | None = None) -> list[tuple[Any, ...]]:
-        """:meth:`_keyword` on a connection of its own. ``later``: the query's vector, still being
-        computed; once the keyword statement is done, the candidates' cosines are computed here
-        when it comes, so the rows carry their cosine either way."""
+                           later: asyncio.Future[np.ndarray] | None = None, linked: int = 0
+                           ) -> list[tuple[Any, ...]]:
+        """:meth:`_keyword` on a connection of its own, with the candidates' rows (``linked`` as
+        in :func:`search_sql.with_rows`). ``later``: the query's vector, still being computed;
+        once the keyword statement is done, the candidates' cosines are computed here when it
+        comes, so the rows carry their cosine either way."""
         async with self.pool.connection() as conn:
             try:
-                rows = await self._keyword(conn, req, limit, vector=vector)
+                rows = await self._keyword(conn, req, limit, vector=vector, rows=True, linked=linked)
                 if vector is None and later is not None and rows:
                     vec = await later
                     sql_, params = q.vector_scores(await self.space(), _target(req), [int(r[0]) for r in rows], vec)
                     cosine = {int(r[0]): float(r[1]) for r in await (await conn.execute(sql_, params)).fetchall()}
-                    rows = [(r[0], r[1], cosine.get(int(r[0]))) for r in rows]
+                    rows = [(r[0], r[1], cosine.get(int(r[0])), *r[3:]) for r in rows]
                 return rows
             finally:
                 await conn.rollback()
@@ -503,31 +521,38 @@ class SearchEngine:
         query.) The keyword side returns its candidates with their cosine:
         in its statement when the query's vector is cached, else computed on
         its connection once the vector is there (while the ANN query runs on
-        the other), so fusion itself is pure. With neighbour smoothing the
-        leading results' rows are fetched with their neighbours (see
-        :meth:`_smoothed`).
+        the other), so fusion itself is pure. Both retrievers' statements
+        return their candidates' rows, and with neighbour smoothing the
+        neighbours of each one's leading candidates (see :meth:`_smoothed`):
+        no statement follows the fusion.
         """
         depth = self._depth(req)
         convex = self.settings.fusion != "rrf"
         neighbours = convex and isinstance(req, MemorySearchRequest) and self.settings.neighbour_weight > 0
+        lead = self._lead(req) if neighbours else 0
         await self.space()  # fail early (no provider, no space) before starting anything
         cached = self._cached_vector(req.query)
         later = asyncio.get_running_loop().create_future() if convex and cached is None else None
         keyword_task = asyncio.create_task(self._keyword_own(
-            req, depth, vector=cached if convex else None, later=later))
+            req, depth, vector=cached if convex else None, later=later, linked=lead))
         try:
             vec = cached if cached is not None else await self._embed(req.query)
             if later is not None:
                 later.set_result(vec)
             async with self.pool.connection() as conn:
                 try:
-                    semantic = await self._semantic(conn, req, vec, depth, self.settings.hybrid_ef_search)
+                    semantic = await self._semantic(conn, req, vec, depth, self.settings.hybrid_ef_search,
+                                                    rows=True, linked=lead)
                     keyword = await keyword_task
+                    rows = _candidate_rows(semantic, keyword, linked=lead > 0)
                     fused = self._fuse(semantic, keyword)
                     if neighbours:
-                        return await self._smoothed(conn, req, fused)
+                        fused = self._smoothed(fused, rows)
                     fused = self._cut(fused, req)
-                    return fused, await self._rows(conn, fetch, fused)
+                    missing = [f for f in fused if f.item not in rows]
+                    if missing:  # not expected: every candidate came with its row
+                        rows.update(await self._rows(conn, fetch, missing))
+                    return fused, rows
                 finally:
                     await conn.rollback()
         finally:
@@ -538,23 +563,20 @@ class SearchEngine:
             with contextlib.suppress(asyncio.CancelledError, psycopg.Error):
                 await keyword_task
 
-    async def _smoothed(self, conn: Conn, req: Request, fused: list[Fused]
-                        ) -> tuple[list[Fused], dict[int, tuple[Any, ...]]]:
-        """Neighbour smoothing (:func:`smooth_neighbours`), then the cut, and the results' rows.
+    @staticmethod
+    def _lead(req: Request) -> int:
+        """How many of each retriever's best candidates come with their neighbours."""
+        return max(2 * req.top_k, 20)
 
-        Only strong items lend much: the links of the leading fused items
-        (``max(2 * top_k, 20)``) are used, and they come with those items'
-        rows, in one statement; a result from outside the lead (lifted by a
-        neighbour) has its row fetched afterwards.
+    def _smoothed(self, fused: list[Fused], rows: Mapping[int, tuple[Any, ...]]) -> list[Fused]:
+        """Neighbour smoothing (:func:`smooth_neighbours`) with the links that came with the rows.
+
+        Only strong items lend much: the links of each retriever's leading
+        candidates (:meth:`_lead`) are used; the fused lead is (almost
+        always) among them.
         """
-        lead = fused[: max(2 * req.top_k, 20)]
-        rows = await self._rows(conn, q.fetch_memories(linked=True), lead)
         links = neighbour_map((item, r[-2], r[-1]) for item, r in rows.items())
-        fused = self._cut(smooth_neighbours(fused, links, self.settings.neighbour_weight), req)
-        missing = [f for f in fused if f.item not in rows]
-        if missing:
-            rows.update(await self._rows(conn, q.fetch_memories(), missing))
-        return fused, rows
+        return smooth_neighbours(fused, links, self.settings.neighbour_weight)
 
     @staticmethod
     async def _rows(conn: Conn, fetch: str, fused: Sequence[Fused]) -> dict[int, tuple[Any, ...]]:

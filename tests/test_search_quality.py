@@ -334,6 +334,34 @@ async def test_hybrid_memory_search_lifts_the_neighbour_of_a_strong_match(stack:
     assert plain[0].id == f"{b}-question" and all(h.score == pytest.approx(0.0, abs=1e-6) for h in plain[1:])
 
 
+@aio
+async def test_retriever_rows_carry_the_neighbours_of_their_leading_candidates(stack: Stack) -> None:
+    """``with_rows(linked=n)``: every candidate gets its full row; the n best-scoring ones end
+    with the neighbours that ``fetch_memories(linked=True)`` gives, the others with NULLs."""
+    b = stack.chat
+    order = ["early1", "early2", "question", "answer", "later1", "later2"]
+    # A stand-in retriever: the chat board's memories, scored so that "answer" and "early1" lead.
+    score = {"answer": 9.0, "early1": 8.0, "later2": 1.0}
+    cases = sql.SQL(" ").join(sql.SQL("WHEN {} THEN {}").format(sql.Literal(f"{b}-{n}"), sql.Literal(s))
+                              for n, s in score.items())
+    retriever = sql.SQL("SELECT mid, CASE id {} ELSE 0.0 END, true FROM bb_memories WHERE board = %s").format(cases)
+    async with open_pool(stack.settings.postgres, min_size=1, max_size=1) as pool, pool.connection() as conn:
+        got = await (await conn.execute(q.with_rows(retriever, "memory", linked=2), (b,))).fetchall()
+        mids = [int(r[0]) for r in got]
+        full = {int(r[0]): r for r in await (await conn.execute(q.fetch_memories(linked=True), (mids,))).fetchall()}
+    assert len(got) == len(order) == len(full)
+    by_name = {r[4].removeprefix(f"{b}-"): r for r in got}  # row: item, score, flag, mid, id, ...
+    name_of = {int(r[3]): n for n, r in by_name.items()}
+    for name, r in by_name.items():
+        assert r[3:-2] == full[int(r[0])][:-2]  # the same full row as fetch_memories
+        if name in ("answer", "early1"):
+            assert r[-2:] == full[int(r[0])][-2:]
+            i = order.index(name)
+            assert (name_of.get(r[-2]), name_of.get(r[-1])) == (order[i - 1] if i else None, order[i + 1])
+        else:
+            assert r[-2:] == (None, None), name
+
+
 # -- pure parts ------------------------------------------------------------------
 
 

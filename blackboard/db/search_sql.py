@@ -62,12 +62,13 @@ _MEMORY_COLS = ("m.id, m.board, m.agent, m.kind, m.text, m.tags, m.metadata, m.i
 _ENTRY_COLS = ("e.board, e.section, e.key, e.revision, e.value, e.value_raw, e.content_type, e.tags, "
                "e.metadata, e.author, e.created_at, e.updated_at")
 
-#: The previous and the next memory on ``m``'s board, in (created_at, mid) order: two more columns.
-_NEIGHBOUR_COLS = (
-    ", (SELECT p.mid FROM bb_memories p WHERE p.board = m.board AND (p.created_at, p.mid) < (m.created_at, m.mid) "
-    "ORDER BY p.created_at DESC, p.mid DESC LIMIT 1)"
-    ", (SELECT n.mid FROM bb_memories n WHERE n.board = m.board AND (n.created_at, n.mid) > (m.created_at, m.mid) "
+#: The previous and the next memory on ``m``'s board, in (created_at, mid) order (scalar subqueries).
+_NEIGHBOURS = (
+    "(SELECT p.mid FROM bb_memories p WHERE p.board = m.board AND (p.created_at, p.mid) < (m.created_at, m.mid) "
+    "ORDER BY p.created_at DESC, p.mid DESC LIMIT 1)",
+    "(SELECT n.mid FROM bb_memories n WHERE n.board = m.board AND (n.created_at, n.mid) > (m.created_at, m.mid) "
     "ORDER BY n.created_at, n.mid LIMIT 1)")
+_NEIGHBOUR_COLS = ", " + ", ".join(_NEIGHBOURS)
 
 REVISION_COLS = ("board, section, key, seq, op, value, value_raw, content_type, tags, metadata, author, "
                  "created_at, stored_at")
@@ -291,15 +292,30 @@ def vector_scores(space: Space, target: Target, items: Sequence[int], vector: An
     return query, [vector, list(items)]
 
 
-def with_rows(query: sql.Composable, target: Target) -> sql.Composed:
+def with_rows(query: sql.Composable, target: Target, *, linked: int = 0) -> sql.Composed:
     """``query``'s three columns ``(item, score, flag)`` followed by the item's full row (as
     :func:`fetch_memories` / :func:`fetch_entries` give it), for the items still there: a
-    search that needs no fusion gets its results in one statement (in no particular order)."""
+    search gets its candidates' rows in the retrievers' statements (in no particular order).
+
+    Args:
+        linked: for memories, the rows of the ``linked`` best-scoring items end with their
+            neighbours as :func:`fetch_memories` with ``linked`` gives them; the other rows end
+            with two NULLs (the neighbour probes cost ~13 µs each).
+    """
     cols, table, key = (("m.mid, " + _MEMORY_COLS, "bb_memories m", "m.mid") if target == "memory"
                         else ("e.eid, " + _ENTRY_COLS, "bb_entries e", "e.eid"))
-    return sql.SQL("SELECT r.item, r.score, r.flag, {cols} FROM ({q}) AS r(item, score, flag) "
-                   "JOIN {table} ON {key} = r.item").format(
-        cols=sql.SQL(cols), q=query, table=sql.SQL(table), key=sql.SQL(key))
+    if linked <= 0 or target != "memory":
+        return sql.SQL("SELECT r.item, r.score, r.flag, {cols} FROM ({q}) AS r(item, score, flag) "
+                       "JOIN {table} ON {key} = r.item").format(
+            cols=sql.SQL(cols), q=query, table=sql.SQL(table), key=sql.SQL(key))
+    prev, nxt = _NEIGHBOURS
+    return sql.SQL(
+        "SELECT r.item, r.score, r.flag, {cols}, CASE WHEN r.n <= {lead} THEN {prev} END, "
+        "CASE WHEN r.n <= {lead} THEN {nxt} END "
+        "FROM (SELECT k.*, row_number() OVER (ORDER BY k.score DESC, k.item) AS n "
+        "FROM ({q}) AS k(item, score, flag)) r JOIN {table} ON {key} = r.item").format(
+        cols=sql.SQL(cols), lead=sql.Literal(int(linked)), prev=sql.SQL(prev), nxt=sql.SQL(nxt), q=query,
+        table=sql.SQL(table), key=sql.SQL(key))
 
 
 def fetch_memories(*, linked: bool = False) -> str:
