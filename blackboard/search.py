@@ -20,9 +20,10 @@ selection, fusion and row shaping are pure functions.
   fusion (:func:`rrf`, ``settings.search.fusion = "rrf"``) keeps only the order.
   The keyword side computes its candidates' cosines on its own connection
   (in its statement for a cached query vector, else as soon as the vector is
-  there), so fusion needs no statement of its own; the neighbours that
-  :func:`smooth_neighbours` lends scores to come with the leading results'
-  rows.
+  there), so fusion needs no statement of its own; both retrievers return
+  their candidates' rows, with the neighbours (which :func:`smooth_neighbours`
+  lends scores to) of each one's leading candidates: no statement follows
+  the fusion.
 """
 
 from __future__ import annotations
