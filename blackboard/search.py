@@ -40,7 +40,6 @@ from typing import Any, Literal, TypeVar
 
 import numpy as np
 import psycopg
-from psycopg import sql
 from psycopg_pool import AsyncConnectionPool
 
 from blackboard import codec
@@ -414,7 +413,7 @@ class SearchEngine:
         return found
 
     @staticmethod
-    async def _run(conn: Conn, query: sql.Composed, params: Sequence[Any], *,
+    async def _run(conn: Conn, query: str, params: Sequence[Any], *,
                    target: Target | None = None, linked: int = 0) -> list[tuple[Any, ...]]:
         """The rows of ``query``; with a ``target``, each followed by the item's full row (and
         for the ``linked`` best, the item's neighbours: :func:`search_sql.with_rows`)."""

@@ -197,7 +197,7 @@ async def test_the_exact_board_scan_reads_only_the_covering_board_index(stack: S
         query, params = q.semantic_query(space, MemorySearchRequest(query="x", boards=[stack.boards[0]]),
                                          stack.provider.vector("alpha bravo"), 10, exact=True)
         plan = "\n".join(r[0] for r in await (await conn.execute(
-            sql.SQL("EXPLAIN ") + query, params)).fetchall())
+            "EXPLAIN " + query, params)).fetchall())
         await conn.rollback()
     assert f"Index Only Scan using {space.table_name('memory')}_board" in plan, plan
 
@@ -344,7 +344,8 @@ async def test_retriever_rows_carry_the_neighbours_of_their_leading_candidates(s
     score = {"answer": 9.0, "early1": 8.0, "later2": 1.0}
     cases = sql.SQL(" ").join(sql.SQL("WHEN {} THEN {}").format(sql.Literal(f"{b}-{n}"), sql.Literal(s))
                               for n, s in score.items())
-    retriever = sql.SQL("SELECT mid, CASE id {} ELSE 0.0 END, true FROM bb_memories WHERE board = %s").format(cases)
+    retriever = sql.SQL("SELECT mid, CASE id {} ELSE 0.0 END, true FROM bb_memories WHERE board = %s").format(
+        cases).as_string()
     async with open_pool(stack.settings.postgres, min_size=1, max_size=1) as pool, pool.connection() as conn:
         got = await (await conn.execute(q.with_rows(retriever, "memory", linked=2), (b,))).fetchall()
         mids = [int(r[0]) for r in got]
@@ -445,6 +446,6 @@ def test_tsquery_literal_quotes_lexemes() -> None:
 def test_keyword_query_binds_one_value_per_placeholder() -> None:
     req = MemorySearchRequest(query="x y", boards=["b"], tags_any=["t"], metadata={"k": 1})
     query, params = q.keyword_query(req, ["x", "y", "z"], ["x", "y"], 50, max_candidates=100)
-    text = query.as_string(None)
+    text = query
     assert text.count("%s") == len(params) == 3 + 1 + 3 + 2
     assert params[-2:] == [100, 50] and params[3] == "'x' | 'y'"
