@@ -536,6 +536,10 @@ class SearchEngine:
         keyword_task = asyncio.create_task(self._keyword_own(
             req, depth, vector=cached if convex else None, later=later, linked=lead))
         try:
+            # Let the keyword side send its first statement before the model's thread
+            # starts (which takes the GIL and a core; the lexemes' round trip then took
+            # ~1.2 ms instead of ~0.8 ms p50 on 2 cores).
+            await asyncio.sleep(0)
             vec = cached if cached is not None else await self._embed(req.query)
             if later is not None:
                 later.set_result(vec)
