@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import time
 import weakref
@@ -257,6 +258,11 @@ def board_rows(boards: Iterable[str], stats: BoardStats | None) -> float | None:
 
 def _value(value: Any, raw: bytes | None) -> Any:
     return codec.decode(bytes(raw)) if raw is not None else value
+
+
+def _json(text: str | None) -> Any:
+    """A JSON column read as text (see :func:`search_sql.fetch_memories`)."""
+    return None if text is None else json.loads(text)
 
 
 def _target(req: Request) -> Target:
@@ -624,7 +630,7 @@ class SearchEngine:
             if r is None:
                 continue
             hits.append(MemoryHit(id=r[1], board=r[2], agent=r[3], kind=r[4], text=r[5], tags=r[6],
-                                  metadata=r[7], importance=r[8], source=r[9], created_at=r[10],
+                                  metadata=_json(r[7]), importance=r[8], source=r[9], created_at=r[10],
                                   updated_at=r[11], revision=r[12], score=f.score, scores=f.parts))
         self._touched.update(f.item for f in fused)
         return MemorySearchResponse(hits=hits, took_ms=(time.perf_counter() - t0) * 1000)
@@ -638,8 +644,9 @@ class SearchEngine:
             r = rows.get(f.item)
             if r is None:
                 continue
-            hits.append(EntryHit(board=r[1], section=r[2], key=r[3], revision=r[4], value=_value(r[5], r[6]),
-                                 content_type=r[7], tags=r[8], metadata=r[9], author=r[10], created_at=r[11],
+            hits.append(EntryHit(board=r[1], section=r[2], key=r[3], revision=r[4],
+                                 value=_value(_json(r[5]), r[6]), content_type=r[7], tags=r[8],
+                                 metadata=_json(r[9]), author=r[10], created_at=r[11],
                                  updated_at=r[12], score=f.score, scores=f.parts))
         return EntrySearchResponse(hits=hits, took_ms=(time.perf_counter() - t0) * 1000)
 
