@@ -1,5 +1,10 @@
 """Search queries as pure ``(sql, params)`` builders (no IO).
 
+The texts depend only on the shape of a request (which filters it sets, how
+many query words, which vector table), so each shape's text is composed once
+and cached (composing the keyword statement with :mod:`psycopg.sql` cost ~0.45
+ms of CPU, a sixth of the statement's own run on 2,000 memories).
+
 Semantic queries order by cosine distance on a space's HNSW index with
 ``hnsw.iterative_scan`` on, so filters applied after the index scan still fill
 ``top_k``; the board filter is checked on the vector table's own ``board``
