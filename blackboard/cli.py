@@ -52,13 +52,15 @@ def _add_conn_flags(p: argparse.ArgumentParser, *, nats: bool = True, pg: bool =
         p.add_argument("--postgres-dsn", help="PostgreSQL DSN (env BLACKBOARD_POSTGRES__DSN)")
 
 
-async def _wait_for_signal() -> None:
+def _on_signal() -> asyncio.Event:
+    """An event set by SIGINT or SIGTERM from now on (installed at once, not when awaited: a
+    signal that comes right after a "ready" line must not find Python's default handler)."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
+    return stop
 
 
 # --------------------------------------------------------------------------- dev
@@ -121,8 +123,10 @@ async def _dev(args: argparse.Namespace) -> int:
                                          return_when=asyncio.FIRST_COMPLETED)
             if worker_task in done:
                 worker_task.result()
+        signalled = _on_signal()
+        if worker_task is not None:
             print("  worker        running (persistence, embeddings, search, deadlines)", flush=True)
-        await _wait_for_signal()
+        await signalled.wait()
         print("\nblackboard dev: shutting down...", flush=True)
         stop.set()
         if worker_task is not None:
@@ -153,8 +157,9 @@ async def _worker(args: argparse.Namespace) -> int:
         settings = settings.model_copy(update={"worker": settings.worker.model_copy(update={"embed": False})})
     stop = asyncio.Event()
     ready = asyncio.Event()
+    signalled = _on_signal()
     task = asyncio.create_task(_worker_runner()(settings, ready, stop))
-    sig = asyncio.create_task(_wait_for_signal())
+    sig = asyncio.create_task(signalled.wait())
     done, _ = await asyncio.wait({task, sig}, return_when=asyncio.FIRST_COMPLETED)
     if task in done:
         task.result()

@@ -93,6 +93,16 @@ async def test_dev_runs_the_stack_persists_and_restarts_on_the_same_data() -> No
     assert proc.returncode == 0, "\n".join(lines) + "\n" + out
 
 
+def test_dev_stops_cleanly_on_ctrl_c_right_after_the_ready_line() -> None:
+    # The handler is in place before the line is printed: a Ctrl-C the moment a script
+    # sees it shuts down in order (exit 0), not through Python's KeyboardInterrupt (130).
+    proc, lines = _start_dev(_data_dir())
+    out = _stop(proc)
+    assert any(_READY in line for line in lines), "\n".join(lines) + "\n" + out
+    assert proc.returncode == 0, "\n".join(lines) + "\n" + out
+    assert "shutting down" in out and "stopped" in out
+
+
 def test_taken_port_is_a_one_line_error() -> None:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
