@@ -308,8 +308,8 @@ class SearchEngine:
         self._boards: dict[Target, BoardStats] = {}
         # Query text -> embedding, least recently used first (the model costs more than the search).
         self._queries: OrderedDict[str, np.ndarray] = OrderedDict()
-        # Query text -> its lexemes (one round trip less for a repeated query).
-        self._lexeme_cache: OrderedDict[str, list[str]] = OrderedDict()
+        # Query word -> its lexemes (a query whose words were all seen needs no round trip for them).
+        self._word_lexemes: OrderedDict[str, tuple[str, ...]] = OrderedDict()
         # ef_search each pooled connection was given (session settings survive checkouts).
         self._scan_ef: weakref.WeakKeyDictionary[Conn, int] = weakref.WeakKeyDictionary()
 
@@ -442,14 +442,32 @@ class SearchEngine:
         return stats
 
     async def _lexemes(self, conn: Conn, text: str) -> list[str]:
-        """The query's distinct lexemes under the index's configuration (cached like embeddings)."""
-        cached = self._recall(self._lexeme_cache, text)
-        if cached is not None:
-            return cached
-        cur = await conn.execute(q.QUERY_LEXEMES, (text,))
-        lexemes = [str(r[0]) for r in await cur.fetchall()][: q.MAX_QUERY_LEXEMES]
-        self._remember(self._lexeme_cache, text, lexemes)
-        return lexemes
+        """The query's distinct lexemes under the index's configuration, sorted (the union of its
+        words' lexemes, see :func:`search_sql.query_words`; words not seen recently are parsed by
+        PostgreSQL, in one statement)."""
+        words = q.query_words(text)
+        found: dict[str, tuple[str, ...]] = {}
+        missing = []
+        for w in words:
+            lx = self._recall(self._word_lexemes, w)
+            if lx is None:
+                missing.append(w)
+            else:
+                found[w] = lx
+        if missing:
+            parsed: dict[int, list[str]] = {}
+            for i, lexeme in await (await conn.execute(q.WORD_LEXEMES, (missing,))).fetchall():
+                parsed.setdefault(int(i), []).append(str(lexeme))
+            for i, w in enumerate(missing, 1):
+                found[w] = tuple(parsed.get(i, ()))
+                self._remember_word(w, found[w])
+        return sorted({lx for w in words for lx in found[w]})[: q.MAX_QUERY_LEXEMES]
+
+    def _remember_word(self, word: str, lexemes: tuple[str, ...]) -> None:
+        if self.settings.lexeme_cache_size:
+            self._word_lexemes[word] = lexemes
+            while len(self._word_lexemes) > self.settings.lexeme_cache_size:
+                self._word_lexemes.popitem(last=False)
 
     async def _keyword(self, conn: Conn, req: Request, limit: int, *, vector: np.ndarray | None = None,
                        rows: bool = False, linked: int = 0) -> list[tuple[Any, ...]]:

@@ -251,6 +251,10 @@ class SearchSettings(BaseModel):
     #: Query embeddings kept (least recently used out) so that a repeated
     #: query skips the model; 0 turns the cache off.
     query_cache_size: int = Field(1024, ge=0)
+    #: Query words whose lexemes (from PostgreSQL's text search parser) are
+    #: kept, least recently used out: a keyword or hybrid query whose words
+    #: were all seen needs no round trip to find its lexemes; 0 turns it off.
+    lexeme_cache_size: int = Field(100_000, ge=0)
 
 
 class MessagingSettings(BaseModel):

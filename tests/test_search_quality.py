@@ -335,6 +335,24 @@ async def test_hybrid_memory_search_lifts_the_neighbour_of_a_strong_match(stack:
 
 
 @aio
+async def test_a_texts_lexemes_are_the_union_of_its_words_lexemes(stack: Stack) -> None:
+    """What the per-word lexeme cache of the search engine relies on, on PostgreSQL's own parser."""
+    texts = ["When did Caroline go to the LGBTQ support group?", "well-known e-mail foo@bar.com http://x.org/a-b?c=d",
+             "3.14 1,000 -5 2023-05-08 1:56 pm", "don't rock'n'roll Mr. O'Neil's naïve café", "C++ C# .NET node.js v1.2.3",
+             "The U.S.A. vs. U.K. -- co-operate; re-enter!", "x_y a/b c\\d ''quoted'' \"dq\"", "日本語 テキスト",
+             "tab\tand\nnewline  double  space", "-leading trailing- a - b", "the of and", ""]
+    async with open_pool(stack.settings.postgres, min_size=1, max_size=1) as pool, pool.connection() as conn:
+        for text in texts:
+            whole = [r[0] for r in await (await conn.execute(
+                "SELECT lexeme FROM unnest(to_tsvector('english', %s))", (text,))).fetchall()]
+            words = q.query_words(text)
+            rows = await (await conn.execute(q.WORD_LEXEMES, (words,))).fetchall()
+            assert sorted({r[1] for r in rows}) == sorted(whole), text
+            assert all(1 <= r[0] <= len(words) for r in rows)
+    assert q.query_words("a  b\ta a\n") == ["a", "b"]
+
+
+@aio
 async def test_retriever_rows_carry_the_neighbours_of_their_leading_candidates(stack: Stack) -> None:
     """``with_rows(linked=n)``: every candidate gets its full row; the n best-scoring ones end
     with the neighbours that ``fetch_memories(linked=True)`` gives, the others with NULLs."""
