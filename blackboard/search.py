@@ -506,21 +506,22 @@ class SearchEngine:
             finally:
                 await conn.rollback()
 
-    async def _search(self, req: Request, fetch: str) -> tuple[list[Fused], dict[int, tuple[Any, ...]]]:
-        """Ranked, cut results and their rows (``fetch``: the row query by id).
+    async def _search(self, req: Request) -> tuple[list[Fused], dict[int, tuple[Any, ...]]]:
+        """Ranked, cut results and their rows (as :func:`search_sql.fetch_memories` /
+        :func:`search_sql.fetch_entries` give them).
 
         Run once more on a broken connection (see :meth:`_once_more`).
         """
         try:
-            return await self._once_more(lambda: self._search_once(req, fetch))
+            return await self._once_more(lambda: self._search_once(req))
         except psycopg.OperationalError as exc:
             raise StorageError(f"PostgreSQL unavailable: {exc}") from exc
         except psycopg.Error as exc:
             raise SearchError(f"search query failed: {exc}") from exc
 
-    async def _search_once(self, req: Request, fetch: str) -> tuple[list[Fused], dict[int, tuple[Any, ...]]]:
+    async def _search_once(self, req: Request) -> tuple[list[Fused], dict[int, tuple[Any, ...]]]:
         if req.mode == "hybrid":
-            return await self._hybrid_search(req, fetch)
+            return await self._hybrid_search(req)
         # One retriever, no fusion: its statement returns the results' rows too.
         query_vec = await self._embed(req.query) if req.mode == "semantic" else None
         async with self.pool.connection() as conn:
@@ -535,7 +536,7 @@ class SearchEngine:
             finally:
                 await conn.rollback()
 
-    async def _hybrid_search(self, req: Request, fetch: str) -> tuple[list[Fused], dict[int, tuple[Any, ...]]]:
+    async def _hybrid_search(self, req: Request) -> tuple[list[Fused], dict[int, tuple[Any, ...]]]:
         """Keyword and nearest-neighbour candidates, fused (see the module docstring).
 
         The keyword query runs on a connection of its own while the query is
@@ -560,9 +561,9 @@ class SearchEngine:
         keyword_task = asyncio.create_task(self._keyword_own(
             req, depth, vector=cached if convex else None, later=later, linked=lead))
         try:
-            # Let the keyword side send its first statement before the model's thread
-            # starts (which takes the GIL and a core; the lexemes' round trip then took
-            # ~1.2 ms instead of ~0.8 ms p50 on 2 cores).
+            # Let the keyword side send its first statement (the lexemes of words not seen
+            # before, or the keyword query) before the model's thread starts, which takes
+            # the GIL and a core (the lexemes' round trip took ~1.2 instead of ~0.8 ms p50).
             await asyncio.sleep(0)
             vec = cached if cached is not None else await self._embed(req.query)
             if later is not None:
@@ -576,11 +577,7 @@ class SearchEngine:
                     fused = self._fuse(semantic, keyword)
                     if neighbours:
                         fused = self._smoothed(fused, rows)
-                    fused = self._cut(fused, req)
-                    missing = [f for f in fused if f.item not in rows]
-                    if missing:  # not expected: every candidate came with its row
-                        rows.update(await self._rows(conn, fetch, missing))
-                    return fused, rows
+                    return self._cut(fused, req), rows
                 finally:
                     await conn.rollback()
         finally:
@@ -605,13 +602,6 @@ class SearchEngine:
         """
         links = neighbour_map((item, r[-2], r[-1]) for item, r in rows.items())
         return smooth_neighbours(fused, links, self.settings.neighbour_weight)
-
-    @staticmethod
-    async def _rows(conn: Conn, fetch: str, fused: Sequence[Fused]) -> dict[int, tuple[Any, ...]]:
-        if not fused:
-            return {}
-        cur = await conn.execute(fetch, ([f.item for f in fused],))
-        return {int(r[0]): r for r in await cur.fetchall()}
 
     def _depth(self, req: Request) -> int:
         return max(req.top_k * self.settings.hybrid_depth, self.settings.hybrid_min_candidates)
@@ -641,7 +631,7 @@ class SearchEngine:
     async def search_memories(self, req: MemorySearchRequest) -> MemorySearchResponse:
         """Search long-term memories (see :class:`MemorySearchRequest`)."""
         t0 = time.perf_counter()
-        fused, rows = await self._search(req, q.fetch_memories())
+        fused, rows = await self._search(req)
         hits = []
         for f in fused:
             r = rows.get(f.item)
@@ -656,7 +646,7 @@ class SearchEngine:
     async def search_entries(self, req: EntrySearchRequest) -> EntrySearchResponse:
         """Search current board entries (see :class:`EntrySearchRequest`)."""
         t0 = time.perf_counter()
-        fused, rows = await self._search(req, q.fetch_entries())
+        fused, rows = await self._search(req)
         hits = []
         for f in fused:
             r = rows.get(f.item)
