@@ -79,6 +79,23 @@ async def test_migrations_apply_on_empty_database_then_reapply_as_noop(
 
 
 @pytest.mark.asyncio(loop_scope="session")
+async def test_keyword_search_indexes_board_and_words_together(
+        nats_server: EmbeddedNats, postgres_server: EmbeddedPostgres, unique: str) -> None:
+    """Migration 0010: one GIN index on (board, tsv) per searchable table, and no tsv-only one left."""
+    dsn = _fresh_db(postgres_server, unique)
+    await migrate(make_settings(nats_server.url, dsn))
+    with psycopg.connect(dsn) as conn:
+        defs = {(r[0], r[1]): r[2] for r in conn.execute(
+            "SELECT tablename, indexname, indexdef FROM pg_indexes "
+            "WHERE tablename IN ('bb_memories', 'bb_entries') AND indexdef LIKE '%USING gin%'").fetchall()}
+        gin_text_ops = conn.execute("SELECT 1 FROM pg_extension WHERE extname = 'btree_gin'").fetchone()
+    assert gin_text_ops is not None
+    for table in ("bb_memories", "bb_entries"):
+        assert defs[(table, f"{table}_board_tsv")].endswith("USING gin (board, tsv)")
+        assert not [d for d in defs.values() if f" ON public.{table} " in d and d.endswith("USING gin (tsv)")]
+
+
+@pytest.mark.asyncio(loop_scope="session")
 async def test_concurrent_migrate_applies_each_file_once(
         nats_server: EmbeddedNats, postgres_server: EmbeddedPostgres, unique: str) -> None:
     dsn = _fresh_db(postgres_server, unique)

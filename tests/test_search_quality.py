@@ -202,22 +202,6 @@ async def test_the_exact_board_scan_reads_only_the_covering_board_index(stack: S
     assert f"Index Only Scan using {space.table_name('memory')}_board" in plan, plan
 
 
-@aio
-async def test_a_board_filtered_keyword_query_takes_board_and_words_from_one_index(stack: Stack) -> None:
-    """Migration 0010's (board, tsv) GIN index answers both conditions of the candidate scan."""
-    req = MemorySearchRequest(query="alpha bravo", boards=[stack.boards[0]], mode="keyword")
-    query, params = q.keyword_query(req, ["alpha", "bravo"], ["alpha", "bravo"], 10, max_candidates=100)
-    async with open_pool(stack.settings.postgres, min_size=1, max_size=1) as pool, pool.connection() as conn:
-        # The test boards are a few rows, where a sequential scan or the board's btree index is
-        # cheaper: both are set aside in this transaction (DDL rolls back).
-        await conn.execute("SET LOCAL enable_seqscan = off")
-        await conn.execute("DROP INDEX bb_memories_board_order")
-        plan = "\n".join(r[0] for r in await (await conn.execute("EXPLAIN " + query, params)).fetchall())
-        await conn.rollback()
-    scan = plan[plan.index("Bitmap Index Scan on bb_memories_board_tsv"):]
-    assert "board = ANY" in scan.splitlines()[1] and "tsv @@" in scan.splitlines()[1], plan
-
-
 class _SlowProvider:
     """The test provider, slower than a keyword query (like a real model)."""
 
