@@ -91,8 +91,22 @@ async def test_keyword_search_indexes_board_and_words_together(
         gin_text_ops = conn.execute("SELECT 1 FROM pg_extension WHERE extname = 'btree_gin'").fetchone()
     assert gin_text_ops is not None
     for table in ("bb_memories", "bb_entries"):
-        assert defs[(table, f"{table}_board_tsv")].endswith("USING gin (board, tsv)")
-        assert not [d for d in defs.values() if f" ON public.{table} " in d and d.endswith("USING gin (tsv)")]
+        assert "USING gin (board, tsv)" in defs[(table, f"{table}_board_tsv")]
+        assert not [d for d in defs.values() if f" ON public.{table} " in d and "USING gin (tsv)" in d]
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_every_gin_index_keeps_a_short_pending_list(
+        nats_server: EmbeddedNats, postgres_server: EmbeddedPostgres, unique: str) -> None:
+    """Migration 0011: a search scans a GIN index's whole pending list; none may grow to the 4 MB default."""
+    dsn = _fresh_db(postgres_server, unique)
+    await migrate(make_settings(nats_server.url, dsn))
+    with psycopg.connect(dsn) as conn:
+        options = dict(conn.execute(
+            "SELECT c.relname, c.reloptions FROM pg_class c JOIN pg_am a ON a.oid = c.relam "
+            "WHERE a.amname = 'gin' AND c.relkind = 'i' AND c.relname LIKE 'bb\\_%'").fetchall())
+    assert len(options) >= 8, options
+    assert all(opts is not None and "gin_pending_list_limit=128" in opts for opts in options.values()), options
 
 
 @pytest.mark.asyncio(loop_scope="session")
