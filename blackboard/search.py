@@ -336,7 +336,7 @@ class SearchEngine:
             return cached
         vecs = await self.provider.embed([text])
         vec = np.asarray(vecs[0], dtype=np.float32)
-        self._remember(self._queries, text, vec)
+        self._remember(self._queries, text, vec, self.settings.query_cache_size)
         return vec
 
     def _cached_vector(self, text: str) -> np.ndarray | None:
@@ -350,10 +350,13 @@ class SearchEngine:
             cache.move_to_end(key)
         return value
 
-    def _remember(self, cache: OrderedDict[str, Any], key: str, value: Any) -> None:
-        if self.settings.query_cache_size:
+    @staticmethod
+    def _remember(cache: OrderedDict[str, _T], key: str, value: _T, size: int) -> None:
+        """Keep ``value`` as the most recently used, dropping the least recently used beyond
+        ``size`` entries (0: keep nothing)."""
+        if size:
             cache[key] = value
-            while len(cache) > self.settings.query_cache_size:
+            while len(cache) > size:
                 cache.popitem(last=False)
 
     async def _scan_settings(self, conn: Conn, ef_search: int) -> None:
@@ -460,14 +463,8 @@ class SearchEngine:
                 parsed.setdefault(int(i), []).append(str(lexeme))
             for i, w in enumerate(missing, 1):
                 found[w] = tuple(parsed.get(i, ()))
-                self._remember_word(w, found[w])
+                self._remember(self._word_lexemes, w, found[w], self.settings.lexeme_cache_size)
         return sorted({lx for w in words for lx in found[w]})[: q.MAX_QUERY_LEXEMES]
-
-    def _remember_word(self, word: str, lexemes: tuple[str, ...]) -> None:
-        if self.settings.lexeme_cache_size:
-            self._word_lexemes[word] = lexemes
-            while len(self._word_lexemes) > self.settings.lexeme_cache_size:
-                self._word_lexemes.popitem(last=False)
 
     async def _keyword(self, conn: Conn, req: Request, limit: int, *, vector: np.ndarray | None = None,
                        rows: bool = False, linked: int = 0) -> list[tuple[Any, ...]]:
