@@ -261,7 +261,7 @@ def _value(value: Any, raw: bytes | None) -> Any:
 
 
 def _json(text: str | None) -> Any:
-    """A JSON column read as text (see :func:`search_sql.fetch_memories`)."""
+    """A JSON column read as text (see :func:`search_sql.with_rows`)."""
     return None if text is None else json.loads(text)
 
 
@@ -504,8 +504,8 @@ class SearchEngine:
                 await conn.rollback()
 
     async def _search(self, req: Request) -> tuple[list[Fused], dict[int, tuple[Any, ...]]]:
-        """Ranked, cut results and their rows (as :func:`search_sql.fetch_memories` /
-        :func:`search_sql.fetch_entries` give them).
+        """Ranked, cut results and their rows (as :func:`search_sql.with_rows` gives them, without
+        its first three columns).
 
         Run once more on a broken connection (see :meth:`_once_more`).
         """

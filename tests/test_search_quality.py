@@ -355,7 +355,7 @@ async def test_a_texts_lexemes_are_the_union_of_its_words_lexemes(stack: Stack) 
 @aio
 async def test_retriever_rows_carry_the_neighbours_of_their_leading_candidates(stack: Stack) -> None:
     """``with_rows(linked=n)``: every candidate gets its full row; the n best-scoring ones end
-    with the neighbours that ``fetch_memories(linked=True)`` gives, the others with NULLs."""
+    with the previous and next memory on their board, the others with NULLs."""
     b = stack.chat
     order = ["early1", "early2", "question", "answer", "later1", "later2"]
     # A stand-in retriever: the chat board's memories, scored so that "answer" and "early1" lead.
@@ -366,17 +366,15 @@ async def test_retriever_rows_carry_the_neighbours_of_their_leading_candidates(s
         cases).as_string()
     async with open_pool(stack.settings.postgres, min_size=1, max_size=1) as pool, pool.connection() as conn:
         got = await (await conn.execute(q.with_rows(retriever, "memory", linked=2), (b,))).fetchall()
-        mids = [int(r[0]) for r in got]
-        full = {int(r[0]): r for r in await (await conn.execute(q.fetch_memories(linked=True), (mids,))).fetchall()}
-    assert len(got) == len(order) == len(full)
+        plain = {int(r[0]): r for r in await (await conn.execute(q.with_rows(retriever, "memory"), (b,))).fetchall()}
+    assert len(got) == len(order) == len(plain)
     by_name = {r[4].removeprefix(f"{b}-"): r for r in got}  # row: item, score, flag, mid, id, ...
-    name_of = {int(r[3]): n for n, r in by_name.items()}
+    mid_of = {n: int(r[3]) for n, r in by_name.items()}
     for name, r in by_name.items():
-        assert r[3:-2] == full[int(r[0])][:-2]  # the same full row as fetch_memories
+        assert r[:-2] == plain[int(r[0])]  # the same full row, two columns more
         if name in ("answer", "early1"):
-            assert r[-2:] == full[int(r[0])][-2:]
             i = order.index(name)
-            assert (name_of.get(r[-2]), name_of.get(r[-1])) == (order[i - 1] if i else None, order[i + 1])
+            assert r[-2:] == (mid_of[order[i - 1]] if i else None, mid_of[order[i + 1]]), name
         else:
             assert r[-2:] == (None, None), name
 

@@ -13,8 +13,9 @@ column. :func:`semantic_query` with ``exact=True`` builds the exact
 covering board index) and when a selective filter leaves the index scan
 short. The keyword query can return its candidates' cosine when the query's
 vector is known; :func:`vector_scores` gives the cosine similarity of chosen
-items (hybrid search's keyword candidates otherwise); :func:`fetch_memories` with
-``linked`` adds each memory's neighbours on its board to its row.
+items (hybrid search's keyword candidates otherwise); :func:`with_rows` adds
+each candidate's full row to a retriever's statement, and with ``linked`` the
+leading memories' neighbours on their board.
 
 Keyword queries score with BM25 (binary term frequency, which is what short
 memories have) in one scan: the candidates are the items matching any
@@ -48,8 +49,6 @@ __all__ = [
     "TOUCH_MEMORIES",
     "WORD_LEXEMES",
     "board_stats_query",
-    "fetch_entries",
-    "fetch_memories",
     "filters",
     "keyword_query",
     "or_query",
@@ -71,13 +70,13 @@ _MEMORY_COLS = ("m.id, m.board, m.agent, m.kind, m.text, m.tags, m.metadata::tex
 _ENTRY_COLS = ("e.board, e.section, e.key, e.revision, e.value::text, e.value_raw, e.content_type, e.tags, "
                "e.metadata::text, e.author, e.created_at, e.updated_at")
 
-#: The previous and the next memory on ``m``'s board, in (created_at, mid) order (scalar subqueries).
+#: The previous and the next memory on ``m``'s board, in ``(created_at, mid)`` order (scalar
+#: subqueries, one probe of the ``(board, created_at, mid)`` index each).
 _NEIGHBOURS = (
     "(SELECT p.mid FROM bb_memories p WHERE p.board = m.board AND (p.created_at, p.mid) < (m.created_at, m.mid) "
     "ORDER BY p.created_at DESC, p.mid DESC LIMIT 1)",
     "(SELECT n.mid FROM bb_memories n WHERE n.board = m.board AND (n.created_at, n.mid) > (m.created_at, m.mid) "
     "ORDER BY n.created_at, n.mid LIMIT 1)")
-_NEIGHBOUR_COLS = ", " + ", ".join(_NEIGHBOURS)
 
 REVISION_COLS = ("board, section, key, seq, op, value, value_raw, content_type, tags, metadata, author, "
                  "created_at, stored_at")
@@ -339,14 +338,15 @@ def _vector_scores_sql(table_name: str) -> str:
 
 @functools.lru_cache(maxsize=1024)
 def with_rows(query: str, target: Target, *, linked: int = 0) -> str:
-    """``query``'s three columns ``(item, score, flag)`` followed by the item's full row (as
-    :func:`fetch_memories` / :func:`fetch_entries` give it), for the items still there: a
-    search gets its candidates' rows in the retrievers' statements (in no particular order).
+    """``query``'s three columns ``(item, score, flag)`` followed by the item's full row, for
+    the items still there: a search gets its candidates' rows in the retrievers' statements
+    (in no particular order). The row: ``mid`` and :data:`_MEMORY_COLS`, or ``eid`` and
+    :data:`_ENTRY_COLS` (JSON columns as text).
 
     Args:
-        linked: for memories, the rows of the ``linked`` best-scoring items end with their
-            neighbours as :func:`fetch_memories` with ``linked`` gives them; the other rows end
-            with two NULLs (the neighbour probes cost ~13 µs each).
+        linked: for memories, the rows of the ``linked`` best-scoring items end with the
+            previous and the next memory on their board (:data:`_NEIGHBOURS`); the other rows
+            end with two NULLs (the neighbour probes cost ~13 µs each).
     """
     cols, table, key = (("m.mid, " + _MEMORY_COLS, "bb_memories m", "m.mid") if target == "memory"
                         else ("e.eid, " + _ENTRY_COLS, "bb_entries e", "e.eid"))
@@ -358,14 +358,3 @@ def with_rows(query: str, target: Target, *, linked: int = 0) -> str:
             f"CASE WHEN r.n <= {lead} THEN {nxt} END "
             f"FROM (SELECT k.*, row_number() OVER (ORDER BY k.score DESC, k.item) AS n "
             f"FROM ({query}) AS k(item, score, flag)) r JOIN {table} ON {key} = r.item")
-
-
-def fetch_memories(*, linked: bool = False) -> str:
-    """Full rows of memories by mid (``metadata`` as JSON text); with ``linked``, each row ends with the previous and the
-    next memory on its board (in ``(created_at, mid)`` order, one probe of an index each)."""
-    return f"SELECT m.mid, {_MEMORY_COLS}{_NEIGHBOUR_COLS if linked else ''} FROM bb_memories m WHERE m.mid = ANY(%s)"
-
-
-def fetch_entries() -> str:
-    """Full rows of entries by eid (``value`` and ``metadata`` as JSON text)."""
-    return f"SELECT e.eid, {_ENTRY_COLS} FROM bb_entries e WHERE e.eid = ANY(%s)"
