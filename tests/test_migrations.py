@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import uuid
 from pathlib import Path
 
 import psycopg
 import pytest
+import pytest_asyncio
 
 from blackboard.db import load_migrations, migrate, pending
 from blackboard.db.migrate import MIGRATIONS_DIR, Migration
@@ -26,6 +28,14 @@ def _fresh_db(server: EmbeddedPostgres, name: str) -> str:
     with psycopg.connect(admin, autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{name}"')
     return f"postgresql://postgres@{server.host}:{server.port}/{name}"
+
+
+@pytest_asyncio.fixture(loop_scope="session", scope="module")
+async def migrated(nats_server: EmbeddedNats, postgres_server: EmbeddedPostgres) -> str:
+    """The DSN of a fresh database with every migration applied (read by the catalog checks)."""
+    dsn = _fresh_db(postgres_server, "m" + uuid.uuid4().hex[:12])
+    await migrate(make_settings(nats_server.url, dsn))
+    return dsn
 
 
 def _tables(dsn: str) -> set[str]:
@@ -78,13 +88,9 @@ async def test_migrations_apply_on_empty_database_then_reapply_as_noop(
     assert ext is not None
 
 
-@pytest.mark.asyncio(loop_scope="session")
-async def test_keyword_search_indexes_board_and_words_together(
-        nats_server: EmbeddedNats, postgres_server: EmbeddedPostgres, unique: str) -> None:
+def test_keyword_search_indexes_board_and_words_together(migrated: str) -> None:
     """Migration 0010: one GIN index on (board, tsv) per searchable table, and no tsv-only one left."""
-    dsn = _fresh_db(postgres_server, unique)
-    await migrate(make_settings(nats_server.url, dsn))
-    with psycopg.connect(dsn) as conn:
+    with psycopg.connect(migrated) as conn:
         defs = {(r[0], r[1]): r[2] for r in conn.execute(
             "SELECT tablename, indexname, indexdef FROM pg_indexes "
             "WHERE tablename IN ('bb_memories', 'bb_entries') AND indexdef LIKE '%USING gin%'").fetchall()}
@@ -95,13 +101,9 @@ async def test_keyword_search_indexes_board_and_words_together(
         assert not [d for d in defs.values() if f" ON public.{table} " in d and "USING gin (tsv)" in d]
 
 
-@pytest.mark.asyncio(loop_scope="session")
-async def test_every_gin_index_keeps_a_short_pending_list(
-        nats_server: EmbeddedNats, postgres_server: EmbeddedPostgres, unique: str) -> None:
+def test_every_gin_index_keeps_a_short_pending_list(migrated: str) -> None:
     """Migration 0011: a search scans a GIN index's whole pending list; none may grow to the 4 MB default."""
-    dsn = _fresh_db(postgres_server, unique)
-    await migrate(make_settings(nats_server.url, dsn))
-    with psycopg.connect(dsn) as conn:
+    with psycopg.connect(migrated) as conn:
         options = dict(conn.execute(
             "SELECT c.relname, c.reloptions FROM pg_class c JOIN pg_am a ON a.oid = c.relam "
             "WHERE a.amname = 'gin' AND c.relkind = 'i' AND c.relname LIKE 'bb\\_%'").fetchall())
