@@ -9,6 +9,9 @@
   of a few hundred timed operations.
 * :class:`Table`: an aligned text table with figures next to their raw
   baseline, the ratio, and whether a target is met.
+* :func:`locomo_dialogs`: the LoCoMo turns and questions in ``../shared/data/locomo``;
+  :class:`Sentences`: pseudo-natural sentences made from them;
+  :func:`model_vectors`: texts embedded with a provider, cached on disk.
 
 Benchmarks are scripts, not tests: they print figures next to the raw layer
 measured in the same run, as ratios.
@@ -17,8 +20,13 @@ measured in the same run, as ratios.
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import itertools
+import json
 import math
 import os
+import random
+import re
 import shutil
 import statistics
 import tempfile
@@ -29,25 +37,92 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
+import numpy as np
+
 from blackboard.connection import connect_nats
 from blackboard.db import migrate
 from blackboard.embedded import EmbeddedNats, EmbeddedPostgres
+from blackboard.embeddings import EmbeddingProvider
 from blackboard.settings import NatsSettings, PostgresSettings, Settings
 from blackboard.streams import ensure_streams
 
 __all__ = [
+    "LOCOMO",
     "LatencyStats",
     "Row",
+    "Sentences",
     "Table",
     "alternate",
     "embedded_nats",
     "embedded_stack",
     "interleaved_ops",
+    "locomo_dialogs",
     "median",
+    "model_vectors",
     "percentile",
 ]
 
 T = TypeVar("T")
+
+#: The LoCoMo conversations (data only, beside the project; not shipped).
+LOCOMO = Path(__file__).resolve().parents[2] / "shared" / "data" / "locomo"
+_WORDS_RE = re.compile(r"[\w']+|[.,!?]")
+
+
+def locomo_dialogs(folder: Path = LOCOMO) -> tuple[list[str], list[str]]:
+    """Every dialog turn's text and every question of the LoCoMo conversations in ``folder``,
+    in file and session order (empty lists if the data is missing)."""
+    texts: list[str] = []
+    questions: list[str] = []
+    for path in sorted(folder.glob("*.json")):
+        conv = json.loads(path.read_text())
+        s = 1
+        while f"session_{s}" in conv:
+            texts += [t["text"] for t in conv[f"session_{s}"] if t.get("text")]
+            s += 1
+        questions += [q["question"] for q in conv.get("qa", []) if q.get("question")]
+    return texts, questions
+
+
+class Sentences:
+    """Pseudo-natural sentences: a random walk on the word bigrams of ``texts``.
+
+    They have the vocabulary, word frequencies and topics of the source (LoCoMo's
+    dialogs), so their embeddings spread over the model's space as a real corpus's do,
+    which random unit vectors do not (an HNSW scan of those visits about twice as many
+    vectors for the same ``ef_search``).
+    """
+
+    def __init__(self, texts: Sequence[str]) -> None:
+        self._next: dict[str, list[str]] = {}
+        for text in texts:
+            words = ["<s>", *_WORDS_RE.findall(text), "</s>"]
+            for a, b in itertools.pairwise(words):
+                self._next.setdefault(a, []).append(b)
+        if "<s>" not in self._next:
+            raise ValueError("no text to learn sentences from")
+
+    def sentence(self, rng: random.Random, max_words: int = 40) -> list[str]:
+        """One walk from a sentence start to a sentence end (or ``max_words``)."""
+        word = "<s>"
+        words: list[str] = []
+        while len(words) < max_words:
+            word = rng.choice(self._next[word])
+            if word == "</s>":
+                break
+            words.append(word)
+        return words
+
+    def distinct(self, n: int, rng: random.Random, min_words: int = 6) -> list[str]:
+        """``n`` distinct sentences of at least ``min_words`` words, in random order."""
+        out: set[str] = set()
+        while len(out) < n:
+            words = self.sentence(rng)
+            if len(words) >= min_words:
+                out.add(" ".join(words))
+        texts = sorted(out)
+        rng.shuffle(texts)
+        return texts
 
 
 @contextmanager
@@ -340,3 +415,33 @@ class Table:
 
         rule = "-" * len(fmt_line(header))
         return "\n".join([self.title, rule, fmt_line(header), rule, *map(fmt_line, lines), rule])
+
+
+def _cache_file(model: str, texts: list[str]) -> Path:
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "blackboard" / "bench"
+    digest = hashlib.sha256("\n".join([model, *texts]).encode()).hexdigest()[:20]
+    return base / f"vectors-{len(texts)}-{digest}.npy"
+
+
+async def model_vectors(prov: EmbeddingProvider, texts: list[str]) -> np.ndarray:
+    """``texts`` embedded with ``prov``, batch by batch with progress lines; kept in
+    ``~/.cache/blackboard/bench`` (keyed by model and texts), so later runs load them."""
+    path = _cache_file(prov.model, texts)
+    if path.exists():
+        vecs: np.ndarray = np.load(path)
+        if vecs.shape == (len(texts), prov.dimensions):
+            print(f"vectors: {path} (cached)")
+            return vecs
+    print(f"embedding {len(texts)} texts with {prov.model} (once; kept in {path.parent})", flush=True)
+    vecs = np.zeros((len(texts), prov.dimensions), dtype=np.float32)
+    t0 = time.perf_counter()
+    step = max(256, len(texts) // 10 // 256 * 256)
+    for i in range(0, len(texts), 256):
+        vecs[i:i + 256] = await prov.embed(texts[i:i + 256])
+        if (i + 256) % step == 0:
+            print(f"  {i + 256} texts, {time.perf_counter() - t0:.0f}s", flush=True)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp.npy")
+    np.save(tmp, vecs)
+    tmp.replace(path)
+    return vecs

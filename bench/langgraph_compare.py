@@ -34,14 +34,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
-from pathlib import Path
 from typing import Any
 
-from _common import alternate, embedded_stack, percentile
+from _common import alternate, embedded_stack, locomo_dialogs, percentile
 
 from agents_sdk import Agent, MemoryInput
 from blackboard.embeddings import EmbeddingProvider, provider_from_settings
@@ -51,7 +49,6 @@ from blackboard.settings import (
 )
 from blackboard.worker import Worker
 
-_LOCOMO = Path(__file__).resolve().parents[2] / "shared" / "data" / "locomo"
 _BATCH = 64
 #: True while LangGraph searches: its embed function then uses the query model. (A plain
 #: flag, not a context variable: the store embeds in a background task of its own; the
@@ -61,15 +58,7 @@ _QUERYING = [False]
 
 def load_workload(n_items: int, n_queries: int) -> tuple[list[str], list[str]]:
     """LoCoMo turn texts and questions (synthetic sentences if the data is missing)."""
-    texts: list[str] = []
-    queries: list[str] = []
-    for path in sorted(_LOCOMO.glob("*.json")):
-        conv = json.loads(path.read_text())
-        s = 1
-        while f"session_{s}" in conv:
-            texts += [t["text"] for t in conv[f"session_{s}"] if t.get("text")]
-            s += 1
-        queries += [q["question"] for q in conv.get("qa", []) if q.get("question")]
+    texts, queries = locomo_dialogs()
     if len(texts) < n_items:
         texts += [f"note {i}: the team discussed topic {i % 37} and will revisit item {i % 11} next week"
                   for i in range(n_items - len(texts))]

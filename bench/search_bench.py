@@ -1,10 +1,19 @@
 """Search latency p50/p95 per mode at 100k memories, through the SDK and the NATS service.
 
-The memories are synthetic sentences (a Zipf-distributed vocabulary) COPYed
-straight into ``bb_memories``; their vectors are *random unit vectors* COPYed
-into the local model's space (embedding 100k texts with the real model would
-take ~15 min here), the HNSW index is built once afterwards, and the table is
-ANALYZEd (as autovacuum would). Queries are embedded with the real local model.
+The memories are COPYed straight into ``bb_memories``, their vectors into the
+local model's space; the HNSW index is built once afterwards and the tables are
+ANALYZEd (as autovacuum would). Their texts are pseudo-natural sentences, a
+random walk on the word bigrams of the LoCoMo dialogs (``bench/_common.py``:
+:class:`Sentences`; a Zipf-distributed made-up vocabulary if the data is
+missing), and so are the queries (4-12 words, each query new).
+
+``--vectors model`` (the default): every memory's vector is its text embedded
+with the local model, as the worker would. That takes ~9 minutes for 100k texts
+on 2 vCPUs, so the vectors are kept in ``~/.cache/blackboard/bench`` (keyed by
+model and texts) for the next runs. ``--vectors random``: random unit vectors,
+no embedding; an HNSW scan of those is about twice as slow as of real
+embeddings at the same ``ef_search`` (no structure to follow), so they
+overstate the vector side.
 
 Each (mode, filter) pair is asked two rounds of the same fresh queries: the
 first round pays for the query embedding (what a user asking something new
@@ -14,7 +23,7 @@ layers next to them: a core NATS request/reply round trip, the bare ANN query
 in SQL, and one query embedding with the search service's query model alone
 (``embedding.quantized_queries``: the local model's quantised copy).
 
-Usage: python bench/search_bench.py [--n 100000] [--queries 300]
+Usage: python bench/search_bench.py [--n 100000] [--queries 300] [--vectors model|random]
 """
 
 from __future__ import annotations
@@ -26,7 +35,7 @@ import time
 from datetime import UTC, datetime, timedelta
 
 import numpy as np
-from _common import embedded_stack
+from _common import Sentences, embedded_stack, locomo_dialogs, model_vectors
 from nats.aio.msg import Msg
 from psycopg import sql
 from psycopg.types.json import Jsonb
@@ -54,10 +63,20 @@ async def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--n", type=int, default=100_000)
     ap.add_argument("--queries", type=int, default=300)
+    ap.add_argument("--vectors", choices=("model", "random"), default="model",
+                    help="the memories' vectors: their texts embedded with the local model (cached), or random")
     args = ap.parse_args()
     rng = random.Random(7)
-    vocab = _vocab(rng)
-    weights = [1 / (i + 1) for i in range(len(vocab))]
+    turns, _ = locomo_dialogs()
+    sentences = Sentences(turns) if turns else None
+    if sentences is not None:
+        texts = sentences.distinct(args.n, random.Random(11))
+    else:
+        vocab = _vocab(rng)
+        weights = [1 / (i + 1) for i in range(len(vocab))]
+        texts = [" ".join(rng.choices(vocab, weights, k=14)) for _ in range(args.n)]
+    print(f"texts: {'LoCoMo word bigrams' if sentences else 'made-up Zipf vocabulary (no LoCoMo data)'}; "
+          f"vectors: {args.vectors}")
     async with embedded_stack("bb-search-bench-", worker=WorkerSettings(lag_interval=600)) as (s, _, _):
         prov = provider_from_settings(s.embedding)
         boards = [f"b{i}" for i in range(20)]
@@ -74,15 +93,17 @@ async def main() -> None:
                 async with conn.cursor() as cur, cur.copy(
                         "COPY bb_memories (id, board, agent, kind, text, tags, metadata, created_at, updated_at, "
                         "stream, seq, search_text) FROM STDIN") as copy:
-                    for i in range(args.n):
-                        text = " ".join(rng.choices(vocab, weights, k=14))
+                    for i, text in enumerate(texts):
                         at = now - timedelta(milliseconds=args.n - i)  # one a millisecond, oldest first
                         await copy.write_row((f"m{i}", boards[i % 20], f"agent{i % 50}", kinds[(i // 7) % 4], text,
                                               [f"t{(i // 20) % 10}"], Jsonb({"n": i % 100}), at, at, "BB_MEMORY",
                                               i + 1, text))
                 await conn.commit()
-                vecs = np.random.default_rng(1).standard_normal((args.n, prov.dimensions)).astype(np.float32)
-                vecs /= np.linalg.norm(vecs, axis=1, keepdims=True)
+                if args.vectors == "model":
+                    vecs = await model_vectors(prov, texts)
+                else:
+                    vecs = np.random.default_rng(1).standard_normal((args.n, prov.dimensions)).astype(np.float32)
+                    vecs /= np.linalg.norm(vecs, axis=1, keepdims=True)
                 async with conn.cursor() as cur, cur.copy(sql.SQL(
                         "COPY {} (item, revision, board, embedding) FROM STDIN WITH (FORMAT BINARY)").format(
                         space.table("memory"))) as copy:
@@ -114,8 +135,21 @@ async def main() -> None:
                                               .format(space.table("memory")), (q,))).fetchall()
                     raw.append((time.perf_counter() - t) * 1000)
                 await conn.rollback()
+        asked: set[str] = set()
+
         def fresh_queries() -> list[str]:
-            return [" ".join(rng.choices(vocab[:800], k=5)) for _ in range(args.queries)]
+            """Queries not asked before: 4-12 word sentences (5 of the 800 commonest made-up words)."""
+            out: list[str] = []
+            while len(out) < args.queries:
+                if sentences is not None:
+                    words = sentences.sentence(rng, max_words=12)
+                    q = " ".join(words) if len(words) >= 4 else ""
+                else:
+                    q = " ".join(rng.choices(vocab[:800], k=5))
+                if q and q not in asked:
+                    asked.add(q)
+                    out.append(q)
+            return out
 
         nc = await connect_nats(s.nats, name="bench")
         # The search service's own query provider, as a worker makes it (the
