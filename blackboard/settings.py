@@ -205,10 +205,13 @@ class SearchSettings(BaseModel):
 
     #: Results returned when a query gives no top_k.
     default_top_k: int = Field(10, ge=1)
-    #: HNSW ef_search for semantic queries.
+    #: HNSW ef_search for semantic queries (at 100k real embeddings: 0.977 of the
+    #: true top 10 found, against 0.939 at pgvector's default of 40, for 3.3
+    #: instead of 1.5 ms; bench/hnsw_recall.py).
     ef_search: int = Field(100, ge=1)
     #: HNSW ef_search of the semantic half of hybrid queries (the keyword half
-    #: makes up for a little ANN recall; at 100k items this is ~1.5x faster).
+    #: makes up for a little ANN recall: 0.94 of the true top 50 at 100k, for
+    #: 2.3 instead of 3.1 ms; at least the candidates asked for is used).
     hybrid_ef_search: int = Field(64, ge=1)
     #: Seconds a search request may take (SDK side).
     timeout: float = Field(10.0, gt=0)
