@@ -127,12 +127,19 @@ def fuse_convex(scores: Mapping[str, Mapping[int, float]], weights: Mapping[str,
         retriever whose scores are all equal adds nothing. Ties keep the order
         of first appearance.
     """
+    fused = _convex_scores(scores, weights)
+    return _ranked(fused, _best_first(fused), parts if parts is not None else scores)
+
+
+def _convex_scores(scores: Mapping[str, Mapping[int, float]],
+                  weights: Mapping[str, float] | None = None) -> dict[int, float]:
+    """The fused score of every item (:func:`fuse_convex` without the ranking), in order of
+    first appearance."""
     weights = weights or {}
     total_w = sum(weights.get(name, 1.0) for name in scores) or 1.0
-    order: dict[int, None] = {}
+    fused: dict[int, float] = {}
     for s in scores.values():
-        order.update(dict.fromkeys(s))
-    fused = dict.fromkeys(order, 0.0)
+        fused.update(dict.fromkeys(s, 0.0))
     for name, s in scores.items():
         if not s:
             continue
@@ -140,11 +147,29 @@ def fuse_convex(scores: Mapping[str, Mapping[int, float]], weights: Mapping[str,
         if hi <= lo:
             continue
         w = weights.get(name, 1.0) / total_w
+        get = s.get
         for item in fused:
-            fused[item] += w * (s.get(item, lo) - lo) / (hi - lo)
-    shown = parts if parts is not None else scores
-    out = [Fused(i, v, {n: float(p[i]) for n, p in shown.items() if i in p}) for i, v in fused.items()]
-    out.sort(key=lambda f: -f.score)
+            fused[item] += w * (get(item, lo) - lo) / (hi - lo)
+    return fused
+
+
+def _best_first(score: Mapping[int, float]) -> list[int]:
+    """Items by descending score; ties keep their order."""
+    return sorted(score, key=score.__getitem__, reverse=True)
+
+
+def _ranked(score: Mapping[int, float], order: Sequence[int], parts: Mapping[str, Mapping[int, float]],
+           limit: int | None = None, min_score: float | None = None) -> list[Fused]:
+    """:class:`Fused` results for the first ``limit`` items of ``order`` scoring at least
+    ``min_score``, each with its retrievers' scores from ``parts`` (built only for those)."""
+    out: list[Fused] = []
+    for item in order:
+        if limit is not None and len(out) >= limit:
+            break
+        value = score[item]
+        if min_score is not None and value < min_score:
+            continue
+        out.append(Fused(item, value, {n: float(p[item]) for n, p in parts.items() if item in p}))
     return out
 
 
@@ -160,12 +185,20 @@ def smooth_neighbours(fused: Sequence[Fused], neighbours: Mapping[int, Sequence[
     """
     if weight <= 0 or not fused:
         return list(fused)
-    score = {f.item: f.score for f in fused}
-    out = []
-    for f in fused:
-        near = max((score.get(n, 0.0) for n in neighbours.get(f.item, ()) if n is not None), default=0.0)
-        out.append(Fused(f.item, (f.score + weight * near) / (1 + weight), f.parts))
+    smoothed = _smoothed_scores({f.item: f.score for f in fused}, neighbours, weight)
+    out = [Fused(f.item, smoothed[f.item], f.parts) for f in fused]
     out.sort(key=lambda f: -f.score)
+    return out
+
+
+def _smoothed_scores(score: Mapping[int, float], neighbours: Mapping[int, Sequence[int | None]],
+                    weight: float) -> dict[int, float]:
+    """The scores of :func:`smooth_neighbours` (same order as ``score``)."""
+    get = score.get
+    out: dict[int, float] = {}
+    for item, value in score.items():
+        near = max((get(n, 0.0) for n in neighbours.get(item, ()) if n is not None), default=0.0)
+        out[item] = (value + weight * near) / (1 + weight)
     return out
 
 
@@ -545,7 +578,7 @@ class SearchEngine:
         its connection once the vector is there (while the ANN query runs on
         the other), so fusion itself is pure. Both retrievers' statements
         return their candidates' rows, and with neighbour smoothing the
-        neighbours of each one's leading candidates (see :meth:`_smoothed`):
+        neighbours of each one's leading candidates (see :meth:`_fuse`):
         no statement follows the fusion.
         """
         depth = self._depth(req)
@@ -571,10 +604,7 @@ class SearchEngine:
                                                     rows=True, linked=lead)
                     keyword = await keyword_task
                     rows = _candidate_rows(semantic, keyword, linked=lead > 0)
-                    fused = self._fuse(semantic, keyword)
-                    if neighbours:
-                        fused = self._smoothed(fused, rows)
-                    return self._cut(fused, req), rows
+                    return self._fuse(semantic, keyword, req, rows if neighbours else None), rows
                 finally:
                     await conn.rollback()
         finally:
@@ -590,35 +620,37 @@ class SearchEngine:
         """How many of each retriever's best candidates come with their neighbours."""
         return max(2 * req.top_k, 20)
 
-    def _smoothed(self, fused: list[Fused], rows: Mapping[int, tuple[Any, ...]]) -> list[Fused]:
-        """Neighbour smoothing (:func:`smooth_neighbours`) with the links that came with the rows.
-
-        Only strong items lend much: the links of each retriever's leading
-        candidates (:meth:`_lead`) are used; the fused lead is (almost
-        always) among them.
-        """
-        links = neighbour_map((item, r[-2], r[-1]) for item, r in rows.items())
-        return smooth_neighbours(fused, links, self.settings.neighbour_weight)
-
     def _depth(self, req: Request) -> int:
         return max(req.top_k * self.settings.hybrid_depth, self.settings.hybrid_min_candidates)
 
-    def _fuse(self, semantic: Sequence[tuple[Any, ...]], keyword: Sequence[tuple[Any, ...]]) -> list[Fused]:
-        """Fuse the rows of both retrievers: ``(item, cosine, nearest)`` and ``(item, BM25, cosine)``
-        (the keyword rows carry every candidate's cosine, NULL for an item without a vector)."""
+    def _fuse(self, semantic: Sequence[tuple[Any, ...]], keyword: Sequence[tuple[Any, ...]], req: Request,
+              rows: Mapping[int, tuple[Any, ...]] | None = None) -> list[Fused]:
+        """The results: both retrievers' rows ``(item, cosine, nearest)`` and ``(item, BM25,
+        cosine)`` fused (the keyword rows carry every candidate's cosine, NULL for an item
+        without a vector), with ``rows`` smoothed over the neighbour links that came with them
+        (see :func:`smooth_neighbours`; only strong items lend much, and the links of each
+        retriever's leading candidates, :meth:`_lead`, are there: the fused lead is almost
+        always among them), then cut (``top_k``, ``min_score``). Only the results become
+        :class:`Fused` objects."""
         weights = {"semantic": self.settings.semantic_weight, "keyword": self.settings.keyword_weight}
         ann = [(int(r[0]), float(r[1])) for r in semantic if r[2]]
         kw = {int(r[0]): float(r[1]) for r in keyword}
         if self.settings.fusion == "rrf":
-            return rrf({"semantic": ann, "keyword": list(kw.items())}, weights)
+            return self._cut(rrf({"semantic": ann, "keyword": list(kw.items())}, weights), req)
         sem = dict(ann)
         for r in keyword:
             if r[2] is not None:
                 sem.setdefault(int(r[0]), float(r[2]))
         items = list(dict.fromkeys([*(i for i, _ in ann), *kw]))
         floor = min(sem.values(), default=0.0)  # an item not embedded yet ranks last here
-        scores = {"semantic": {i: sem.get(i, floor) for i in items}, "keyword": {i: kw.get(i, 0.0) for i in items}}
-        return fuse_convex(scores, weights, parts={"semantic": sem, "keyword": kw})
+        fused = _convex_scores({"semantic": {i: sem.get(i, floor) for i in items},
+                                "keyword": {i: kw.get(i, 0.0) for i in items}}, weights)
+        order = _best_first(fused)
+        if rows is not None:
+            links = neighbour_map((item, r[-2], r[-1]) for item, r in rows.items())
+            fused = _smoothed_scores(fused, links, self.settings.neighbour_weight)
+            order.sort(key=fused.__getitem__, reverse=True)  # stable: ties keep the fused order
+        return _ranked(fused, order, {"semantic": sem, "keyword": kw}, req.top_k, req.min_score)
 
     def _cut(self, fused: list[Fused], req: MemorySearchRequest | EntrySearchRequest) -> list[Fused]:
         if req.min_score is not None:

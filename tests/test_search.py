@@ -130,6 +130,21 @@ async def test_top_k_and_min_score(corpus: Corpus) -> None:
     assert strict and all(h.score >= 0.99 for h in strict) and len(strict) < 50
 
 
+async def test_hybrid_top_k_and_min_score_cut_the_fused_ranking(corpus: Corpus) -> None:
+    query = "database migration deploy"
+    full = await corpus.client.recall(query, board=corpus.a, top_k=20)  # hybrid, the default
+    assert len(full) == 20
+    scores = [h.score for h in full]
+    assert scores == sorted(scores, reverse=True)
+    first = await corpus.client.recall(query, board=corpus.a, top_k=3)
+    assert [h.id for h in first] == [h.id for h in full[:3]]
+    # A threshold between two scores of the ranking keeps exactly the hits above it.
+    cut = next(i for i in range(1, len(full)) if scores[i] < scores[i - 1])
+    threshold = (scores[cut - 1] + scores[cut]) / 2
+    strict = await corpus.client.recall(query, board=corpus.a, top_k=20, min_score=threshold)
+    assert [h.id for h in strict] == [h.id for h in full[:cut]]
+
+
 async def test_selective_filter_still_finds_the_item(corpus: Corpus) -> None:
     # 300 memories are closer to the query than the needle; only the filter finds it.
     for mode in ("semantic", "hybrid"):
