@@ -435,11 +435,12 @@ async def model_vectors(prov: EmbeddingProvider, texts: list[str]) -> np.ndarray
     print(f"embedding {len(texts)} texts with {prov.model} (once; kept in {path.parent})", flush=True)
     vecs = np.zeros((len(texts), prov.dimensions), dtype=np.float32)
     t0 = time.perf_counter()
-    step = max(256, len(texts) // 10 // 256 * 256)
+    step = max(256, len(texts) // 10 // 256 * 256)  # about ten progress lines
     for i in range(0, len(texts), 256):
         vecs[i:i + 256] = await prov.embed(texts[i:i + 256])
-        if (i + 256) % step == 0:
-            print(f"  {i + 256} texts, {time.perf_counter() - t0:.0f}s", flush=True)
+        done = min(i + 256, len(texts))
+        if done % step == 0 or done == len(texts):
+            print(f"  {done} texts, {time.perf_counter() - t0:.0f}s", flush=True)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp.npy")
     np.save(tmp, vecs)
