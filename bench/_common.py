@@ -43,6 +43,7 @@ from blackboard.connection import connect_nats
 from blackboard.db import migrate
 from blackboard.embedded import EmbeddedNats, EmbeddedPostgres
 from blackboard.embeddings import EmbeddingProvider
+from blackboard.embeddings.local import cache_dir
 from blackboard.settings import NatsSettings, PostgresSettings, Settings
 from blackboard.streams import ensure_streams
 
@@ -418,7 +419,7 @@ class Table:
 
 
 def _cache_file(model: str, texts: list[str]) -> Path:
-    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "blackboard" / "bench"
+    base = cache_dir() / "bench"
     digest = hashlib.sha256("\n".join([model, *texts]).encode()).hexdigest()[:20]
     return base / f"vectors-{len(texts)}-{digest}.npy"
 

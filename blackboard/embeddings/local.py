@@ -60,7 +60,7 @@ if TYPE_CHECKING:
     from tokenizers import Tokenizer
 
 __all__ = ["LOCAL_DIMENSIONS", "LOCAL_MODEL", "LOCAL_MODEL_ALIASES", "LocalModelFiles", "LocalProvider",
-           "packaged_model_files", "quantized_model"]
+           "cache_dir", "packaged_model_files", "quantized_model"]
 
 log = logging.getLogger("blackboard.embeddings")
 
@@ -116,11 +116,16 @@ def packaged_model_files() -> LocalModelFiles:
     )
 
 
+def cache_dir() -> Path:
+    """The user's cache folder of blackboard: ``$XDG_CACHE_HOME/blackboard`` (default
+    ``~/.cache/blackboard``); not created here."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "blackboard"
+
+
 def _cache_dirs() -> list[Path]:
     """Where a quantised model is kept: the user's cache, else the temporary directory."""
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     user = os.getuid() if hasattr(os, "getuid") else os.getpid()  # (no uid outside POSIX)
-    return [Path(base) / "blackboard", Path(tempfile.gettempdir()) / f"blackboard-{user}"]
+    return [cache_dir(), Path(tempfile.gettempdir()) / f"blackboard-{user}"]
 
 
 @contextmanager
