@@ -259,16 +259,20 @@ async def test_search_embeds_queries_with_a_provider_of_its_own(pg_settings: Set
 
 
 async def test_search_connections_plan_each_query_for_its_parameters(pg_settings: Settings, unique: str) -> None:
-    """A generic plan of a prepared search can be several times slower: the service's pool forces custom plans."""
-    s = pg_settings.model_copy(update={"worker": WorkerSettings(name=f"plan{unique}", lag_interval=600,
-                                                                embed=False)})
+    """A generic plan of a prepared search can be several times slower: the service's pool forces
+    custom plans, prices random reads with the configured ``search.random_page_cost`` and never JITs."""
+    s = pg_settings.model_copy(update={
+        "worker": WorkerSettings(name=f"plan{unique}", lag_interval=600, embed=False),
+        "search": pg_settings.search.model_copy(update={"random_page_cost": 1.7})})
     async with Worker(s) as w:
         assert w.search is not None and w.search.engine is not None
         pool = w.search.engine.pool
         async with pool.connection() as a, pool.connection() as b:  # two connections, both configured
             for conn in (a, b):
-                row = await (await conn.execute("SHOW plan_cache_mode")).fetchone()
-                assert row == ("force_custom_plan",)
+                row = await (await conn.execute(
+                    "SELECT current_setting('plan_cache_mode'), current_setting('random_page_cost'), "
+                    "current_setting('jit')")).fetchone()
+                assert row == ("force_custom_plan", "1.7", "off")
 
 
 async def test_an_entry_that_expired_while_the_worker_was_away_is_not_found(pg_settings: Settings,

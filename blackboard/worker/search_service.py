@@ -22,7 +22,8 @@ connections), so that queries never wait behind the ingest and embedding
 transactions of the same worker, in autocommit mode and without a check on
 checkout: two to four round trips less per query (the engine retries a query
 once on a connection found broken). Its statements are planned for their
-parameters every time (:data:`SEARCH_SESSION`).
+parameters every time, with random reads costed as for data in memory or on
+SSD, and without JIT compilation (:func:`search_session`).
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ from blackboard.search import SearchEngine
 from blackboard.settings import Settings
 from blackboard.subjects import SEARCH_SERVICE, Header, Subjects
 
-__all__ = ["SEARCH_SESSION", "SEARCH_VERSION", "SearchService", "error_reply"]
+__all__ = ["SEARCH_SESSION", "SEARCH_VERSION", "SearchService", "error_reply", "search_session"]
 
 log = logging.getLogger("blackboard.worker.search")
 
@@ -68,7 +69,16 @@ SEARCH_VERSION = "1.0.0"
 #: which words, how selective) that plan can be several times slower (keyword
 #: search on 2,000 LoCoMo turns: p95 26 ms prepared, 5 ms planned per query).
 #: A custom plan each time costs ~0.3-0.6 ms of planning; parsing stays saved.
-SEARCH_SESSION: dict[str, str] = {"plan_cache_mode": "force_custom_plan"}
+#: JIT compilation is off: a search's statements cost ~200-6,000 (at 100k
+#: memories), far below ``jit_above_cost``, but on a much larger table one
+#: crossing it would pay tens of milliseconds of compiling for a few of work.
+SEARCH_SESSION: dict[str, str] = {"plan_cache_mode": "force_custom_plan", "jit": "off"}
+
+
+def search_session(settings: Settings) -> dict[str, str]:
+    """The session settings of the search pool's connections: :data:`SEARCH_SESSION` and
+    ``random_page_cost`` from ``settings.search`` (see :class:`~blackboard.settings.SearchSettings`)."""
+    return {**SEARCH_SESSION, "random_page_cost": repr(float(settings.search.random_page_cost))}
 _CODES = {"NotFoundError": "404", "InvalidPayloadError": "400", "InvalidKeyError": "400"}
 
 
@@ -110,7 +120,7 @@ class SearchService:
         """
         s = self._settings
         self._pool_cm = open_pool(s.postgres, name=f"blackboard-{s.worker.name}-search", min_size=1,
-                                  check=False, autocommit=True, session=SEARCH_SESSION)
+                                  check=False, autocommit=True, session=search_session(s))
         self._pool = await self._pool_cm.__aenter__()
         self.engine = SearchEngine(self._pool, self._provider, s.search)
         try:
