@@ -461,7 +461,9 @@ class SearchEngine:
         for the ``linked`` best, the item's neighbours: :func:`search_sql.with_rows`)."""
         if target is not None:
             query = q.with_rows(query, target, linked=linked)
-        return list(await (await conn.execute(query, params)).fetchall())
+        # Binary results: PostgreSQL skips formatting the rows as text (timestamps, arrays),
+        # ~0.25 ms of a keyword statement returning 50 candidates' rows.
+        return list(await (await conn.execute(query, params, binary=True)).fetchall())
 
     async def _term_stats(self, conn: psycopg.AsyncConnection[Any], target: Target) -> TermStats | None:
         now = time.monotonic()
