@@ -10,11 +10,16 @@ noise hits all three alike:
   (the ideal the provider aims at; no pooling, no thread hop);
 * provider: ``await LocalProvider.embed(chunk)`` (tokenise, sort, run, mean
   pool, normalise, in a worker thread), called with chunks of ``--call-size``
-  texts as the worker does.
+  texts as the worker does, with its defaults: one-thread model calls,
+  ``--parallel`` of them at once (0: one per core).
+
+The raw session runs one call at a time on ``--raw-threads`` intra-op threads
+(0: onnxruntime's default, one per core): onnxruntime as a caller gets it.
 
 Prints texts/s and the ratios provider/raw. Usage::
 
-    python bench/embed_bench.py [--texts 300] [--spin] [--batch-sizes 8,32,64] [--call-size 64]
+    python bench/embed_bench.py [--texts 300] [--spin] [--batch-sizes 8,32,64] [--call-size 64] \
+        [--threads 1] [--parallel 0] [--raw-threads 0]
 """
 
 from __future__ import annotations
@@ -102,7 +107,10 @@ def main() -> None:
     parser.add_argument("--texts", type=int, default=300, help="sample size (0: every turn)")
     parser.add_argument("--batch-sizes", default="8,32,64")
     parser.add_argument("--call-size", type=int, default=64, help="texts per embed() call, as the worker")
-    parser.add_argument("--threads", type=int, default=0, help="onnxruntime intra-op threads (0: auto)")
+    parser.add_argument("--threads", type=int, default=1, help="the provider's intra-op threads per call (0: auto)")
+    parser.add_argument("--parallel", type=int, default=0, help="the provider's model calls at once (0: auto)")
+    parser.add_argument("--raw-threads", type=int, default=0,
+                        help="intra-op threads of the raw session, one call at a time (0: auto)")
     parser.add_argument("--spin", action="store_true", help="let idle onnxruntime threads spin (both sides)")
     parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds; the best is reported")
     args = parser.parse_args()
@@ -111,15 +119,16 @@ def main() -> None:
     texts = random.Random(1).sample(turns, args.texts) if 0 < args.texts < len(turns) else turns
     batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
     print(f"{len(texts)} LoCoMo turns (of {len(turns)}), cores={os.cpu_count()}, "
-          f"threads={args.threads or 'auto'}, spin={args.spin}, call size {args.call_size}, onnxruntime {ort.__version__}")
+          f"provider threads={args.threads or 'auto'} parallel={args.parallel or 'auto'}, raw threads="
+          f"{args.raw_threads or 'auto'}, spin={args.spin}, call size {args.call_size}, onnxruntime {ort.__version__}")
 
     started = time.perf_counter()
-    probe = LocalProvider(threads=args.threads, spin=args.spin)
+    probe = LocalProvider(threads=args.threads, parallel=args.parallel, spin=args.spin)
     probe.load_sync()
     load_seconds = time.perf_counter() - started
     print(f"model load (sha256 check + tokenizer + ONNX session): {load_seconds:.2f} s")
 
-    session, tokenizer = raw_session(args.threads, args.spin)
+    session, tokenizer = raw_session(args.raw_threads, args.spin)
     token_ids = [e.ids for e in tokenizer.encode_batch(texts)]
     lengths = [len(t) for t in token_ids]
     print(f"tokens per text: mean {statistics.mean(lengths):.1f}, max {max(lengths)}")
@@ -141,7 +150,7 @@ def main() -> None:
     for batch_size in batch_sizes:
         naive = raw_runner(session, token_ids, batch_size, args.call_size, sort=False)
         ideal = raw_runner(session, token_ids, batch_size, args.call_size, sort=True)
-        provider = LocalProvider(batch_size=batch_size, threads=args.threads, spin=args.spin)
+        provider = LocalProvider(batch_size=batch_size, threads=args.threads, parallel=args.parallel, spin=args.spin)
         provider.load_sync()
         best: dict[str, float] = {"naive": 0.0, "ideal": 0.0, "provider": 0.0}
         for _ in range(args.rounds):
@@ -159,7 +168,7 @@ def main() -> None:
     raw_lat, prov_lat = [], []
 
     async def query_latency() -> None:
-        async with LocalProvider(threads=args.threads, spin=args.spin) as provider:
+        async with LocalProvider(threads=args.threads, parallel=args.parallel, spin=args.spin) as provider:
             for text, ids in zip(queries, query_ids, strict=True):
                 feeds = {"input_ids": np.array([ids], dtype=np.int64)}
                 feeds["attention_mask"] = np.ones_like(feeds["input_ids"])

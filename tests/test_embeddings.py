@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -343,6 +344,73 @@ async def test_closed_local_provider_raises_embedding_error() -> None:
         await provider.embed(["x"])
     with pytest.raises(EmbeddingError):
         await provider.embed(["x"])
+
+
+class _CountingSession:
+    """Wraps an onnxruntime session: counts the calls in flight (each held a little so that
+    concurrent ones overlap), and fails the ``fail_at``-th call."""
+
+    def __init__(self, session: Any, fail_at: int = 0) -> None:
+        self._session = session
+        self._lock = threading.Lock()
+        self.calls = self.running = self.most = 0
+        self.fail_at = fail_at
+
+    def run(self, *args: Any, **kwargs: Any) -> Any:
+        with self._lock:
+            self.calls += 1
+            self.running += 1
+            self.most = max(self.most, self.running)
+            failing = self.calls == self.fail_at
+        try:
+            time.sleep(0.01)
+            if failing:
+                raise RuntimeError("simulated onnxruntime failure")
+            return self._session.run(*args, **kwargs)
+        finally:
+            with self._lock:
+                self.running -= 1
+
+
+def test_parallel_defaults_follow_the_threads_per_call() -> None:
+    assert LocalProvider().parallel == local_module.available_cores()  # one-thread calls, one per core
+    assert LocalProvider(threads=0).parallel == 1  # onnxruntime's own threads take every core
+    assert LocalProvider(threads=1, parallel=3).parallel == 3
+    assert provider_from_settings(EmbeddingSettings(threads=1, parallel=2)).parallel == 2  # type: ignore[attr-defined]
+    with pytest.raises(ValueError):
+        LocalProvider(parallel=-1)
+
+
+@session_loop
+async def test_parallel_model_calls_give_the_vectors_of_one_call_at_a_time() -> None:
+    texts = [f"{'quite ' * (i % 5)}a sentence about {('rivers', 'engines', 'bread')[i % 3]} number {i}"
+             for i in range(37)]
+    async with LocalProvider(batch_size=4, parallel=1) as serial, LocalProvider(batch_size=4, parallel=3) as wide:
+        one_at_a_time = await serial.embed(texts)
+        side_by_side = await wide.embed(texts)
+    np.testing.assert_allclose(side_by_side, one_at_a_time, atol=1e-5)  # same rows, input order kept
+
+
+@session_loop
+async def test_parallel_bounds_the_model_calls_in_flight_across_callers() -> None:
+    texts = [f"text {i} about the weather in town number {i}" for i in range(12)]
+    async with LocalProvider(batch_size=2, parallel=2) as provider:
+        counting = _CountingSession(provider._session)
+        provider._session = counting
+        await asyncio.gather(provider.embed(texts), provider.embed(texts), provider.embed(texts[:1]))
+    assert counting.calls == 13  # 6 + 6 + 1 model calls
+    assert counting.most == 2  # calls did run side by side, never more than two at once
+
+
+@session_loop
+async def test_a_failed_parallel_model_call_raises_embedding_error() -> None:
+    texts = [f"sentence {i} about apples and pears" for i in range(10)]
+    async with LocalProvider(batch_size=2, parallel=2) as provider:
+        provider._session = _CountingSession(provider._session, fail_at=3)
+        with pytest.raises(EmbeddingError, match="simulated onnxruntime failure"):
+            await provider.embed(texts)
+        provider._session = provider._session._session
+        assert (await provider.embed(texts)).shape == (10, 384)  # the provider still works
 
 
 def test_packaged_files_are_found_without_importing_their_packages() -> None:

@@ -71,7 +71,7 @@ def provider_from_settings(settings: EmbeddingSettings, *, queries: bool = False
         # requests); the model's own batches are smaller (see LocalProvider).
         if queries and settings.quantized_queries:
             return LocalProvider(quantized=True, threads=1)
-        return LocalProvider(threads=settings.threads)
+        return LocalProvider(threads=settings.threads, parallel=settings.parallel)
     return OpenAIProvider(
         model=settings.model,
         dimensions=settings.dimensions,

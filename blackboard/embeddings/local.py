@@ -44,6 +44,7 @@ import os
 import tempfile
 import threading
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -60,7 +61,7 @@ if TYPE_CHECKING:
     from tokenizers import Tokenizer
 
 __all__ = ["LOCAL_DIMENSIONS", "LOCAL_MODEL", "LOCAL_MODEL_ALIASES", "LocalModelFiles", "LocalProvider",
-           "cache_dir", "packaged_model_files", "quantized_model"]
+           "available_cores", "cache_dir", "packaged_model_files", "quantized_model"]
 
 log = logging.getLogger("blackboard.embeddings")
 
@@ -114,6 +115,14 @@ def packaged_model_files() -> LocalModelFiles:
         model=_locate(_MODEL_DIST, _MODEL_FILE),
         tokenizer=_locate(_TOKENIZER_DIST, _TOKENIZER_FILE),
     )
+
+
+def available_cores() -> int:
+    """The CPUs this process may run on (its affinity mask where the OS has one)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # no affinity masks (macOS, Windows)
+        return max(1, os.cpu_count() or 1)
 
 
 def cache_dir() -> Path:
@@ -215,11 +224,22 @@ class LocalProvider:
     about 1.3-2x, and beat token budgets of 128-512 tokens per call; so the
     default is 8 texts per call, whatever size the caller's own batches are.
 
+    The model calls of one :meth:`embed` run ``parallel`` at a time, each on
+    one thread (one session: onnxruntime runs concurrent calls, and the weights
+    are loaded once). On 2 cores this embedded 1,200 LoCoMo turns at 193
+    texts/s against 153 for one call at a time on two intra-op threads, and,
+    with a process taking 40% of a core on the side (as a database's index
+    inserts do), at 153 against 99 texts/s: an operator split over two
+    threads waits for its slower half, independent calls do not.
+
     Args:
         batch_size: most texts per model call.
         max_batch_tokens: most padded tokens per model call (rows × longest row);
             None for no limit.
-        threads: onnxruntime intra-op threads; 0 lets onnxruntime pick (one per core).
+        threads: onnxruntime intra-op threads of each call; 0 lets onnxruntime
+            pick (one per core).
+        parallel: most model calls at once, over all callers (0: the cores
+            this process may use, divided by ``threads``; 1 with ``threads=0``).
         spin: let onnxruntime's idle threads spin-wait between calls; faster
             on an idle machine, but it burns CPU that NATS and Postgres on the
             same machine need, so it is off by default.
@@ -235,7 +255,8 @@ class LocalProvider:
         *,
         batch_size: int = 8,
         max_batch_tokens: int | None = 2048,
-        threads: int = 0,
+        threads: int = 1,
+        parallel: int = 0,
         spin: bool = False,
         files: LocalModelFiles | None = None,
         verify: bool = True,
@@ -248,9 +269,12 @@ class LocalProvider:
             batch_size = 1  # activations are quantised per call: one text each
         if threads < 0:
             raise ValueError("threads must be 0 (automatic) or more")
+        if parallel < 0:
+            raise ValueError("parallel must be 0 (automatic) or more")
         self.batch_size = batch_size
         self.max_batch_tokens = max_batch_tokens
         self.threads = threads
+        self.parallel = parallel or (max(1, available_cores() // threads) if threads else 1)
         self.spin = spin
         self._files = files
         self._verify = verify and files is None
@@ -258,8 +282,10 @@ class LocalProvider:
         self._session: Any = None  # onnxruntime.InferenceSession (untyped package)
         self._input_names: frozenset[str] = frozenset()
         self._load_lock = threading.Lock()
-        # One model call at a time: concurrent calls would only fight over the cores.
-        self._run_lock = threading.Lock()
+        # At most `parallel` model calls at once, whoever makes them: more would only fight
+        # over the cores.
+        self._run_slots = threading.BoundedSemaphore(self.parallel)
+        self._calls: ThreadPoolExecutor | None = None
         self._closed = False
 
     @property
@@ -343,6 +369,9 @@ class LocalProvider:
             self._closed = True
             self._session = None
             self._tokenizer = None
+            calls, self._calls = self._calls, None
+        if calls is not None:
+            calls.shutdown(wait=False, cancel_futures=True)
 
     async def __aenter__(self) -> Self:
         await self.load()
@@ -388,7 +417,8 @@ class LocalProvider:
         token_ids = [e.ids for e in encodings]
         lengths = np.fromiter((len(ids) for ids in token_ids), dtype=np.int64, count=len(token_ids))
         out = np.empty((len(token_ids), LOCAL_DIMENSIONS), dtype=np.float32)
-        for batch in plan_batches(lengths, self.batch_size, self.max_batch_tokens):
+
+        def run(batch: NDArray[np.intp]) -> None:
             width = int(lengths[batch].max())
             ids = np.zeros((len(batch), width), dtype=np.int64)
             mask = np.zeros((len(batch), width), dtype=np.int64)
@@ -400,9 +430,26 @@ class LocalProvider:
             if "token_type_ids" in self._input_names:
                 feeds["token_type_ids"] = np.zeros_like(ids)
             try:
-                with self._run_lock:
+                with self._run_slots:
                     hidden = session.run(None, feeds)[0]
             except Exception as exc:  # onnxruntime raises its own untyped errors
                 raise EmbeddingError(f"the local model failed: {exc}") from exc
             out[batch] = l2_normalize(mean_pool(hidden, mask))
+
+        batches = plan_batches(lengths, self.batch_size, self.max_batch_tokens)
+        if self.parallel > 1 and len(batches) > 1:
+            # (list() waits for every call and re-raises the first failure)
+            list(self._executor().map(run, batches))
+        else:
+            for batch in batches:
+                run(batch)
         return out
+
+    def _executor(self) -> ThreadPoolExecutor:
+        """The threads that make one call's model calls side by side (made on first use)."""
+        with self._load_lock:
+            if self._closed:
+                raise EmbeddingError("the local embedding provider is closed")
+            if self._calls is None:
+                self._calls = ThreadPoolExecutor(self.parallel, thread_name_prefix="blackboard-embed")
+            return self._calls
