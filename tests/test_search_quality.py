@@ -216,9 +216,9 @@ class _SlowProvider:
 
 @aio
 async def test_hybrid_scores_do_not_depend_on_which_statement_scored_the_keyword_candidates(stack: Stack) -> None:
-    """A keyword candidate's cosine comes from the keyword statement (cached query vector), from the
-    ANN statement (the keyword query finished while the model ran) or from a statement of its own
-    (the model finished first): the results must be the same."""
+    """A keyword candidate's cosine comes from the keyword statement (cached query vector) or from a
+    statement of its own once the vector is there, whether the keyword query finished before the
+    model or after it: the results must be the same."""
     settings = stack.settings.search
     results = []
     async with open_pool(stack.settings.postgres, min_size=1, max_size=4) as pool:
