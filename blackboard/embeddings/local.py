@@ -438,6 +438,9 @@ class LocalProvider:
 
         batches = plan_batches(lengths, self.batch_size, self.max_batch_tokens)
         if self.parallel > 1 and len(batches) > 1:
+            # Costliest first (rows x longest row), so that the cheap calls fill in at the end
+            # instead of one long call running alone while the other threads idle.
+            batches.sort(key=lambda b: len(b) * int(lengths[b].max()), reverse=True)
             # (list() waits for every call and re-raises the first failure)
             list(self._executor().map(run, batches))
         else:
