@@ -141,9 +141,9 @@ class EmbeddingSettings(BaseModel):
     #: picks, one per core).
     threads: int = Field(1, ge=0)
     #: Local model calls at once (0: the process's cores divided by
-    #: ``threads``). Independent one-thread calls embedded 1.26x faster than
-    #: one call on two threads on 2 cores, and 1.55x with a database busy on
-    #: the side (LocalProvider).
+    #: ``threads``). On 2 cores, independent one-thread calls embedded
+    #: 1.1-1.3x the texts/s of one call at a time on two threads, and 1.5x
+    #: with another process busy on the side (LocalProvider).
     parallel: int = Field(0, ge=0)
     #: The local provider embeds search queries with a dynamically quantised
     #: copy of the model (int8; made from the packaged model on first use and

@@ -225,12 +225,14 @@ class LocalProvider:
     default is 8 texts per call, whatever size the caller's own batches are.
 
     The model calls of one :meth:`embed` run ``parallel`` at a time, each on
-    one thread (one session: onnxruntime runs concurrent calls, and the weights
-    are loaded once). On 2 cores this embedded 1,200 LoCoMo turns at 193
-    texts/s against 153 for one call at a time on two intra-op threads, and,
-    with a process taking 40% of a core on the side (as a database's index
-    inserts do), at 153 against 99 texts/s: an operator split over two
-    threads waits for its slower half, independent calls do not.
+    one thread, the costliest first (one session: onnxruntime runs concurrent
+    calls, and the weights are loaded once). On 2 cores, against one call at a
+    time on two intra-op threads: 184-195 against 169-176 texts/s for 1,000
+    LoCoMo turns (``bench/embed_bench.py``), 262-323 against 205-254 for the
+    ingest benchmark's uniform texts, and with a process taking 40% of a core
+    on the side (as a database's index inserts do) 153 against 99 texts/s: an
+    operator split over two threads waits for its slower half, independent
+    calls do not.
 
     Args:
         batch_size: most texts per model call.
