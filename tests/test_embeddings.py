@@ -413,6 +413,19 @@ async def test_a_failed_parallel_model_call_raises_embedding_error() -> None:
         assert (await provider.embed(texts)).shape == (10, 384)  # the provider still works
 
 
+@session_loop
+async def test_closing_the_provider_during_parallel_calls_raises_embedding_error() -> None:
+    texts = [f"sentence {i} about the harbour, the ferry and the morning fog" for i in range(1200)]
+    provider = LocalProvider(batch_size=2, parallel=2)
+    await provider.load()
+    call = asyncio.create_task(provider.embed(texts))  # 600 model calls, seconds
+    await asyncio.sleep(0.1)
+    assert not call.done()
+    await provider.aclose()
+    with pytest.raises(EmbeddingError, match="closed"):
+        await call
+
+
 def test_packaged_files_are_found_without_importing_their_packages() -> None:
     files = packaged_model_files()
     assert files.model.name == "model.onnx" and files.model.stat().st_size > 20_000_000

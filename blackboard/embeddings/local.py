@@ -44,7 +44,7 @@ import os
 import tempfile
 import threading
 from collections.abc import Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import CancelledError, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -443,8 +443,13 @@ class LocalProvider:
             # Costliest first (rows x longest row), so that the cheap calls fill in at the end
             # instead of one long call running alone while the other threads idle.
             batches.sort(key=lambda b: len(b) * int(lengths[b].max()), reverse=True)
-            # (list() waits for every call and re-raises the first failure)
-            list(self._executor().map(run, batches))
+            try:
+                # (list() waits for every call and re-raises the first failure)
+                list(self._executor().map(run, batches))
+            except (CancelledError, RuntimeError) as exc:
+                if self._closed:  # aclose() meanwhile: its shutdown cancels the calls not started
+                    raise EmbeddingError("the local embedding provider was closed during the call") from exc
+                raise
         else:
             for batch in batches:
                 run(batch)
