@@ -79,6 +79,8 @@ def search_session(settings: Settings) -> dict[str, str]:
     """The session settings of the search pool's connections: :data:`SEARCH_SESSION` and
     ``random_page_cost`` from ``settings.search`` (see :class:`~blackboard.settings.SearchSettings`)."""
     return {**SEARCH_SESSION, "random_page_cost": repr(float(settings.search.random_page_cost))}
+
+
 _CODES = {"NotFoundError": "404", "InvalidPayloadError": "400", "InvalidKeyError": "400"}
 
 
