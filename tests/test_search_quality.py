@@ -21,6 +21,7 @@ from blackboard.connection import connect_nats
 from blackboard.db import open_pool
 from blackboard.db import search_sql as q
 from blackboard.db.spaces import find_space
+from blackboard.errors import EmbeddingError
 from blackboard.schemas.search import MemorySearchRequest
 from blackboard.search import (
     BoardStats,
@@ -232,6 +233,41 @@ async def test_hybrid_scores_do_not_depend_on_which_statement_scored_the_keyword
     assert len(results[0]) == 10
     assert results[0] == results[1] == results[2]
     assert any(set(h[2]) == {"semantic", "keyword"} for h in results[0])
+
+
+class _FailingProvider:
+    """A query model that fails after a while (a broken model, an API down)."""
+
+    def __init__(self, inner: HashProvider, delay: float) -> None:
+        self.delay = delay
+        self.model, self.dimensions = inner.model, inner.dimensions
+
+    async def embed(self, texts: Sequence[str]) -> np.ndarray:
+        await asyncio.sleep(self.delay)
+        raise EmbeddingError("the query model is down")
+
+
+@aio
+async def test_a_failed_or_cancelled_hybrid_search_gives_its_connections_back(stack: Stack) -> None:
+    """The query is embedded while the keyword side runs on a connection of its own: a model
+    failure raises, a cancelled search stops, and neither keeps a connection of the pool."""
+    settings = stack.settings.search.model_copy(update={"query_cache_size": 0})
+    req = MemorySearchRequest(query="alpha bravo charlie delta support group", boards=stack.boards[:3], top_k=5)
+    async with asyncio.timeout(30), open_pool(stack.settings.postgres, min_size=1, max_size=2) as pool:
+        failing = SearchEngine(pool, _FailingProvider(stack.provider, 0.05), settings)  # type: ignore[arg-type]
+        slow = SearchEngine(pool, _SlowProvider(stack.provider, 5.0), settings)  # type: ignore[arg-type]
+        for _ in range(4):  # more searches than the pool has connections
+            with pytest.raises(EmbeddingError, match="down"):
+                await failing.search_memories(req)
+            search = asyncio.create_task(slow.search_memories(req))
+            await asyncio.sleep(0.1)  # the keyword side holds its connection by now
+            search.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await search
+        assert pool.get_stats()["pool_available"] == pool.get_stats()["pool_size"]
+        fine = SearchEngine(pool, stack.provider, settings)
+        hits = (await fine.search_memories(req)).hits
+    assert len(hits) == 5
 
 
 @aio
