@@ -44,7 +44,6 @@ __all__ = [
     "AS_OF_REVISION",
     "HISTORY",
     "MAX_QUERY_LEXEMES",
-    "SET_SCAN",
     "SET_SCAN_SESSION",
     "TOUCH_MEMORIES",
     "WORD_LEXEMES",
@@ -87,11 +86,9 @@ AS_OF_REVISION = f"SELECT {REVISION_COLS} FROM bb_entry_revisions WHERE board = 
 #: (The revision's expiry last: a revision past it at that time had expired.)
 AS_OF_AT = f"SELECT {REVISION_COLS}, expires_at FROM bb_entry_revisions WHERE board = %s AND section = %s " \
            "AND key = %s AND stored_at <= %s ORDER BY seq DESC LIMIT 1"
-#: Per-transaction HNSW settings: ef_search, and iterative scans so that
-#: filters applied after the index scan still fill the limit.
-SET_SCAN = ("SELECT set_config('hnsw.ef_search', %s, true), "
-            "set_config('hnsw.iterative_scan', 'relaxed_order', true)")
-#: The same for the session (the search engine sets it once per pooled connection).
+#: Session HNSW settings: ef_search, and iterative scans so that filters applied
+#: after the index scan still fill the limit (the search engine sets them once per
+#: pooled connection, and again when ef_search changes).
 SET_SCAN_SESSION = ("SELECT set_config('hnsw.ef_search', %s, false), "
                     "set_config('hnsw.iterative_scan', 'relaxed_order', false)")
 TOUCH_MEMORIES = "UPDATE bb_memories SET last_accessed = now() WHERE mid = ANY(%s)"
