@@ -345,6 +345,8 @@ class SearchEngine:
         self._word_lexemes: OrderedDict[str, tuple[str, ...]] = OrderedDict()
         # ef_search each pooled connection was given (session settings survive checkouts).
         self._scan_ef: weakref.WeakKeyDictionary[Conn, int] = weakref.WeakKeyDictionary()
+        # Tables found never analysed (see analyze_missing).
+        self._unanalysed: set[Target] = set()
 
     async def space(self) -> Space:
         """The embedding space of the provider's (model, dimensions).
@@ -411,6 +413,7 @@ class SearchEngine:
         if row is not None and row[3] is not None:
             freqs = dict(zip(row[0], (float(f) for f in row[1]), strict=False)) if row[0] and row[1] else {}
             stats = BoardStats(freqs, float(row[2] or 0.0), float(row[3]), now)
+            self._note_unanalysed(target, float(row[3]))
         self._boards[target] = stats or BoardStats({}, 0.0, -1.0, now)
         return stats
 
@@ -473,6 +476,8 @@ class SearchEngine:
         sql_, params = q.term_stats_query(target)
         row = await (await conn.execute(sql_, params)).fetchone()
         stats = None
+        if row is not None and row[2] is not None:
+            self._note_unanalysed(target, float(row[2]))
         if row is not None and row[0] is not None and row[1] is not None and row[2] is not None:
             # most_common_elem_freqs has three extra trailing entries (min, max, nulls): zip drops them.
             stats = TermStats(dict(zip(row[0], (float(f) for f in row[1]), strict=False)), float(row[2]), now)
@@ -758,6 +763,34 @@ class SearchEngine:
             raise NotFoundError(name, f"{name!r} had expired at that point (revision {rev.revision}, "
                                       f"its TTL ended at {row[-1].isoformat()})")
         return rev
+
+    def _note_unanalysed(self, target: Target, reltuples: float) -> None:
+        # reltuples is -1 until the first VACUUM or ANALYZE of the table.
+        if reltuples < 0:
+            self._unanalysed.add(target)
+
+    async def analyze_missing(self) -> None:
+        """ANALYZE the tables that searches found never analysed (and their vector tables).
+
+        A table freshly filled has no statistics until autovacuum gets to it
+        (up to a minute, more on a busy server): meanwhile the planner guesses,
+        keyword search cannot leave out the commonest words, and right after
+        writing 2,000 LoCoMo turns keyword searches took 8.5 / 27.5 ms (p50 /
+        p95) instead of 4.1 / 6.9 ms. The search service calls this every
+        second; the cached statistics are dropped so the next search reads the
+        new ones. A failure (e.g. a user who does not own the table) is logged
+        and left to autovacuum.
+        """
+        while self._unanalysed:
+            target = self._unanalysed.pop()
+            try:
+                async with self.pool.connection() as conn:
+                    for statement in q.analyze_statements(target, self._space):
+                        await conn.execute(statement)
+            except psycopg.Error as exc:
+                log.info("cannot ANALYZE the %s tables (autovacuum will): %s", target, exc)
+            self._stats.pop(target, None)
+            self._boards.pop(target, None)
 
     async def flush_touched(self) -> None:
         """Record ``last_accessed`` of the memories returned since the last flush."""

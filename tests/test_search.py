@@ -14,6 +14,7 @@ from nats.aio.client import Client as NATS
 from agents_sdk.search import SearchClient, raise_for_error
 from blackboard import codec
 from blackboard.connection import connect_nats
+from blackboard.embedded import EmbeddedPostgres
 from blackboard.errors import InvalidPayloadError, NotFoundError, SearchError
 from blackboard.schemas.search import ErrorReply
 from blackboard.settings import Settings, WorkerSettings
@@ -273,6 +274,51 @@ async def test_search_connections_plan_each_query_for_its_parameters(pg_settings
                     "SELECT current_setting('plan_cache_mode'), current_setting('random_page_cost'), "
                     "current_setting('jit')")).fetchone()
                 assert row == ("force_custom_plan", "1.7", "off")
+
+
+async def test_a_table_never_analysed_is_analysed_after_a_search_finds_it(pg_settings: Settings,
+                                                                          postgres_server: EmbeddedPostgres) -> None:
+    """Freshly filled tables have no statistics until autovacuum comes (the planner guesses, keyword
+    search cannot leave out common words): the engine notices and ANALYZEs them."""
+    import uuid
+
+    import psycopg
+
+    from blackboard.db import migrate, open_pool
+    from blackboard.schemas.search import MemorySearchRequest
+    from blackboard.search import SearchEngine
+    from tests.conftest import make_settings
+
+    name = "fresh" + uuid.uuid4().hex[:10]
+    admin = f"postgresql://postgres@{postgres_server.host}:{postgres_server.port}/postgres"
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    dsn = f"postgresql://postgres@{postgres_server.host}:{postgres_server.port}/{name}"
+    s = make_settings(pg_settings.nats.url, dsn)
+    await migrate(s)
+    words = ["harbour", "ferry", "morning", "bread", "engine", "river", "garden", "letter"]
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("ALTER TABLE bb_memories SET (autovacuum_enabled = false)")  # only the engine analyses
+        conn.execute(
+            "INSERT INTO bb_memories (id, board, agent, kind, text, search_text, created_at, updated_at, stream, seq) "
+            "SELECT 'm' || i, 'b', 'a', 'episodic', t, t, now(), now(), 'BB_MEMORY', i "
+            "FROM generate_series(1, 300) i, LATERAL (SELECT %s::text[] AS w) ws, "
+            "LATERAL (SELECT w[1 + i %% 8] || ' ' || w[1 + (i / 8) %% 8] || ' number ' || i AS t) x", (words,))
+        reltuples = "SELECT reltuples FROM pg_class WHERE oid = 'bb_memories'::regclass"
+        assert conn.execute(reltuples).fetchone() == (-1.0,)  # never analysed
+        async with open_pool(s.postgres, min_size=1, max_size=2) as pool:
+            engine = SearchEngine(pool, None, s.search)
+            req = MemorySearchRequest(query="ferry number 9", mode="keyword", top_k=3)
+            before = [h.id for h in (await engine.search_memories(req)).hits]
+            await engine.analyze_missing()
+            assert conn.execute(reltuples).fetchone() == (300.0,)
+            assert conn.execute("SELECT count(*) FROM pg_stats WHERE tablename = 'bb_memories' "
+                                "AND attname = 'tsv' AND most_common_elems IS NOT NULL").fetchone() == (1,)
+            after = [h.id for h in (await engine.search_memories(req)).hits]
+            await engine.analyze_missing()  # nothing left to do
+    assert before[0] == after[0] == "m9"
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
 
 
 async def test_an_entry_that_expired_while_the_worker_was_away_is_not_found(pg_settings: Settings,

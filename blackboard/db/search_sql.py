@@ -47,6 +47,7 @@ __all__ = [
     "SET_SCAN_SESSION",
     "TOUCH_MEMORIES",
     "WORD_LEXEMES",
+    "analyze_statements",
     "board_stats_query",
     "filters",
     "keyword_query",
@@ -219,6 +220,16 @@ def _semantic_sql(memory: bool, conds: tuple[str, ...], table_name: str, boards:
             t=table, base=sql.SQL(base), a=sql.Identifier(alias), k=sql.Identifier(key),
             where=_where(vconds + item_conds), order=order)
     return query.as_string()
+
+
+def analyze_statements(target: Target, space: Space | None) -> list[str]:
+    """``ANALYZE`` of ``bb_memories`` or ``bb_entries`` and, with a ``space``, of its vector
+    table: the planner's statistics, and the ones the searches read (:func:`term_stats_query`,
+    :func:`board_stats_query`)."""
+    tables = ["bb_memories" if target == "memory" else "bb_entries"]
+    if space is not None:
+        tables.append(sql.Identifier(space.table_name(target)).as_string())
+    return [f"ANALYZE {t}" for t in tables]
 
 
 def board_stats_query(target: Target) -> tuple[str, list[Any]]:

@@ -208,8 +208,13 @@ class SearchService:
     async def _flush_loop(self) -> None:
         while True:
             await asyncio.sleep(1.0)
+            if self.engine is None:
+                continue
             try:
-                if self.engine is not None:
-                    await self.engine.flush_touched()
+                await self.engine.flush_touched()
             except Exception as exc:
                 log.debug("cannot record last_accessed: %r", exc)
+            try:
+                await self.engine.analyze_missing()
+            except Exception as exc:
+                log.debug("cannot analyze: %r", exc)
