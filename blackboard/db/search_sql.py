@@ -61,6 +61,8 @@ __all__ = [
 ]
 
 Target = Literal["memory", "entry"]
+#: The table of each target's items.
+_ITEM_TABLE: dict[str, str] = {"memory": "bb_memories", "entry": "bb_entries"}
 _WORD_RE = re.compile(r"\w+", re.UNICODE)
 
 # The JSON columns come as text: a search reads every candidate's row and parses only the
@@ -226,9 +228,9 @@ def analyze_statements(target: Target, space: Space | None) -> list[str]:
     """``ANALYZE`` of ``bb_memories`` or ``bb_entries`` and, with a ``space``, of its vector
     table: the planner's statistics, and the ones the searches read (:func:`term_stats_query`,
     :func:`board_stats_query`)."""
-    tables = ["bb_memories" if target == "memory" else "bb_entries"]
+    tables = [_ITEM_TABLE[target]]
     if space is not None:
-        tables.append(sql.Identifier(space.table_name(target)).as_string())
+        tables.append(space.table(target).as_string())
     return [f"ANALYZE {t}" for t in tables]
 
 
@@ -237,7 +239,7 @@ def board_stats_query(target: Target) -> tuple[str, list[Any]]:
     common boards, their frequencies, the distinct count and the table's estimated row count
     (one row; the column statistics NULL before the first ANALYZE). The vector tables hold a
     row for (almost) every item, so this sizes their boards too."""
-    table = "bb_memories" if target == "memory" else "bb_entries"
+    table = _ITEM_TABLE[target]
     return ("SELECT s.most_common_vals::text::text[], s.most_common_freqs, s.n_distinct, c.reltuples "
             "FROM pg_class c LEFT JOIN pg_stats s ON s.schemaname = current_schema() "
             "AND s.tablename = c.relname AND s.attname = 'board' "
@@ -258,7 +260,7 @@ def tsquery_literal(lexemes: Sequence[str]) -> str:
 def term_stats_query(target: Target) -> tuple[str, list[Any]]:
     """The ``tsv`` column's most common lexemes with their frequencies (from ANALYZE),
     and the table's estimated row count: one row, arrays NULL before the first ANALYZE."""
-    table = "bb_memories" if target == "memory" else "bb_entries"
+    table = _ITEM_TABLE[target]
     return ("SELECT s.most_common_elems::text::text[], s.most_common_elem_freqs, c.reltuples "
             "FROM pg_class c LEFT JOIN pg_stats s ON s.schemaname = current_schema() "
             "AND s.tablename = c.relname AND s.attname = 'tsv' "
