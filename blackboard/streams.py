@@ -9,17 +9,19 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 from dataclasses import dataclass
 
 from nats.js import JetStreamContext, api
-from nats.js.errors import BadRequestError, NotFoundError
+from nats.js.errors import APIError, BadRequestError, NotFoundError, ServiceUnavailableError
 
-from blackboard.errors import ConfigurationError
+from blackboard.errors import ConfigurationError, OperationTimeoutError
 from blackboard.settings import Settings
 from blackboard.subjects import MEMORY_STREAM, MESSAGE_STREAM, VOTE_STREAM, Subjects
 
-__all__ = ["StreamSpec", "ensure_streams", "stream_specs"]
+__all__ = ["CLUSTER_NOT_READY", "StreamSpec", "cluster_not_ready", "ensure_streams", "stream_specs"]
 
 log = logging.getLogger("blackboard.streams")
 
@@ -78,52 +80,122 @@ def kv_config(settings: Settings) -> api.KeyValueConfig:
     )
 
 
-async def ensure_streams(js: JetStreamContext, settings: Settings, *, update: bool = False) -> None:
+#: JetStream API error codes of a cluster that is forming or electing leaders:
+#: no suitable peers for placement (a peer not yet seen online), temporarily
+#: unavailable, this server cannot handle the request (no meta leader yet).
+CLUSTER_NOT_READY = frozenset({10005, 10008, 10009})
+
+
+def cluster_not_ready(exc: BaseException) -> bool:
+    """Whether a JetStream API failure is one a forming cluster gives (worth retrying)."""
+    if isinstance(exc, ServiceUnavailableError | TimeoutError):
+        return True
+    return isinstance(exc, APIError) and exc.err_code in CLUSTER_NOT_READY
+
+
+async def ensure_streams(js: JetStreamContext, settings: Settings, *, update: bool = False,
+                         ready_timeout: float = 30.0) -> None:
     """Create the KV bucket, the streams and the object store if they are missing.
 
     Idempotent. With ``update=True`` an existing asset whose configuration
-    differs is updated to match the settings (what ``blackboard dev`` and the
-    worker do); otherwise it is left as it is.
+    differs is updated to match the settings (what ``blackboard setup`` and
+    ``blackboard dev`` do), except that a stream's replicas are never lowered
+    (a warning says so); otherwise it is left as it is.
+
+    A cluster that has just started answers for a while that it has no
+    suitable peers, or no leader: such failures are retried (with a warning,
+    backing off up to 2 s) for ``ready_timeout`` seconds, so that ``setup``
+    and workers started together with the NATS nodes wait for them.
 
     Raises:
         ConfigurationError: an asset exists with an incompatible configuration
             that cannot be updated.
+        OperationTimeoutError: the cluster was still not ready after ``ready_timeout``.
     """
-    subjects = Subjects(settings.board.bucket)
+    deadline = time.monotonic() + ready_timeout
+    delay = 0.1
+    warned = False
+    while True:
+        try:
+            await _ensure(js, settings, update=update)
+            return
+        except Exception as exc:
+            if not cluster_not_ready(exc):
+                raise
+            reason = getattr(exc, "description", None) or type(exc).__name__
+            if time.monotonic() + delay > deadline:
+                raise OperationTimeoutError(
+                    f"JetStream not ready after {ready_timeout:g}s ({reason}): are all the cluster's "
+                    "nodes up and routed to each other?") from exc
+            if not warned:
+                log.warning("JetStream not ready (%s); retrying for up to %gs", reason, ready_timeout)
+                warned = True
+            await asyncio.sleep(delay)
+            delay = min(2.0, delay * 2)
+
+
+def _replicas(stream: str, have: int, want: int) -> int:
+    """The replicas an update gives a stream: the settings', but never fewer than it has.
+
+    Settings left at their default (1) must not quietly take a cluster's
+    copies away: lowering them is an explicit operation (the nats CLI).
+    """
+    if have > want:
+        log.warning("stream %s has %d replicas and the settings ask for %d: kept at %d "
+                    "(lower it with the nats CLI if you mean to)", stream, have, want, have)
+        return have
+    return want
+
+
+async def _update(js: JetStreamContext, config: api.StreamConfig) -> None:
     try:
-        info = await js.stream_info(subjects.kv_stream)
-        cfg = info.config
-        want_hist = settings.board.history
-        want_marker = settings.board.expiry_marker_ttl or None
-        if update and (cfg.max_msgs_per_subject != want_hist or cfg.max_msg_size != settings.board.max_value_size
-                       or (cfg.subject_delete_marker_ttl or None) != want_marker):
-            cfg.max_msgs_per_subject = want_hist
-            cfg.max_msg_size = settings.board.max_value_size
-            cfg.allow_msg_ttl = True
-            cfg.subject_delete_marker_ttl = want_marker
-            await js.update_stream(cfg)
+        await js.update_stream(config)
+    except BadRequestError as exc:
+        raise ConfigurationError(f"cannot update stream {config.name}: {exc.description}") from exc
+
+
+async def _ensure(js: JetStreamContext, settings: Settings, *, update: bool) -> None:
+    subjects = Subjects(settings.board.bucket)
+    want = settings.board.replicas
+    try:
+        cfg = (await js.stream_info(subjects.kv_stream)).config
+        if update:
+            want_marker = settings.board.expiry_marker_ttl or None
+            replicas = _replicas(subjects.kv_stream, cfg.num_replicas or 1, want)
+            if (cfg.max_msgs_per_subject != settings.board.history
+                    or cfg.max_msg_size != settings.board.max_value_size
+                    or (cfg.subject_delete_marker_ttl or None) != want_marker
+                    or (cfg.num_replicas or 1) != replicas):
+                cfg.max_msgs_per_subject = settings.board.history
+                cfg.max_msg_size = settings.board.max_value_size
+                cfg.allow_msg_ttl = True
+                cfg.subject_delete_marker_ttl = want_marker
+                cfg.num_replicas = replicas
+                await _update(js, cfg)
     except NotFoundError:
         await js.create_key_value(kv_config(settings))
         log.info("created KV bucket %s", settings.board.bucket)
 
     for spec in stream_specs(settings):
-        config = spec.config(settings.board.replicas)
+        config = spec.config(want)
         try:
-            await js.stream_info(spec.name)
+            info = await js.stream_info(spec.name)
             if update:
-                try:
-                    await js.update_stream(config)
-                except BadRequestError as exc:
-                    raise ConfigurationError(f"cannot update stream {spec.name}: {exc.description}") from exc
+                config.num_replicas = _replicas(spec.name, info.config.num_replicas or 1, want)
+                await _update(js, config)
         except NotFoundError:
             await js.add_stream(config)
             log.info("created stream %s", spec.name)
 
+    objects = f"OBJ_{settings.board.objects_bucket}"
     try:
-        await js.object_store(settings.board.objects_bucket)
-    except NotFoundError:  # nats-py's BucketNotFoundError is a NotFoundError
+        cfg = (await js.stream_info(objects)).config
+        if update and (cfg.num_replicas or 1) != (replicas := _replicas(objects, cfg.num_replicas or 1, want)):
+            cfg.num_replicas = replicas
+            await _update(js, cfg)
+    except NotFoundError:
         await js.create_object_store(
             settings.board.objects_bucket,
-            config=api.ObjectStoreConfig(description="blackboard binaries", replicas=settings.board.replicas,
+            config=api.ObjectStoreConfig(description="blackboard binaries", replicas=want,
                                          storage=api.StorageType.FILE),
         )

@@ -1,0 +1,24 @@
+"""Which JetStream API failures ``ensure_streams`` waits out (a cluster still forming)."""
+
+from __future__ import annotations
+
+import pytest
+from nats.js.errors import APIError, BadRequestError, NotFoundError, ServiceUnavailableError
+
+from blackboard.streams import cluster_not_ready
+
+
+@pytest.mark.parametrize(("exc", "transient"), [
+    (ServiceUnavailableError(code=503, err_code=10008, description="JetStream system temporarily unavailable"),
+     True),
+    (BadRequestError(code=400, err_code=10005, description="no suitable peers for placement, peer offline"),
+     True),
+    (APIError(code=500, err_code=10009, description="JetStream cluster can not handle request"), True),
+    (TimeoutError(), True),
+    (BadRequestError(code=400, err_code=10058, description="stream name already in use with a different "
+                                                            "configuration"), False),
+    (NotFoundError(code=404, err_code=10059, description="stream not found"), False),
+    (ValueError("bad config"), False),
+])
+def test_cluster_not_ready(exc: BaseException, transient: bool) -> None:
+    assert cluster_not_ready(exc) is transient
