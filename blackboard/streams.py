@@ -21,7 +21,8 @@ from blackboard.errors import ConfigurationError, OperationTimeoutError
 from blackboard.settings import Settings
 from blackboard.subjects import MEMORY_STREAM, MESSAGE_STREAM, VOTE_STREAM, Subjects
 
-__all__ = ["CLUSTER_NOT_READY", "StreamSpec", "cluster_not_ready", "ensure_streams", "stream_specs"]
+__all__ = ["CLUSTER_NOT_READY", "NO_JETSTREAM_GRACE", "StreamSpec", "cluster_not_ready", "ensure_streams",
+           "no_jetstream", "stream_specs"]
 
 log = logging.getLogger("blackboard.streams")
 
@@ -84,11 +85,20 @@ def kv_config(settings: Settings) -> api.KeyValueConfig:
 #: no suitable peers for placement (a peer not yet seen online), temporarily
 #: unavailable, this server cannot handle the request (no meta leader yet).
 CLUSTER_NOT_READY = frozenset({10005, 10008, 10009})
+#: Seconds ``ensure_streams`` waits for a JetStream API that nothing answers
+#: (a server starting up) before it concludes that JetStream is off.
+NO_JETSTREAM_GRACE = 2.0
+
+
+def no_jetstream(exc: BaseException) -> bool:
+    """Whether nothing answered a JetStream API request (nats-py's bare 503): JetStream is
+    not enabled for the account, or the server is still starting."""
+    return isinstance(exc, ServiceUnavailableError) and exc.err_code is None
 
 
 def cluster_not_ready(exc: BaseException) -> bool:
     """Whether a JetStream API failure is one a forming cluster gives (worth retrying)."""
-    if isinstance(exc, ServiceUnavailableError | TimeoutError):
+    if isinstance(exc, TimeoutError) or no_jetstream(exc):
         return True
     return isinstance(exc, APIError) and exc.err_code in CLUSTER_NOT_READY
 
@@ -111,8 +121,11 @@ async def ensure_streams(js: JetStreamContext, settings: Settings, *, update: bo
         ConfigurationError: an asset exists with an incompatible configuration
             that cannot be updated.
         OperationTimeoutError: the cluster was still not ready after ``ready_timeout``.
+        ConfigurationError: nothing answers JetStream API requests (after
+            :data:`NO_JETSTREAM_GRACE` seconds): JetStream is off.
     """
-    deadline = time.monotonic() + ready_timeout
+    started = time.monotonic()
+    deadline = started + ready_timeout
     delay = 0.1
     warned = False
     while True:
@@ -122,7 +135,13 @@ async def ensure_streams(js: JetStreamContext, settings: Settings, *, update: bo
         except Exception as exc:
             if not cluster_not_ready(exc):
                 raise
-            reason = getattr(exc, "description", None) or type(exc).__name__
+            if no_jetstream(exc) and time.monotonic() - started >= min(NO_JETSTREAM_GRACE, ready_timeout):
+                raise ConfigurationError(
+                    f"no JetStream at {settings.nats.url}: nothing answers its API requests. Enable it "
+                    "on the server (nats-server -js, or a jetstream block in its configuration) and "
+                    "for this account") from exc
+            reason = ("nothing answers JetStream API requests" if no_jetstream(exc)
+                      else getattr(exc, "description", None) or type(exc).__name__)
             if time.monotonic() + delay > deadline:
                 raise OperationTimeoutError(
                     f"JetStream not ready after {ready_timeout:g}s ({reason}): are all the cluster's "

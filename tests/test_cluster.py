@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import subprocess
 import sys
 import time
@@ -22,8 +23,8 @@ import pytest
 
 from agents_sdk import Agent
 from blackboard.connection import connect_nats
-from blackboard.embedded import EmbeddedPostgres
-from blackboard.errors import BlackboardError, OperationTimeoutError
+from blackboard.embedded import EmbeddedPostgres, _find_nats_server, _wait_tcp, free_port
+from blackboard.errors import BlackboardError, ConfigurationError, OperationTimeoutError
 from blackboard.settings import Settings
 from blackboard.streams import ensure_streams
 from blackboard.subjects import MEMORY_STREAM, MESSAGE_STREAM, VOTE_STREAM, Subjects
@@ -151,6 +152,31 @@ async def test_setup_raises_the_replicas_of_existing_assets(
     done = _setup(cluster, pg.dsn)
     assert done.returncode == 0, done.stderr
     assert await _replicas(settings) == [3] * 5
+
+
+@pytest.fixture
+def plain_nats(stack_dir: Path) -> Iterator[str]:
+    """The URL of a nats-server without JetStream."""
+    port = free_port()
+    log = stack_dir / f"nojs-{port}.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([_find_nats_server(), "-a", "127.0.0.1", "-p", str(port)], stdout=out,
+                                stderr=subprocess.STDOUT)
+    try:
+        _wait_tcp("127.0.0.1", port, proc, 20.0, "nats-server", log)
+        yield f"nats://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_a_server_without_jetstream_is_a_configuration_error(plain_nats: str) -> None:
+    started = time.monotonic()
+    with pytest.raises(ConfigurationError, match=re.escape(f"no JetStream at {plain_nats}")):
+        async with Agent.connect("nojs", settings=make_settings(plain_nats)):
+            pass
+    assert time.monotonic() - started < 10
 
 
 @pytest.mark.asyncio(loop_scope="session")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from nats.js.errors import APIError, BadRequestError, NotFoundError, ServiceUnavailableError
 
-from blackboard.streams import cluster_not_ready
+from blackboard.streams import cluster_not_ready, no_jetstream
 
 
 @pytest.mark.parametrize(("exc", "transient"), [
@@ -15,6 +15,7 @@ from blackboard.streams import cluster_not_ready
      True),
     (APIError(code=500, err_code=10009, description="JetStream cluster can not handle request"), True),
     (TimeoutError(), True),
+    (ServiceUnavailableError(), True),  # no responders: a server starting, or JetStream off
     (BadRequestError(code=400, err_code=10058, description="stream name already in use with a different "
                                                             "configuration"), False),
     (NotFoundError(code=404, err_code=10059, description="stream not found"), False),
@@ -22,3 +23,9 @@ from blackboard.streams import cluster_not_ready
 ])
 def test_cluster_not_ready(exc: BaseException, transient: bool) -> None:
     assert cluster_not_ready(exc) is transient
+
+
+def test_no_responders_is_told_apart_from_a_forming_cluster() -> None:
+    assert no_jetstream(ServiceUnavailableError())  # what nats-py raises for no responders
+    assert not no_jetstream(ServiceUnavailableError(code=503, err_code=10008, description="temporarily unavailable"))
+    assert not no_jetstream(TimeoutError())
