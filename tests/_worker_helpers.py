@@ -1,17 +1,21 @@
-"""Helpers of the worker and search tests: a deterministic embedding provider and publishers."""
+"""Helpers of the worker and search tests: a deterministic embedding provider, publishers, and
+waiting for rows."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import os
 import re
 import subprocess
 import sys
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
 import numpy as np
+import psycopg
 from nats.js import JetStreamContext
 
 from blackboard import codec
@@ -121,3 +125,22 @@ def spawn_worker(settings: Settings, name: str, **env: str) -> subprocess.Popen[
     line = proc.stdout.readline()  # blocks until "ready" (or EOF if it died)
     assert line.strip() == b"ready", f"worker did not start: {line!r}"
     return proc
+
+
+def count_rows(dsn: str, query: str, *params: Any) -> int:
+    """The count a ``SELECT count(*) ...`` returns; -1 while PostgreSQL is unreachable."""
+    try:
+        with psycopg.connect(dsn, connect_timeout=2) as conn:
+            row = conn.execute(query, params).fetchone()
+    except psycopg.OperationalError:
+        return -1
+    return int(row[0]) if row else 0
+
+
+async def wait_for(pred: Callable[[], bool], timeout: float, what: str) -> None:
+    """Poll ``pred`` until it holds; ``AssertionError`` naming ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.1)

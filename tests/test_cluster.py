@@ -29,7 +29,7 @@ from blackboard.settings import Settings
 from blackboard.streams import ensure_streams
 from blackboard.subjects import MEMORY_STREAM, MESSAGE_STREAM, VOTE_STREAM, Subjects
 from tests._cluster import COMPOSE_NATS_CONF, NatsCluster, render_node_config
-from tests._worker_helpers import spawn_worker
+from tests._worker_helpers import count_rows, spawn_worker, wait_for
 from tests.conftest import make_settings
 
 pytestmark = [pytest.mark.slow]
@@ -66,14 +66,6 @@ def _setup_process(cluster: NatsCluster, dsn: str) -> subprocess.Popen[str]:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-async def _wait_for(pred: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.2)
-
-
 async def _replicas(settings: Settings) -> list[int]:
     """Replicas of the KV bucket, the three streams and the object store, in that order
     (each with a leader and its followers in place)."""
@@ -82,7 +74,7 @@ async def _replicas(settings: Settings) -> list[int]:
     try:
         js = nc.jetstream()
         for name in [Subjects(settings.board.bucket).kv_stream, MEMORY_STREAM, MESSAGE_STREAM, VOTE_STREAM,
-                     f"OBJ_{settings.board.objects_bucket}"]:
+                     Subjects.objects_stream(settings.board.objects_bucket)]:
             deadline = time.monotonic() + 30
             while True:
                 info = await js.stream_info(name)
@@ -229,14 +221,14 @@ async def test_leader_crash_loses_no_acknowledged_write(
 
             # Four writers, so that writes are in flight when the leader dies.
             writers = [asyncio.create_task(writer(w, 4, 600)) for w in range(4)]
-            await _wait_for(lambda: len(memories) >= 150, 60, "a first part of the writes")
+            await wait_for(lambda: len(memories) >= 150, 60, "a first part of the writes")
             nc = await connect_nats(settings.nats, name="check")
             js = nc.jetstream(timeout=10)
             leader = (await js.stream_info(kv_stream)).cluster.leader  # type: ignore[union-attr]
             assert leader is not None
             cluster.kill(cluster.index_of(leader))
             killed_at = len(memories)
-            await _wait_for(lambda: len(memories) >= killed_at + 150, 90, "writes to go on without the leader")
+            await wait_for(lambda: len(memories) >= killed_at + 150, 90, "writes to go on without the leader")
             cluster.start(cluster.index_of(leader))
             await asyncio.gather(*writers)
             assert killed_at < 600 - 150  # the crash happened mid-load
@@ -258,15 +250,9 @@ async def test_leader_crash_loses_no_acknowledged_write(
                 entry = await board.get("s", key)
                 assert entry.revision == revision
         q = "SELECT count(*) FROM bb_entry_revisions WHERE board = %s"
-
-        def count(query: str) -> int:
-            with psycopg.connect(pg.dsn) as conn:
-                row = conn.execute(query, (unique,)).fetchone()
-            return int(row[0]) if row else 0
-
-        await _wait_for(lambda: count(q) >= len(acked) and
-                        count("SELECT count(*) FROM bb_memories WHERE board = %s") >= len(memories),
-                        120, "the worker to store every write")
+        await wait_for(lambda: count_rows(pg.dsn, q, unique) >= len(acked) and
+                       count_rows(pg.dsn, "SELECT count(*) FROM bb_memories WHERE board = %s", unique)
+                       >= len(memories), 120, "the worker to store every write")
     finally:
         worker.terminate()
         worker.wait(20)

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import subprocess
-import time
 from collections.abc import Callable
-from typing import Any
 
 import psycopg
 import pytest
@@ -17,31 +15,14 @@ from blackboard.settings import Settings, WorkerSettings
 from blackboard.streams import ensure_streams
 from blackboard.subjects import Subjects
 from blackboard.worker import Worker
-from tests._worker_helpers import entry_payload, memory_payload, spawn_worker
+from tests._worker_helpers import count_rows, entry_payload, memory_payload, spawn_worker, wait_for
 from tests.conftest import make_settings
 
 pytestmark = [pytest.mark.asyncio(loop_scope="session"), pytest.mark.slow]
 
 
-def _count(dsn: str, query: str, *params: Any) -> int:
-    try:
-        with psycopg.connect(dsn, connect_timeout=2) as conn:
-            row = conn.execute(query, params).fetchone()
-    except psycopg.OperationalError:
-        return -1
-    return int(row[0]) if row else 0
-
-
 def _spawn_worker(settings: Settings, name: str) -> subprocess.Popen[bytes]:
     return spawn_worker(settings, name, WORKER__BATCH_SIZE="200", WORKER__LAG_INTERVAL="1")
-
-
-async def _wait_for(pred: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.1)
 
 
 async def _publish_load(settings: Settings, board: str, n_entries: int, n_memories: int) -> tuple[set[int], set[int]]:
@@ -81,15 +62,15 @@ async def test_kill_9_mid_batch_then_restart_loses_and_duplicates_nothing(
     load = asyncio.create_task(_publish_load(settings, unique, 12000, 4000))
     try:
         q = "SELECT count(*) FROM bb_entry_revisions WHERE board = %s"
-        await _wait_for(lambda: _count(pg.dsn, q, unique) > 1500, 60, "a first part to be written")
+        await wait_for(lambda: count_rows(pg.dsn, q, unique) > 1500, 60, "a first part to be written")
         proc.kill()  # SIGKILL mid-stream: the batches in flight are never acknowledged
         proc.wait()
         killed_while_publishing = not load.done()
         entries, memories = await load
         proc = _spawn_worker(settings, "w")
-        await _wait_for(lambda: _count(pg.dsn, q, unique) >= len(entries) and
-                        _count(pg.dsn, "SELECT count(*) FROM bb_memories WHERE board = %s", unique)
-                        >= len(memories), 90, "everything to be written")
+        await wait_for(lambda: count_rows(pg.dsn, q, unique) >= len(entries) and
+                       count_rows(pg.dsn, "SELECT count(*) FROM bb_memories WHERE board = %s", unique)
+                       >= len(memories), 90, "everything to be written")
         nc = await connect_nats(settings.nats, name="check")
         info = await nc.jetstream().consumer_info(Subjects(settings.board.bucket).kv_stream, "w-entries")
         await nc.close()
@@ -111,9 +92,9 @@ async def test_two_workers_share_the_load_without_duplicates(
     try:
         entries, memories = await _publish_load(settings, unique, 6000, 2000)
         q = "SELECT count(*) FROM bb_entry_revisions WHERE board = %s"
-        await _wait_for(lambda: _count(pg.dsn, q, unique) >= len(entries) and
-                        _count(pg.dsn, "SELECT count(*) FROM bb_memories WHERE board = %s", unique)
-                        >= len(memories), 90, "everything to be written")
+        await wait_for(lambda: count_rows(pg.dsn, q, unique) >= len(entries) and
+                       count_rows(pg.dsn, "SELECT count(*) FROM bb_memories WHERE board = %s", unique)
+                       >= len(memories), 90, "everything to be written")
         # Both processes pull from the one durable consumer: once idle, each
         # keeps a pull request waiting on it (re-issued when one expires, so
         # look a few times rather than once).
@@ -145,7 +126,7 @@ async def test_postgres_restart_during_ingest_loses_nothing(
     async with Worker(settings) as worker:
         first = asyncio.create_task(_publish_load(settings, unique, 3000, 500))
         q = "SELECT count(*) FROM bb_entry_revisions WHERE board = %s"
-        await _wait_for(lambda: _count(pg.dsn, q, unique) > 300, 60, "ingest to start")
+        await wait_for(lambda: count_rows(pg.dsn, q, unique) > 300, 60, "ingest to start")
         await asyncio.to_thread(pg.kill)  # crash, not a clean shutdown
         entries, memories = await first
         more_e, more_m = await _publish_load(settings, unique + "b", 500, 100)
