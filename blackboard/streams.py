@@ -135,12 +135,13 @@ async def ensure_streams(js: JetStreamContext, settings: Settings, *, update: bo
         except Exception as exc:
             if not cluster_not_ready(exc):
                 raise
-            if no_jetstream(exc) and time.monotonic() - started >= min(NO_JETSTREAM_GRACE, ready_timeout):
+            unanswered = no_jetstream(exc)
+            if unanswered and time.monotonic() - started >= min(NO_JETSTREAM_GRACE, ready_timeout):
                 raise ConfigurationError(
                     f"no JetStream at {settings.nats.url}: nothing answers its API requests. Enable it "
                     "on the server (nats-server -js, or a jetstream block in its configuration) and "
                     "for this account") from exc
-            reason = ("nothing answers JetStream API requests" if no_jetstream(exc)
+            reason = ("nothing answers JetStream API requests" if unanswered
                       else getattr(exc, "description", None) or type(exc).__name__)
             if time.monotonic() + delay > deadline:
                 raise OperationTimeoutError(
@@ -206,7 +207,7 @@ async def _ensure(js: JetStreamContext, settings: Settings, *, update: bool) -> 
             await js.add_stream(config)
             log.info("created stream %s", spec.name)
 
-    objects = f"OBJ_{settings.board.objects_bucket}"
+    objects = Subjects.objects_stream(settings.board.objects_bucket)
     try:
         cfg = (await js.stream_info(objects)).config
         if update and (cfg.num_replicas or 1) != (replicas := _replicas(objects, cfg.num_replicas or 1, want)):

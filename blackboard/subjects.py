@@ -271,6 +271,11 @@ class Subjects:
         return f"$JS.API.CONSUMER.RESET.{stream}.{consumer}"
 
     @staticmethod
+    def objects_stream(bucket: str) -> str:
+        """The stream behind an object store bucket: ``OBJ_<bucket>``."""
+        return f"OBJ_{bucket}"
+
+    @staticmethod
     def consumer_next_api(stream: str, consumer: str) -> str:
         """The JetStream API subject of a pull request (``$JS.API.CONSUMER.MSG.NEXT``)."""
         return f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{consumer}"

@@ -40,6 +40,7 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 from blackboard.db import ingest_sql as q
 from blackboard.errors import InvalidPayloadError
 from blackboard.settings import Settings
+from blackboard.subjects import Subjects
 from blackboard.worker._tasks import run_until_stopped
 from blackboard.worker.decode import DeadLetter, RawMessage, parse_ack_reply
 from blackboard.worker.handlers import Conn, StreamHandler
@@ -123,7 +124,7 @@ class PullFetcher:
 
     def __init__(self, nc: NATS, stream: str, durable: str) -> None:
         self._nc = nc
-        self._next = f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{durable}"
+        self._next = Subjects.consumer_next_api(stream, durable)
         self._inbox = nc.new_inbox()
         self._sub: Subscription | None = None
         self._buf: list[Msg] = []
