@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import shutil
 import signal
 import socket
@@ -28,8 +29,36 @@ __all__ = ["EmbeddedNats", "EmbeddedPostgres", "default_shared_buffers", "free_p
 _PG_SYSTEM_USER = "embedded_postgres"
 
 
+_EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+
+
+def _ephemeral_low() -> int | None:
+    """The first port of the kernel's range for connections' local ports (Linux), or None."""
+    try:
+        return int(_EPHEMERAL_RANGE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free a moment ago."""
+    """A TCP port that was free a moment ago.
+
+    On Linux it is picked below the kernel's ephemeral range (from which
+    outgoing connections take their local ports), so that a server stopped
+    and started again on it cannot find it taken by some client's connection
+    meanwhile (a test killing a NATS node and restarting it met exactly that).
+    """
+    low = _ephemeral_low()
+    if low is not None and low > 11024:
+        rng = random.SystemRandom()
+        for _ in range(64):
+            port = rng.randrange(low - 10000, low)
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+                try:
+                    sock.bind((host, port))
+                except OSError:
+                    continue
+                return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import psycopg
 import pytest
 
@@ -39,3 +41,17 @@ async def test_pool_session_settings_hold_on_every_connection(pg_settings: Setti
                 row = await (await conn.execute("SELECT current_setting('work_mem'), "
                                                 "current_setting('application_name')")).fetchone()
                 assert row == ("7MB", "session-test")
+
+
+def test_free_ports_are_below_the_kernels_range_for_connections_local_ports() -> None:
+    """A server restarted on its port must not find it taken by a client connection's local port."""
+    import socket
+
+    from blackboard.embedded import free_port
+
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    ports = {free_port() for _ in range(20)}
+    assert all(1024 <= p < low for p in ports) and len(ports) > 1
+    for port in ports:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", port))  # free
