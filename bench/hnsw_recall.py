@@ -9,7 +9,8 @@ The vectors are those of ``bench/search_bench.py``: pseudo-natural sentences
 made from the LoCoMo dialogs, embedded with the local model (cached in
 ``~/.cache/blackboard/bench``; the first run embeds them, ~9 minutes for 100k
 on 2 vCPUs), in the model's embedding space table with the index the worker
-builds (pgvector's HNSW, ``m`` 16, ``ef_construction`` 64, cosine). The queries
+builds (pgvector's HNSW on the vectors cast to ``halfvec``, ``m`` 16, ``ef_construction`` 64,
+cosine). The queries
 are real questions (LoCoMo's), embedded by the search service's query model
 (``embedding.quantized_queries``). The exact answer (the raw layer): the top k
 by cosine over all vectors, computed with numpy.
@@ -29,7 +30,7 @@ from _common import Sentences, embedded_stack, locomo_dialogs, model_vectors, pe
 from psycopg import sql
 
 from blackboard.db import open_pool
-from blackboard.db.spaces import ensure_space, hnsw_index
+from blackboard.db.spaces import ann_order, ensure_space, hnsw_index
 from blackboard.embeddings import provider_from_settings
 from blackboard.settings import SearchSettings, WorkerSettings
 
@@ -83,7 +84,7 @@ async def main() -> None:
             await conn.execute(sql.SQL("VACUUM ANALYZE {}").format(table))
             print(f"{len(vecs)} vectors ({prov.model}), HNSW built in {time.perf_counter() - t0:.0f}s; "
                   f"{len(queries)} LoCoMo questions (query model)")
-            query = sql.SQL("SELECT item FROM {} ORDER BY embedding <=> %s LIMIT %s").format(table)
+            query = sql.SQL("SELECT item FROM {} ORDER BY " + ann_order(space.dims) + " LIMIT %s").format(table)
             defaults = SearchSettings()
             print(f"{'ef_search':>9s} {'k':>4s} {'recall':>8s} {'p5':>6s} {'p50 ms':>8s} {'p95 ms':>8s}")
             for ef in efs:

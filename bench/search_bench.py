@@ -43,7 +43,7 @@ from psycopg.types.json import Jsonb
 from agents_sdk.search import SearchClient
 from blackboard.connection import connect_nats
 from blackboard.db import open_pool
-from blackboard.db.spaces import board_index, ensure_space, hnsw_index
+from blackboard.db.spaces import ann_order, board_index, ensure_space, hnsw_index
 from blackboard.embeddings import provider_from_settings
 from blackboard.settings import WorkerSettings
 from blackboard.worker import Worker
@@ -131,8 +131,9 @@ async def main() -> None:
                 for _ in range(100):
                     q = vecs[rng.randrange(args.n)]
                     t = time.perf_counter()
-                    await (await conn.execute(sql.SQL("SELECT item FROM {} ORDER BY embedding <=> %s LIMIT 10")
-                                              .format(space.table("memory")), (q,))).fetchall()
+                    await (await conn.execute(sql.SQL("SELECT item FROM {} ORDER BY " + ann_order(space.dims)
+                                                      + " LIMIT 10").format(space.table("memory")),
+                                              (q,))).fetchall()
                     raw.append((time.perf_counter() - t) * 1000)
                 await conn.rollback()
         asked: set[str] = set()

@@ -16,7 +16,11 @@ from typing import Literal
 from pydantic import BaseModel, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+#: The most embedding dimensions a space can index (pgvector's HNSW limit for ``halfvec``).
+MAX_DIMENSIONS = 4000
+
 __all__ = [
+    "MAX_DIMENSIONS",
     "BoardSettings",
     "DevSettings",
     "EmbeddingSettings",
@@ -123,7 +127,8 @@ class EmbeddingSettings(BaseModel):
     #: Model name (the local provider has one model).
     model: str = "all-MiniLM-L6-v2"
     #: Vector dimensions (must match the model; ``blackboard reindex`` after a change).
-    dimensions: int = Field(384, ge=1)
+    #: At most 4,000: the HNSW index is built on ``halfvec`` (``blackboard/db/spaces.py``).
+    dimensions: int = Field(384, ge=1, le=MAX_DIMENSIONS)
     #: API base URL of the openai provider (None: api.openai.com).
     base_url: str | None = None
     #: API key of the openai provider.

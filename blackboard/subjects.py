@@ -229,6 +229,11 @@ class Subjects:
     def memory_all() -> str:
         return "bb.mem.>"
 
+    @staticmethod
+    def memory_board(board: str) -> str:
+        """Every agent's memories on one board (a consumer's filter)."""
+        return f"bb.mem.{validate_name(board, 'board')}.*"
+
     # -- messages --------------------------------------------------------
     @staticmethod
     def direct(agent: str) -> str:

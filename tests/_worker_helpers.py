@@ -19,6 +19,7 @@ import psycopg
 from nats.js import JetStreamContext
 
 from blackboard import codec
+from blackboard.embedded import EmbeddedPostgres
 from blackboard.settings import Settings
 from blackboard.subjects import Subjects
 
@@ -144,3 +145,11 @@ async def wait_for(pred: Callable[[], bool], timeout: float, what: str) -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         await asyncio.sleep(0.1)
+
+
+def fresh_db(server: EmbeddedPostgres, name: str) -> str:
+    """Create database ``name`` on ``server`` (empty: no migrations); its DSN."""
+    admin = f"postgresql://postgres@{server.host}:{server.port}/postgres"
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    return f"postgresql://postgres@{server.host}:{server.port}/{name}"

@@ -20,10 +20,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import psycopg
 import pytest
 from pydantic import SecretStr
 
 import blackboard.embeddings as embeddings
+from blackboard.embedded import EmbeddedNats, EmbeddedPostgres
 from blackboard.embeddings import (
     LocalModelFiles,
     LocalProvider,
@@ -649,3 +651,49 @@ def test_query_providers_from_settings_are_quantized_unless_turned_off() -> None
     assert isinstance(batch, LocalProvider) and not batch.quantized
     plain = embeddings.provider_from_settings(settings.model_copy(update={"quantized_queries": False}), queries=True)
     assert isinstance(plain, LocalProvider) and not plain.quantized
+
+
+# -- a real-size OpenAI model end to end ------------------------------------------------
+
+
+@session_loop
+async def test_the_worker_stores_and_searches_the_vectors_of_a_1536_dimension_openai_model(
+        openai_fake: OpenAIFake, nats_server: EmbeddedNats, postgres_server: EmbeddedPostgres, unique: str) -> None:
+    """text-embedding-3-small's 1,536 dimensions: the vectors are stored (a btree entry cannot hold
+    one, so the board index does not carry them) and searched through the halfvec HNSW index."""
+    import dataclasses
+
+    from agents_sdk import Agent
+    from blackboard.db.spaces import find_space
+    from blackboard.settings import WorkerSettings
+    from blackboard.subjects import Subjects
+    from blackboard.worker import Worker
+    from blackboard.worker.handlers import default_handlers
+    from tests._worker_helpers import fresh_db
+    from tests.conftest import make_settings
+
+    dims = 1536
+    settings = make_settings(
+        nats_server.url, fresh_db(postgres_server, unique),
+        worker=WorkerSettings(name=f"w{unique}", batch_wait=0.02),
+        embedding=EmbeddingSettings(provider="openai", model="text-embedding-3-small", dimensions=dims,
+                                    base_url=openai_fake.base_url, api_key=SecretStr("test-key")))
+    texts = ["the staging cluster runs out of disk every friday", "lunch is pizza on fridays",
+             "disk alerts on staging must page the on-call"]
+    memories = dataclasses.replace(default_handlers(settings)[1], filter_subject=Subjects.memory_board(unique))
+    async with Agent.connect("alice", settings=settings) as alice:
+        for text in texts:
+            await alice.remember(text, board=unique)
+        async with Worker(settings, handlers=[memories]) as worker:
+            await worker.wait_caught_up(60, embedded=True)
+            for mode in ("semantic", "hybrid"):
+                hits = await alice.recall(texts[1], board=unique, mode=mode)
+                assert [h.text for h in hits][:1] == [texts[1]], mode
+                assert len(hits) == 3
+    async with await psycopg.AsyncConnection.connect(settings.postgres.dsn.get_secret_value()) as conn:
+        space = await find_space(conn, "text-embedding-3-small", dims)
+        assert space is not None
+        stored = await (await conn.execute(
+            f"SELECT count(*), min(vector_dims(embedding)) FROM {space.table_name('memory')}")).fetchone()
+    assert stored == (3, dims)
+    assert openai_fake.requests_to("/v1/embeddings")[-1].body["dimensions"] == dims

@@ -14,6 +14,7 @@ from blackboard.db import load_migrations, migrate, pending
 from blackboard.db.migrate import MIGRATIONS_DIR, Migration
 from blackboard.embedded import EmbeddedNats, EmbeddedPostgres
 from blackboard.errors import MigrationError
+from tests._worker_helpers import fresh_db
 from tests.conftest import make_settings
 
 EXPECTED_TABLES = {
@@ -23,17 +24,10 @@ EXPECTED_TABLES = {
 }
 
 
-def _fresh_db(server: EmbeddedPostgres, name: str) -> str:
-    admin = f"postgresql://postgres@{server.host}:{server.port}/postgres"
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    return f"postgresql://postgres@{server.host}:{server.port}/{name}"
-
-
 @pytest_asyncio.fixture(loop_scope="session", scope="module")
 async def migrated(nats_server: EmbeddedNats, postgres_server: EmbeddedPostgres) -> str:
     """The DSN of a fresh database with every migration applied (read by the catalog checks)."""
-    dsn = _fresh_db(postgres_server, "m" + uuid.uuid4().hex[:12])
+    dsn = fresh_db(postgres_server, "m" + uuid.uuid4().hex[:12])
     await migrate(make_settings(nats_server.url, dsn))
     return dsn
 
@@ -75,7 +69,7 @@ def test_load_migrations_refuses_bad_names(tmp_path: Path) -> None:
 @pytest.mark.asyncio(loop_scope="session")
 async def test_migrations_apply_on_empty_database_then_reapply_as_noop(
         nats_server: EmbeddedNats, postgres_server: EmbeddedPostgres, unique: str) -> None:
-    dsn = _fresh_db(postgres_server, unique)
+    dsn = fresh_db(postgres_server, unique)
     settings = make_settings(nats_server.url, dsn)
     applied = await migrate(settings)
     assert applied == [m.version for m in load_migrations()]
@@ -114,7 +108,7 @@ def test_every_gin_index_keeps_a_short_pending_list(migrated: str) -> None:
 @pytest.mark.asyncio(loop_scope="session")
 async def test_concurrent_migrate_applies_each_file_once(
         nats_server: EmbeddedNats, postgres_server: EmbeddedPostgres, unique: str) -> None:
-    dsn = _fresh_db(postgres_server, unique)
+    dsn = fresh_db(postgres_server, unique)
     settings = make_settings(nats_server.url, dsn)
     results = await asyncio.gather(*(migrate(settings) for _ in range(4)))
     flat = sorted(v for r in results for v in r)
@@ -125,7 +119,7 @@ async def test_concurrent_migrate_applies_each_file_once(
 async def test_failed_migration_is_rolled_back_and_reported(
         nats_server: EmbeddedNats, postgres_server: EmbeddedPostgres, unique: str,
         tmp_path: Path) -> None:
-    dsn = _fresh_db(postgres_server, unique)
+    dsn = fresh_db(postgres_server, unique)
     (tmp_path / "0001_ok.sql").write_text("CREATE TABLE t_ok (x int);")
     (tmp_path / "0002_bad.sql").write_text("CREATE TABLE t_bad (x int); SELECT nope_nope();")
     settings = make_settings(nats_server.url, dsn)
@@ -139,8 +133,9 @@ async def test_failed_migration_is_rolled_back_and_reported(
 @pytest.mark.asyncio(loop_scope="session")
 async def test_vector_tables_of_existing_spaces_get_the_board(
         nats_server: EmbeddedNats, postgres_server: EmbeddedPostgres, unique: str, tmp_path: Path) -> None:
-    """0008 rebuilds a space's vector tables from before it with each item's board (orphans left out)."""
-    dsn = _fresh_db(postgres_server, unique)
+    """0008 rebuilds a space's vector tables from before it with each item's board (orphans left out);
+    0012 rebuilds their HNSW indexes on halfvec."""
+    dsn = fresh_db(postgres_server, unique)
     settings = make_settings(nats_server.url, dsn)
     for mig in load_migrations():
         if mig.version < 8:
@@ -173,9 +168,42 @@ async def test_vector_tables_of_existing_spaces_get_the_board(
         entry = conn.execute(f"SELECT item, board, embedding::text FROM {ent}").fetchall()
         indexes = {r[0] for r in conn.execute(
             "SELECT indexname FROM pg_indexes WHERE tablename IN (%s, %s)", (mem, ent)).fetchall()}
+        hnsw = [r[0] for r in conn.execute(
+            "SELECT indexdef FROM pg_indexes WHERE indexname IN (%s, %s)", (f"{mem}_hnsw", f"{ent}_hnsw")).fetchall()]
         notnull = conn.execute("SELECT attnotnull FROM pg_attribute WHERE attrelid = %s::regclass "
                                "AND attname = 'board'", (mem,)).fetchone()
     assert [(i, b) for i, b, _ in got] == [(i, b) for i, _, b in got] and len(got) == 3 and count == (3,)
     assert entry == [(eid[0], "eboard", "[0,1,0]")]
     assert indexes == {f"{t}_{i}" for t in (mem, ent) for i in ("pkey", "hnsw", "board")}
+    # 0012: the HNSW indexes are on the vectors cast to halfvec (the searches' order expression).
+    assert len(hnsw) == 2 and all("((embedding)::halfvec(3)) halfvec_cosine_ops" in d for d in hnsw), hnsw
     assert notnull == (True,)
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_a_space_of_3072_dimensions_gets_its_hnsw_index_and_answers_through_it(
+        nats_server: EmbeddedNats, postgres_server: EmbeddedPostgres, unique: str) -> None:
+    """OpenAI's text-embedding-3-large (3,072 dimensions) is past vector's HNSW limit (2,000); the
+    halfvec index takes it, and the searches' order expression is answered by that index."""
+    from blackboard.db.spaces import ann_order, ensure_space
+
+    dsn = fresh_db(postgres_server, unique)
+    await migrate(make_settings(nats_server.url, dsn))
+    dims = 3072
+    async with await psycopg.AsyncConnection.connect(dsn) as conn:
+        space = await ensure_space(conn, "text-embedding-3-large", dims)
+        table = space.table_name("memory")
+
+        def unit(i: int) -> str:
+            return "[" + ",".join("1" if j == i else "0" for j in range(dims)) + "]"
+
+        async with conn.cursor() as cur:
+            await cur.executemany(f"INSERT INTO {table} (item, revision, board, embedding) VALUES (%s, 1, 'b', %s)",
+                                  [(i + 1, unit(i)) for i in range(50)])
+        await conn.execute("SET enable_seqscan = off")
+        await conn.execute("SET enable_sort = off")
+        query = f"SELECT item FROM {table} ORDER BY {ann_order(dims)} LIMIT 3"
+        plan = "\n".join(str(r[0]) for r in await (await conn.execute("EXPLAIN " + query, (unit(7),))).fetchall())
+        nearest = await (await conn.execute(query, (unit(7),))).fetchall()
+    assert f"Index Scan using {table}_hnsw" in plan, plan
+    assert nearest[0] == (8,)

@@ -21,7 +21,7 @@ from blackboard.settings import Settings, WorkerSettings
 from blackboard.streams import ensure_streams
 from blackboard.subjects import Subjects
 from blackboard.worker import Worker
-from tests._worker_helpers import HashProvider, delete_entry, put_entry, remember
+from tests._worker_helpers import HashProvider, delete_entry, fresh_db, put_entry, remember
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -290,10 +290,7 @@ async def test_a_table_never_analysed_is_analysed_after_a_search_finds_it(pg_set
     from tests.conftest import make_settings
 
     name = "fresh" + uuid.uuid4().hex[:10]
-    admin = f"postgresql://postgres@{postgres_server.host}:{postgres_server.port}/postgres"
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    dsn = f"postgresql://postgres@{postgres_server.host}:{postgres_server.port}/{name}"
+    dsn = fresh_db(postgres_server, name)
     s = make_settings(pg_settings.nats.url, dsn)
     await migrate(s)
     words = ["harbour", "ferry", "morning", "bread", "engine", "river", "garden", "letter"]
@@ -317,6 +314,7 @@ async def test_a_table_never_analysed_is_analysed_after_a_search_finds_it(pg_set
             after = [h.id for h in (await engine.search_memories(req)).hits]
             await engine.analyze_missing()  # nothing left to do
     assert before[0] == after[0] == "m9"
+    admin = f"postgresql://postgres@{postgres_server.host}:{postgres_server.port}/postgres"
     with psycopg.connect(admin, autocommit=True) as conn:
         conn.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
 

@@ -203,6 +203,31 @@ async def test_the_exact_board_scan_reads_only_the_covering_board_index(stack: S
     assert f"Index Only Scan using {space.table_name('memory')}_board" in plan, plan
 
 
+@aio
+@pytest.mark.parametrize("req", [
+    MemorySearchRequest(query="x"),
+    MemorySearchRequest(query="x", boards=["b1"]),
+    MemorySearchRequest(query="x", boards=["b1"], kinds=["episodic"], tags_any=["t"]),
+], ids=["unfiltered", "board", "board+kind+tags"])
+async def test_the_index_scan_orders_by_the_hnsw_indexs_halfvec_expression(stack: Stack,
+                                                                            req: MemorySearchRequest) -> None:
+    """The HNSW index is built on the vectors cast to halfvec; the non-exact semantic statement must
+    order by that same expression, or PostgreSQL would sort every vector instead (same results, no index)."""
+    async with open_pool(stack.settings.postgres, min_size=1, max_size=1) as pool, pool.connection() as conn:
+        space = await find_space(conn, stack.provider.model, stack.provider.dimensions)
+        assert space is not None
+        definition = await (await conn.execute("SELECT indexdef FROM pg_indexes WHERE indexname = %s",
+                                                (space.table_name("memory", "_hnsw"),))).fetchone()
+        assert definition is not None and "halfvec_cosine_ops" in definition[0], definition
+        # Whatever the test tables' sizes: no plan that sorts the vectors if an index gives the order.
+        await conn.execute("SET enable_seqscan = off")
+        await conn.execute("SET enable_sort = off")
+        query, params = q.semantic_query(space, req, stack.provider.vector("alpha bravo"), 10)
+        plan = "\n".join(r[0] for r in await (await conn.execute("EXPLAIN " + query, params)).fetchall())
+        await conn.rollback()
+    assert f"Index Scan using {space.table_name('memory')}_hnsw" in plan, plan
+
+
 class _SlowProvider:
     """The test provider, slower than a keyword query (like a real model)."""
 

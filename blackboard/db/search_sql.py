@@ -36,7 +36,7 @@ from typing import Any, Literal
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
-from blackboard.db.spaces import Space
+from blackboard.db.spaces import Space, ann_order
 from blackboard.schemas.search import EntrySearchRequest, MemorySearchRequest
 
 __all__ = [
@@ -189,22 +189,26 @@ def semantic_query(space: Space, req: MemorySearchRequest | EntrySearchRequest, 
     conds, fparams = filters(req, boards=False)
     boards = list(req.boards or [])
     vparams: list[Any] = [boards] if boards else []
-    oparams: list[Any] = [vector] if exact else []
-    text = _semantic_sql(memory, tuple(conds), space.table_name("memory" if memory else "entry"), bool(boards), exact)
+    oparams: list[Any] = [vector]  # the order's (the select list's distance is the exact one)
+    text = _semantic_sql(memory, tuple(conds), space.table_name("memory" if memory else "entry"), bool(boards), exact,
+                         space.dims)
     if memory and not conds:
         return text, [vector, *vparams, *oparams, limit]
     return text, [vector, *vparams, *([boards] if boards else []), *fparams, *oparams, limit]
 
 
 @functools.lru_cache(maxsize=256)
-def _semantic_sql(memory: bool, conds: tuple[str, ...], table_name: str, boards: bool, exact: bool) -> str:
+def _semantic_sql(memory: bool, conds: tuple[str, ...], table_name: str, boards: bool, exact: bool,
+                  dims: int) -> str:
     """The text of :func:`semantic_query` for one shape of request (built once: composing it
     costs more than the statement's planning on a small board)."""
     base, alias, key = ("bb_memories m", "m", "mid") if memory else ("bb_entries e", "e", "eid")
     table = sql.Identifier(table_name)
     vconds = ["v.board = ANY(%s)"] if boards else []
-    # (An ORDER BY alias cannot be part of an expression: the exact order repeats the distance.)
-    order = sql.SQL("(v.embedding <=> %s::vector) + 0") if exact else sql.SQL("d")
+    # The index scan orders by the index's expression (vectors cast to halfvec, see
+    # spaces.ann_order); the scores are the exact distances of the rows it returns, and the
+    # caller sorts by them. The exact scan orders by an expression no index serves.
+    order = sql.SQL("(v.embedding <=> %s::vector) + 0") if exact else sql.SQL(ann_order(dims, "v.embedding"))
     if memory and not conds:
         # Nearest first, then the join, which also checks that the memory is
         # still on the vector's board (a join condition, so that the planner

@@ -2,7 +2,17 @@
 
 A space's tables are ``bb_vec_<id>_memories`` and ``bb_vec_<id>_entries``
 (``item``, the revision embedded, the item's board, the vector) with an HNSW
-cosine index and a covering ``(board) INCLUDE (item, embedding)`` index. The
+cosine index and a covering ``(board) INCLUDE (item, embedding)`` index
+(``(board) INCLUDE (item)`` past 512 dimensions: :func:`board_index`).
+
+The HNSW index is built on the vectors cast to ``halfvec`` (16-bit floats;
+:func:`ann_order` is the expression a query orders by to use it), while the
+table keeps full ``vector`` precision for exact scores and exact scans. At 100k
+MiniLM vectors that index takes an insert ~25% less CPU (2.4 against 3.1-3.3
+ms), answers a scan 10-25% faster and finds the same neighbours (recall@10 at
+``ef_search`` 100: 0.975-0.979 against 0.974-0.975; ``bench/hnsw_recall.py``);
+it is half the size, and it indexes up to 4,000 dimensions where ``vector``
+stops at 2,000 (OpenAI's 3,072-dimension model). The
 board is there so that a board filter is applied inside the vector scan (no
 join probe per visited row), and so that a small board is scanned exactly, by
 an index-only scan of its own rows, instead of the HNSW scan wading through
@@ -19,12 +29,21 @@ from typing import Any, Literal
 import psycopg
 from psycopg import sql
 
-__all__ = ["ItemType", "Space", "board_index", "create_space_tables", "drop_space_tables", "ensure_space", "find_space",
+from blackboard.errors import ConfigurationError
+from blackboard.settings import MAX_DIMENSIONS
+
+__all__ = ["COVERING_MAX_DIMS", "HNSW_MAX_DIMS", "ItemType", "Space", "ann_order", "board_index", "create_space_tables", "drop_space_tables", "ensure_space", "find_space",
            "hnsw_index"]
 
 ItemType = Literal["memory", "entry"]
 
 _LOCK_KEY = 0x62627370616365  # "bbspace"
+
+#: The most dimensions the HNSW index takes (pgvector's limit for ``halfvec``).
+HNSW_MAX_DIMS = MAX_DIMENSIONS
+#: The most dimensions whose vectors the board index carries (a btree entry holds at most
+#: 2,704 bytes: the vector's 4 bytes a dimension, the board name, the item; see board_index).
+COVERING_MAX_DIMS = 512
 
 _FIND = "SELECT id FROM bb_embedding_spaces WHERE model = %s AND dims = %s"
 _INSERT = ("INSERT INTO bb_embedding_spaces (model, dims) VALUES (%s, %s) "
@@ -56,11 +75,29 @@ def _ddl(space: Space, item_type: ItemType, suffix: str, *, index: bool) -> list
     return stmts
 
 
+def _halfvec(dims: int) -> str:
+    return f"halfvec({int(dims)})"
+
+
+def ann_order(dims: int, column: str = "embedding") -> str:
+    """The distance a query orders by to be answered by the HNSW index: ``column`` (a
+    ``vector(dims)``) and the query's vector (the next ``%s``, a ``vector``), both cast to
+    ``halfvec`` as in :func:`hnsw_index`."""
+    return f"({column}::{_halfvec(dims)} <=> %s::vector::{_halfvec(dims)})"
+
+
 def hnsw_index(space: Space, item_type: ItemType, suffix: str = "") -> sql.Composed:
-    """``CREATE INDEX IF NOT EXISTS`` of the space table's HNSW cosine index."""
+    """``CREATE INDEX IF NOT EXISTS`` of the space table's HNSW cosine index (on the vectors
+    cast to ``halfvec``: see the module docstring and :func:`ann_order`).
+
+    Raises:
+        ConfigurationError: the space has more than :data:`HNSW_MAX_DIMS` dimensions.
+    """
+    if space.dims > HNSW_MAX_DIMS:
+        raise ConfigurationError(f"{space.dims} dimensions: the HNSW index takes at most {HNSW_MAX_DIMS}")
     name = space.table_name(item_type, suffix)
-    return sql.SQL("CREATE INDEX IF NOT EXISTS {} ON {} USING hnsw (embedding vector_cosine_ops)").format(
-        sql.Identifier(f"{name}_hnsw"), sql.Identifier(name))
+    return sql.SQL("CREATE INDEX IF NOT EXISTS {} ON {} USING hnsw ((embedding::{}) halfvec_cosine_ops)").format(
+        sql.Identifier(f"{name}_hnsw"), sql.Identifier(name), sql.SQL(_halfvec(space.dims)))
 
 
 def board_index(space: Space, item_type: ItemType, suffix: str = "") -> sql.Composed:
@@ -68,11 +105,16 @@ def board_index(space: Space, item_type: ItemType, suffix: str = "") -> sql.Comp
 
     An index-only scan of it reads one board's vectors packed together (the
     heap has them scattered over the whole table): the exact scan of a small
-    board.
+    board. A btree entry holds at most 2,704 bytes and a vector takes 4 bytes a
+    dimension, so past :data:`COVERING_MAX_DIMS` dimensions the index is
+    ``(board) INCLUDE (item)`` and the exact scan reads the vectors from the
+    table (with the vector in it, every insert of a 768-dimension or larger
+    vector would fail).
     """
     name = space.table_name(item_type, suffix)
-    return sql.SQL("CREATE INDEX IF NOT EXISTS {} ON {} (board) INCLUDE (item, embedding)").format(
-        sql.Identifier(f"{name}_board"), sql.Identifier(name))
+    cols = "item, embedding" if space.dims <= COVERING_MAX_DIMS else "item"
+    return sql.SQL("CREATE INDEX IF NOT EXISTS {} ON {} (board) INCLUDE ({})").format(
+        sql.Identifier(f"{name}_board"), sql.Identifier(name), sql.SQL(cols))
 
 
 async def find_space(conn: psycopg.AsyncConnection[Any], model: str, dims: int) -> Space | None:
