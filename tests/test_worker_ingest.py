@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Any
@@ -16,6 +18,7 @@ from nats.js import JetStreamContext
 from blackboard import codec
 from blackboard.connection import connect_nats
 from blackboard.db import migrate, open_pool
+from blackboard.embedded import EmbeddedPostgres
 from blackboard.settings import Settings, WorkerSettings
 from blackboard.streams import ensure_streams
 from blackboard.subjects import Subjects
@@ -26,6 +29,7 @@ from tests._worker_helpers import (
     HashProvider,
     delete_entry,
     entry_payload,
+    fresh_db,
     memory_payload,
     put_entry,
     remember,
@@ -198,3 +202,51 @@ async def test_current_state_converges_when_batches_commit_out_of_order(pg_setti
     rows = _rows(pg_settings, "SELECT revision, value FROM bb_entries WHERE board = %s", unique)
     assert rows == [(30_000_005, {"rev": 30_000_005})]
     assert len(_rows(pg_settings, "SELECT 1 FROM bb_entry_revisions WHERE board = %s", unique)) == 3
+
+
+class _CountingProvider(HashProvider):
+    """HashProvider that takes ``delay`` seconds a call and records how many calls overlap."""
+
+    def __init__(self, delay: float) -> None:
+        super().__init__()
+        self.delay, self.active, self.most, self.texts = delay, 0, 0, 0
+
+    async def embed(self, texts: Any) -> Any:
+        self.active += 1
+        self.most = max(self.most, self.active)
+        try:
+            await asyncio.sleep(self.delay)
+            self.texts += len(texts)
+            return await super().embed(texts)
+        finally:
+            self.active -= 1
+
+
+async def test_the_model_stage_embeds_two_batches_at_a_time_and_each_item_once(
+        postgres_server: EmbeddedPostgres, pg_settings: Settings, nc: NATS, unique: str) -> None:
+    """Two batches in the model at once (the provider bounds its own calls); every memory gets
+    exactly one vector, of its revision; the model's busy time is counted once, not per batch."""
+    import dataclasses
+
+    from blackboard.worker.handlers import default_handlers
+    from tests.conftest import make_settings
+
+    s = _worker_settings(make_settings(pg_settings.nats.url, fresh_db(postgres_server, unique)), unique,
+                         embed_batch_size=4)
+    js = nc.jetstream()
+    seqs = {f"{unique}-{i}": await remember(js, unique, "a", f"{unique}-{i}", f"memory number {i} about deploys")
+            for i in range(40)}
+    provider = _CountingProvider(0.05)
+    memories = dataclasses.replace(default_handlers(s)[1], filter_subject=Subjects.memory_board(unique))
+    t0 = time.perf_counter()
+    async with Worker(s, provider=provider, handlers=[memories], serve_search=False) as w:
+        await w.wait_caught_up(30, embedded=True, poll=0.02)
+        elapsed = time.perf_counter() - t0
+        assert w.embedder is not None and w.embedder.space is not None
+        stats, table = w.embedder.stats, w.embedder.space.table_name("memory")
+    rows = _rows(s, f"SELECT m.id, v.revision, m.seq FROM {table} v JOIN bb_memories m ON m.mid = v.item")
+    assert sorted(r[0] for r in rows) == sorted(seqs) and all(r[1] == r[2] == seqs[r[0]] for r in rows)
+    assert provider.texts == 40 and stats.embedded == 40 and stats.batches == 10
+    assert provider.most == 2
+    # Ten calls of 50 ms, two at a time: ~0.25 s of busy model, not the 0.5 s a per-batch sum gives.
+    assert 0.2 <= stats.model_seconds < 0.45 and stats.model_seconds < elapsed
