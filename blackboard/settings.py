@@ -207,6 +207,11 @@ class WorkerSettings(BaseModel):
     embed_poll: float = Field(1.0, gt=0)
     #: Items per embedding batch (None: the provider's batch_size).
     embed_batch_size: int | None = Field(None, ge=1)
+    #: PostgreSQL's ``maintenance_work_mem`` for the HNSW index builds of
+    #: ``blackboard reindex``: the graph is built in memory when it fits, far
+    #: faster than on disk. A parallel build takes it as shared memory
+    #: (``/dev/shm``; a serial build follows if that fails: docs/operations.md).
+    index_build_memory: str = Field("1GB", pattern=r"^[1-9][0-9]*\s*(kB|MB|GB|TB)$")
     #: Serve the search micro service from the worker process.
     serve_search: bool = True
 

@@ -3,7 +3,14 @@
 A space's tables are ``bb_vec_<id>_memories`` and ``bb_vec_<id>_entries``
 (``item``, the revision embedded, the item's board, the vector) with an HNSW
 cosine index and a covering ``(board) INCLUDE (item, embedding)`` index
-(``(board) INCLUDE (item)`` past 512 dimensions: :func:`board_index`).
+(``(board) INCLUDE (item)`` past 512 dimensions: :func:`board_index`). The
+board is there so that a board filter is applied inside the vector scan (no
+join probe per visited row), and so that a small board is scanned exactly, by
+an index-only scan of its own rows, instead of the HNSW scan wading through
+the other boards' vectors. Tables are created on first use under an advisory
+lock; identifiers are built with ``psycopg.sql`` only. Changing model or
+dimension therefore never rewrites a live table: it starts a new space, filled
+by ``reindex``.
 
 The HNSW index is built on the vectors cast to ``halfvec`` (16-bit floats;
 :func:`ann_order` is the expression a query orders by to use it), while the
@@ -11,18 +18,13 @@ table keeps full ``vector`` precision for exact scores and exact scans. At 100k
 MiniLM vectors that index takes an insert ~25% less CPU (2.4 against 3.1-3.3
 ms), answers a scan 10-25% faster and finds the same neighbours (recall@10 at
 ``ef_search`` 100: 0.975-0.979 against 0.974-0.975; ``bench/hnsw_recall.py``);
-it is half the size, and it indexes up to 4,000 dimensions where ``vector``
-stops at 2,000 (OpenAI's 3,072-dimension model). The
-board is there so that a board filter is applied inside the vector scan (no
-join probe per visited row), and so that a small board is scanned exactly, by
-an index-only scan of its own rows, instead of the HNSW scan wading through
-the other boards' vectors. Tables are created on first use under an advisory
-lock; identifiers are built with ``psycopg.sql`` only. Changing model or dimension therefore never rewrites a
-live table: it starts a new space, filled by ``reindex``.
+it stores 2 bytes a dimension instead of 4, and it indexes up to 4,000
+dimensions where ``vector`` stops at 2,000 (OpenAI's 3,072-dimension model).
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -32,10 +34,12 @@ from psycopg import sql
 from blackboard.errors import ConfigurationError
 from blackboard.settings import MAX_DIMENSIONS
 
-__all__ = ["COVERING_MAX_DIMS", "HNSW_MAX_DIMS", "ItemType", "Space", "ann_order", "board_index", "create_space_tables", "drop_space_tables", "ensure_space", "find_space",
+__all__ = ["COVERING_MAX_DIMS", "HNSW_MAX_DIMS", "ItemType", "Space", "ann_order", "board_index", "build_index", "create_space_tables", "drop_space_tables", "ensure_space", "find_space",
            "hnsw_index"]
 
 ItemType = Literal["memory", "entry"]
+
+log = logging.getLogger("blackboard.db.spaces")
 
 _LOCK_KEY = 0x62627370616365  # "bbspace"
 
@@ -65,14 +69,11 @@ class Space:
         return sql.Identifier(self.table_name(item_type, suffix))
 
 
-def _ddl(space: Space, item_type: ItemType, suffix: str, *, index: bool) -> list[sql.Composed]:
-    name = space.table_name(item_type, suffix)
-    stmts = [sql.SQL(
+def _table(space: Space, item_type: ItemType, suffix: str) -> sql.Composed:
+    return sql.SQL(
         "CREATE TABLE IF NOT EXISTS {} (item bigint PRIMARY KEY, revision bigint NOT NULL, board text NOT NULL, "
-        "embedding vector({}) NOT NULL)").format(sql.Identifier(name), sql.Literal(space.dims))]
-    if index:
-        stmts += [hnsw_index(space, item_type, suffix), board_index(space, item_type, suffix)]
-    return stmts
+        "embedding vector({}) NOT NULL)").format(sql.Identifier(space.table_name(item_type, suffix)),
+                                                 sql.Literal(space.dims))
 
 
 def _halfvec(dims: int) -> str:
@@ -117,6 +118,28 @@ def board_index(space: Space, item_type: ItemType, suffix: str = "") -> sql.Comp
         sql.Identifier(f"{name}_board"), sql.Identifier(name), sql.SQL(cols))
 
 
+async def build_index(conn: psycopg.AsyncConnection[Any], statement: sql.Composed) -> None:
+    """Run a ``CREATE INDEX`` (in a transaction, or a savepoint of the caller's); if PostgreSQL
+    cannot get the shared memory of a parallel build, build it again serially.
+
+    pgvector's parallel HNSW build takes ``maintenance_work_mem`` as dynamic shared memory,
+    a file in ``/dev/shm``, which a container gets 64 MB of unless told otherwise: the
+    build then fails with "could not resize shared memory segment ... No space left on
+    device" (a full ``/dev/shm``, not a full disk). The serial build needs no shared
+    memory; it is slower on many cores. The warning names the fix.
+    """
+    try:
+        async with conn.transaction():
+            await conn.execute(statement)
+    except (psycopg.errors.DiskFull, psycopg.errors.OutOfMemory) as exc:
+        log.warning("parallel index build failed (%s); building it serially. A container running "
+                    "PostgreSQL needs a /dev/shm larger than maintenance_work_mem for parallel builds "
+                    "(docker: shm_size)", str(exc).strip()[:200])
+        async with conn.transaction():
+            await conn.execute("SET LOCAL max_parallel_maintenance_workers = 0")
+            await conn.execute(statement)
+
+
 async def find_space(conn: psycopg.AsyncConnection[Any], model: str, dims: int) -> Space | None:
     """The registered space of (model, dims), or None."""
     cur = await conn.execute(_FIND, (model, dims))
@@ -126,10 +149,13 @@ async def find_space(conn: psycopg.AsyncConnection[Any], model: str, dims: int) 
 
 async def create_space_tables(conn: psycopg.AsyncConnection[Any], space: Space, *, suffix: str = "",
                               index: bool = True) -> None:
-    """Create the space's tables (and indexes) if missing, in the caller's transaction."""
+    """Create the space's tables (and indexes, see :func:`build_index`) if missing, in the
+    caller's transaction."""
     for item_type in ("memory", "entry"):
-        for stmt in _ddl(space, item_type, suffix, index=index):
-            await conn.execute(stmt)
+        await conn.execute(_table(space, item_type, suffix))
+        if index:
+            await build_index(conn, hnsw_index(space, item_type, suffix))
+            await build_index(conn, board_index(space, item_type, suffix))
 
 
 async def drop_space_tables(conn: psycopg.AsyncConnection[Any], space: Space, *, suffix: str = "") -> None:

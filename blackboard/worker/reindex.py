@@ -25,6 +25,7 @@ from blackboard.db.spaces import (
     ItemType,
     Space,
     board_index,
+    build_index,
     create_space_tables,
     drop_space_tables,
     ensure_space,
@@ -109,10 +110,11 @@ async def reindex(settings: Settings, *, progress: bool = True, provider: Embedd
                 step(len(rows))
             stats["memories" if item_type == "memory" else "entries"] = n
         t_index = time.perf_counter()
-        await conn.execute("SET maintenance_work_mem = '1GB'")
+        await conn.execute("SELECT set_config('maintenance_work_mem', %s, false)",
+                           (settings.worker.index_build_memory,))
         for item_type in _TYPES:
-            await conn.execute(hnsw_index(space, item_type, _NEW))
-            await conn.execute(board_index(space, item_type, _NEW))
+            await build_index(conn, hnsw_index(space, item_type, _NEW))
+            await build_index(conn, board_index(space, item_type, _NEW))
         stats["index_seconds"] = time.perf_counter() - t_index
         async with conn.transaction():
             await drop_space_tables(conn, space)
