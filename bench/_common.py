@@ -38,9 +38,12 @@ from pathlib import Path
 from typing import TypeVar
 
 import numpy as np
+import psycopg
+from psycopg import sql
 
 from blackboard.connection import connect_nats
 from blackboard.db import migrate
+from blackboard.db.spaces import Space, board_index, hnsw_index
 from blackboard.embedded import EmbeddedNats, EmbeddedPostgres
 from blackboard.embeddings import EmbeddingProvider
 from blackboard.embeddings.local import cache_dir
@@ -57,6 +60,7 @@ __all__ = [
     "embedded_nats",
     "embedded_stack",
     "interleaved_ops",
+    "load_vectors",
     "locomo_dialogs",
     "median",
     "model_vectors",
@@ -447,3 +451,32 @@ async def model_vectors(prov: EmbeddingProvider, texts: list[str]) -> np.ndarray
     np.save(tmp, vecs)
     tmp.replace(path)
     return vecs
+
+
+async def load_vectors(conn: psycopg.AsyncConnection[object], space: Space, vecs: np.ndarray,
+                       boards: Sequence[str]) -> float:
+    """Fill the space's memory vector table as a worker that embedded everything would have it:
+    vector ``i`` is item ``i + 1`` (revision ``i + 1``) on ``boards[i % len(boards)]``, written
+    by binary COPY without indexes, then the worker's HNSW and board indexes built once over
+    it and the table vacuumed (index-only scans need the visibility map) and analysed.
+    Commits; returns the seconds the indexes and the vacuum took."""
+    table = space.table("memory")
+    for index in ("_hnsw", "_board"):
+        await conn.execute(sql.SQL("DROP INDEX IF EXISTS {}").format(
+            sql.Identifier(space.table_name("memory") + index)))
+    async with conn.cursor() as cur, cur.copy(sql.SQL(
+            "COPY {} (item, revision, board, embedding) FROM STDIN WITH (FORMAT BINARY)").format(table)) as copy:
+        copy.set_types(["int8", "int8", "text", "vector"])
+        for i in range(len(vecs)):
+            await copy.write_row((i + 1, i + 1, boards[i % len(boards)], vecs[i]))
+    await conn.commit()
+    t0 = time.perf_counter()
+    await conn.execute("SET maintenance_work_mem = '1GB'")
+    await conn.execute(hnsw_index(space, "memory"))
+    await conn.execute(board_index(space, "memory"))
+    await conn.commit()
+    autocommit = conn.autocommit
+    await conn.set_autocommit(True)
+    await conn.execute(sql.SQL("VACUUM ANALYZE {}").format(table))
+    await conn.set_autocommit(autocommit)
+    return time.perf_counter() - t0

@@ -26,11 +26,18 @@ import random
 import time
 
 import numpy as np
-from _common import Sentences, embedded_stack, locomo_dialogs, model_vectors, percentile
+from _common import (
+    Sentences,
+    embedded_stack,
+    load_vectors,
+    locomo_dialogs,
+    model_vectors,
+    percentile,
+)
 from psycopg import sql
 
 from blackboard.db import open_pool
-from blackboard.db.spaces import ann_order, ensure_space, hnsw_index
+from blackboard.db.spaces import ann_order, ensure_space
 from blackboard.embeddings import provider_from_settings
 from blackboard.settings import SearchSettings, WorkerSettings
 
@@ -68,21 +75,9 @@ async def main() -> None:
         async with open_pool(s.postgres) as pool, pool.connection() as conn:
             space = await ensure_space(conn, prov.model, prov.dimensions)
             table = space.table("memory")
-            await conn.execute(sql.SQL("DROP INDEX IF EXISTS {}").format(
-                sql.Identifier(space.table_name("memory", "_hnsw"))))
-            async with conn.cursor() as cur, cur.copy(sql.SQL(
-                    "COPY {} (item, revision, board, embedding) FROM STDIN WITH (FORMAT BINARY)").format(table)) as copy:
-                copy.set_types(["int8", "int8", "text", "vector"])
-                for i in range(len(vecs)):
-                    await copy.write_row((i + 1, 1, "b", vecs[i]))
-            await conn.commit()
-            t0 = time.perf_counter()
-            await conn.execute("SET maintenance_work_mem = '1GB'")
-            await conn.execute(hnsw_index(space, "memory"))
-            await conn.commit()
+            built = await load_vectors(conn, space, vecs, ["b"])
             await conn.set_autocommit(True)
-            await conn.execute(sql.SQL("VACUUM ANALYZE {}").format(table))
-            print(f"{len(vecs)} vectors ({prov.model}), HNSW built in {time.perf_counter() - t0:.0f}s; "
+            print(f"{len(vecs)} vectors ({prov.model}), HNSW built in {built:.0f}s; "
                   f"{len(queries)} LoCoMo questions (query model)")
             query = sql.SQL("SELECT item FROM {} ORDER BY " + ann_order(space.dims) + " LIMIT %s").format(table)
             defaults = SearchSettings()

@@ -35,7 +35,7 @@ import time
 from datetime import UTC, datetime, timedelta
 
 import numpy as np
-from _common import Sentences, embedded_stack, locomo_dialogs, model_vectors
+from _common import Sentences, embedded_stack, load_vectors, locomo_dialogs, model_vectors
 from nats.aio.msg import Msg
 from psycopg import sql
 from psycopg.types.json import Jsonb
@@ -43,7 +43,7 @@ from psycopg.types.json import Jsonb
 from agents_sdk.search import SearchClient
 from blackboard.connection import connect_nats
 from blackboard.db import open_pool
-from blackboard.db.spaces import ann_order, board_index, ensure_space, hnsw_index
+from blackboard.db.spaces import ann_order, ensure_space
 from blackboard.embeddings import provider_from_settings
 from blackboard.settings import WorkerSettings
 from blackboard.worker import Worker
@@ -85,10 +85,6 @@ async def main() -> None:
         async with open_pool(s.postgres) as pool:
             async with pool.connection() as conn:
                 space = await ensure_space(conn, prov.model, prov.dimensions)
-                for index in ("_hnsw", "_board"):
-                    await conn.execute(sql.SQL("DROP INDEX IF EXISTS {}").format(
-                        sql.Identifier(space.table_name("memory") + index)))
-                await conn.commit()
                 now = datetime.now(UTC)
                 async with conn.cursor() as cur, cur.copy(
                         "COPY bb_memories (id, board, agent, kind, text, tags, metadata, created_at, updated_at, "
@@ -104,27 +100,10 @@ async def main() -> None:
                 else:
                     vecs = np.random.default_rng(1).standard_normal((args.n, prov.dimensions)).astype(np.float32)
                     vecs /= np.linalg.norm(vecs, axis=1, keepdims=True)
-                async with conn.cursor() as cur, cur.copy(sql.SQL(
-                        "COPY {} (item, revision, board, embedding) FROM STDIN WITH (FORMAT BINARY)").format(
-                        space.table("memory"))) as copy:
-                    copy.set_types(["int8", "int8", "text", "vector"])
-                    for i in range(args.n):
-                        await copy.write_row((i + 1, i + 1, boards[i % 20], vecs[i]))
-                await conn.commit()
-                load_s = time.perf_counter() - t0
-                t1 = time.perf_counter()
-                await conn.execute("SET maintenance_work_mem = '1GB'")
-                await conn.execute(hnsw_index(space, "memory"))
-                await conn.execute(board_index(space, "memory"))
+                index_s = await load_vectors(conn, space, vecs, boards)
+                load_s = time.perf_counter() - t0 - index_s
                 await conn.execute("ANALYZE bb_memories")
-                # VACUUM (not in a transaction) sets the visibility map, as
-                # autovacuum would: index-only scans of the board index need it.
                 await conn.commit()
-                await conn.set_autocommit(True)
-                await conn.execute(sql.SQL("VACUUM ANALYZE {}").format(space.table("memory")))
-                await conn.set_autocommit(False)
-                await conn.commit()
-                index_s = time.perf_counter() - t1
                 print(f"{args.n} memories loaded in {load_s:.1f}s, HNSW built in {index_s:.1f}s")
                 # raw ANN query
                 raw: list[float] = []
