@@ -35,7 +35,7 @@ import logging
 import time
 import weakref
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
@@ -158,19 +158,28 @@ def _best_first(score: Mapping[int, float]) -> list[int]:
     return sorted(score, key=score.__getitem__, reverse=True)
 
 
+def _first(items: Iterable[_T], score: Callable[[_T], float], limit: int | None,
+           min_score: float | None) -> Iterator[_T]:
+    """The first ``limit`` of ``items`` (in their order) scoring at least ``min_score``: how
+    every result list is cut."""
+    if limit is not None and limit <= 0:
+        return
+    n = 0
+    for item in items:
+        if min_score is not None and score(item) < min_score:
+            continue
+        yield item
+        n += 1
+        if limit is not None and n >= limit:
+            return
+
+
 def _ranked(score: Mapping[int, float], order: Sequence[int], parts: Mapping[str, Mapping[int, float]],
            limit: int | None = None, min_score: float | None = None) -> list[Fused]:
-    """:class:`Fused` results for the first ``limit`` items of ``order`` scoring at least
-    ``min_score``, each with its retrievers' scores from ``parts`` (built only for those)."""
-    out: list[Fused] = []
-    for item in order:
-        if limit is not None and len(out) >= limit:
-            break
-        value = score[item]
-        if min_score is not None and value < min_score:
-            continue
-        out.append(Fused(item, value, {n: float(p[item]) for n, p in parts.items() if item in p}))
-    return out
+    """:class:`Fused` results for the items of ``order`` that :func:`_first` keeps, each with
+    its retrievers' scores from ``parts`` (built only for those)."""
+    return [Fused(item, score[item], {n: float(p[item]) for n, p in parts.items() if item in p})
+            for item in _first(order, score.__getitem__, limit, min_score)]
 
 
 def smooth_neighbours(fused: Sequence[Fused], neighbours: Mapping[int, Sequence[int | None]],
@@ -665,10 +674,9 @@ class SearchEngine:
             order.sort(key=fused.__getitem__, reverse=True)  # stable: ties keep the fused order
         return _ranked(fused, order, {"semantic": sem, "keyword": kw}, req.top_k, req.min_score)
 
-    def _cut(self, fused: list[Fused], req: MemorySearchRequest | EntrySearchRequest) -> list[Fused]:
-        if req.min_score is not None:
-            fused = [f for f in fused if f.score >= req.min_score]
-        return fused[: req.top_k]
+    @staticmethod
+    def _cut(fused: list[Fused], req: MemorySearchRequest | EntrySearchRequest) -> list[Fused]:
+        return list(_first(fused, lambda f: f.score, req.top_k, req.min_score))
 
     async def search_memories(self, req: MemorySearchRequest) -> MemorySearchResponse:
         """Search long-term memories (see :class:`MemorySearchRequest`)."""
