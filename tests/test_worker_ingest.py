@@ -250,3 +250,47 @@ async def test_the_model_stage_embeds_two_batches_at_a_time_and_each_item_once(
     assert provider.most == 2
     # Ten calls of 50 ms, two at a time: ~0.25 s of busy model, not the 0.5 s a per-batch sum gives.
     assert 0.2 <= stats.model_seconds < 0.45 and stats.model_seconds < elapsed
+
+
+class _GlitchyProvider(HashProvider):
+    """HashProvider whose vectors hold NaN for texts saying "poison" and are 10^6 times too long
+    for texts saying "loud" (as a self-hosted model server can give)."""
+
+    async def embed(self, texts: Any) -> Any:
+        out = await super().embed(texts)
+        for i, text in enumerate(texts):
+            if "poison" in text:
+                out[i, 0] = float("nan")
+            elif "loud" in text:
+                out[i] *= 1e6
+        return out
+
+
+async def test_a_vector_holding_nan_leaves_its_item_unembedded_and_the_embedder_going(
+        postgres_server: EmbeddedPostgres, pg_settings: Settings, nc: NATS, unique: str) -> None:
+    """PostgreSQL refuses NaN in a vector, and the halfvec index refuses components past 65,504: neither
+    may fail the batch again and again (the embedding stage would stall behind it)."""
+    import dataclasses
+
+    from blackboard.worker.handlers import default_handlers
+    from tests.conftest import make_settings
+
+    s = _worker_settings(make_settings(pg_settings.nats.url, fresh_db(postgres_server, unique)), unique)
+    js = nc.jetstream()
+    texts = {f"{unique}-ok": "a plain memory about deploys", f"{unique}-poison": "a poison memory",
+             f"{unique}-loud": "a loud memory about deploys"}
+    for mid, text in texts.items():
+        await remember(js, unique, "a", mid, text)
+    memories = dataclasses.replace(default_handlers(s)[1], filter_subject=Subjects.memory_board(unique))
+    async with Worker(s, provider=_GlitchyProvider(), handlers=[memories], serve_search=False) as w:
+        await w.wait_caught_up(30, embedded=True, poll=0.02)
+        assert w.embedder is not None and w.embedder.space is not None
+        first = (w.embedder.stats.failures, w.embedder.stats.embedded)
+        await remember(js, unique, "a", f"{unique}-later", "a later memory")  # the stage still runs
+        await w.wait_caught_up(30, embedded=True, poll=0.02)
+        table = w.embedder.space.table_name("memory")
+    rows = dict(_rows(s, f"SELECT m.id, vector_norm(v.embedding) FROM {table} v JOIN bb_memories m ON m.mid = v.item"))
+    assert set(rows) == {f"{unique}-ok", f"{unique}-loud", f"{unique}-later"}
+    assert all(n == pytest.approx(1.0, abs=1e-5) for n in rows.values())  # stored at unit length
+    assert first == (1, 2)
+    assert _rows(s, "SELECT count(*) FROM bb_embed_queue") == [(0,)]  # the poisoned item is not retried

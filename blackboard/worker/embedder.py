@@ -272,7 +272,11 @@ class Embedder:
             return
         self._model_enter()
         try:
-            batch.vectors = await self.provider.embed(batch.texts)
+            vectors = np.asarray(await self.provider.embed(batch.texts), dtype=np.float32)
+            if vectors.shape != (len(batch.texts), self.provider.dimensions):
+                raise EmbeddingError(f"the model gave vectors of shape {vectors.shape} for {len(batch.texts)} "
+                                     f"texts and {self.provider.dimensions} dimensions")
+            batch.vectors = self._storable(batch, vectors)
         except EmbeddingError as exc:
             self.stats.failures += 1
             self.stats.last_error = repr(exc)
@@ -280,6 +284,24 @@ class Embedder:
             await self._give_up_old(batch.claimed)
         finally:
             self._model_exit()
+
+    def _storable(self, batch: _Batch, vectors: np.ndarray) -> np.ndarray:
+        """The batch's vectors scaled to unit length (cosine ignores the length; the HNSW index
+        casts to ``halfvec``, which overflows past 65,504), without those holding NaN or
+        infinity, which PostgreSQL refuses: their items are left without a vector (logged and
+        counted as failures), instead of failing the whole batch again and again."""
+        norms = np.linalg.norm(vectors.astype(np.float64), axis=1)
+        finite = np.isfinite(norms)
+        if not finite.all():
+            bad = [f"{t} {item}" for (t, item, _, _), ok in zip(batch.targets, finite, strict=True) if not ok]
+            self.stats.failures += len(bad)
+            self.stats.last_error = f"non-finite vectors for {', '.join(bad[:5])}"
+            log.error("embedder: the model gave %d items vectors holding NaN or infinity; they get none: %s",
+                      len(bad), ", ".join(bad[:20]))
+            batch.targets = [t for t, ok in zip(batch.targets, finite, strict=True) if ok]
+            vectors, norms = vectors[finite], norms[finite]
+        scale = np.where(norms > 0, norms, 1.0)
+        return (vectors / scale[:, None]).astype(np.float32)
 
     def _model_enter(self) -> None:
         """Count the model's busy time once however many batches it has (and its idle time
