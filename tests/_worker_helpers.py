@@ -147,6 +147,20 @@ async def wait_for(pred: Callable[[], bool], timeout: float, what: str) -> None:
         await asyncio.sleep(0.1)
 
 
+class GlitchyProvider(HashProvider):
+    """HashProvider whose vectors hold NaN for texts saying "poison" and are 10^6 times too long
+    for texts saying "loud" (as a self-hosted model server can give)."""
+
+    async def embed(self, texts: Sequence[str]) -> np.ndarray:
+        out = await super().embed(texts)
+        for i, text in enumerate(texts):
+            if "poison" in text:
+                out[i, 0] = float("nan")
+            elif "loud" in text:
+                out[i] *= 1e6
+        return out
+
+
 def fresh_db(server: EmbeddedPostgres, name: str) -> str:
     """Create database ``name`` on ``server`` (empty: no migrations); its DSN."""
     admin = f"postgresql://postgres@{server.host}:{server.port}/postgres"

@@ -26,6 +26,7 @@ from blackboard.worker import Worker
 from blackboard.worker.decode import EntryRow
 from blackboard.worker.handlers import write_entries
 from tests._worker_helpers import (
+    GlitchyProvider,
     HashProvider,
     delete_entry,
     entry_payload,
@@ -252,20 +253,6 @@ async def test_the_model_stage_embeds_two_batches_at_a_time_and_each_item_once(
     assert 0.2 <= stats.model_seconds < 0.45 and stats.model_seconds < elapsed
 
 
-class _GlitchyProvider(HashProvider):
-    """HashProvider whose vectors hold NaN for texts saying "poison" and are 10^6 times too long
-    for texts saying "loud" (as a self-hosted model server can give)."""
-
-    async def embed(self, texts: Any) -> Any:
-        out = await super().embed(texts)
-        for i, text in enumerate(texts):
-            if "poison" in text:
-                out[i, 0] = float("nan")
-            elif "loud" in text:
-                out[i] *= 1e6
-        return out
-
-
 async def test_a_vector_holding_nan_leaves_its_item_unembedded_and_the_embedder_going(
         postgres_server: EmbeddedPostgres, pg_settings: Settings, nc: NATS, unique: str) -> None:
     """PostgreSQL refuses NaN in a vector, and the halfvec index refuses components past 65,504: neither
@@ -282,7 +269,7 @@ async def test_a_vector_holding_nan_leaves_its_item_unembedded_and_the_embedder_
     for mid, text in texts.items():
         await remember(js, unique, "a", mid, text)
     memories = dataclasses.replace(default_handlers(s)[1], filter_subject=Subjects.memory_board(unique))
-    async with Worker(s, provider=_GlitchyProvider(), handlers=[memories], serve_search=False) as w:
+    async with Worker(s, provider=GlitchyProvider(), handlers=[memories], serve_search=False) as w:
         await w.wait_caught_up(30, embedded=True, poll=0.02)
         assert w.embedder is not None and w.embedder.space is not None
         first = (w.embedder.stats.failures, w.embedder.stats.embedded)

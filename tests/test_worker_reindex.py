@@ -16,7 +16,7 @@ from blackboard.streams import ensure_streams
 from blackboard.subjects import Subjects
 from blackboard.worker import Worker
 from blackboard.worker.reindex import reindex
-from tests._worker_helpers import HashProvider, fresh_db, put_entry, remember
+from tests._worker_helpers import GlitchyProvider, HashProvider, fresh_db, put_entry, remember
 from tests.conftest import make_settings
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -98,3 +98,21 @@ async def test_migration_0012_builds_the_index_serially_when_a_parallel_build_ge
     with psycopg.connect(dsn) as conn:
         definition = conn.execute("SELECT indexdef FROM pg_indexes WHERE indexname = %s", (f"{table}_hnsw",)).fetchone()
     assert definition is not None and "halfvec_cosine_ops" in definition[0]
+
+
+async def test_reindex_leaves_out_vectors_holding_nan_and_stores_the_rest_at_unit_length(
+        postgres_server: EmbeddedPostgres, pg_settings: Settings, unique: str) -> None:
+    dsn = fresh_db(postgres_server, unique)
+    s = make_settings(pg_settings.nats.url, dsn)
+    await migrate(s)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("INSERT INTO bb_memories (id, board, agent, kind, text, created_at, updated_at, stream, seq) "
+                     "SELECT id, 'b', 'a', 'episodic', text, now(), now(), 'S', n FROM (VALUES "
+                     "('ok', 'a plain memory', 1), ('poison', 'a poison memory', 2), ('loud', 'a loud memory', 3)) "
+                     "AS v(id, text, n)")
+    stats = await reindex(s, progress=False, provider=GlitchyProvider(16, "hash-glitch"))
+    table = f"bb_vec_{stats['space']}_memories"
+    with psycopg.connect(dsn) as conn:
+        rows = dict(conn.execute(f"SELECT m.id, vector_norm(v.embedding) FROM {table} v "
+                                 "JOIN bb_memories m ON m.mid = v.item").fetchall())
+    assert set(rows) == {"ok", "loud"} and all(n == pytest.approx(1.0, abs=1e-5) for n in rows.values())

@@ -42,7 +42,8 @@ from blackboard.errors import EmbeddingError
 from blackboard.settings import Settings
 from blackboard.worker._tasks import run_until_stopped
 
-__all__ = ["EmbedStats", "Embedder", "EmbeddingProvider", "load_provider", "memory_embed_text"]
+__all__ = ["EmbedStats", "Embedder", "EmbeddingProvider", "load_provider", "memory_embed_text",
+           "storable_vectors"]
 
 log = logging.getLogger("blackboard.worker.embedder")
 
@@ -84,6 +85,18 @@ def memory_embed_text(text: str, metadata: Mapping[str, Any] | None = None) -> s
             lines.append(f"{key}: {shown}")
     lines.append(text)
     return "\n".join(lines)[:MAX_EMBED_CHARS]
+
+
+def storable_vectors(vectors: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The rows of ``vectors`` that PostgreSQL can store, scaled to unit length, and the mask
+    of those rows: a row holding NaN or infinity is left out (pgvector refuses it); a zero row
+    stays zero. The length does not matter to cosine, and the HNSW index's ``halfvec`` cast
+    overflows past 65,504."""
+    norms = np.linalg.norm(np.asarray(vectors, dtype=np.float64), axis=1)
+    finite = np.isfinite(norms)
+    kept, norms = vectors[finite], norms[finite]
+    scale = np.where(norms > 0, norms, 1.0)
+    return (kept / scale[:, None]).astype(np.float32), finite
 
 
 @dataclass
@@ -290,8 +303,7 @@ class Embedder:
         casts to ``halfvec``, which overflows past 65,504), without those holding NaN or
         infinity, which PostgreSQL refuses: their items are left without a vector (logged and
         counted as failures), instead of failing the whole batch again and again."""
-        norms = np.linalg.norm(vectors.astype(np.float64), axis=1)
-        finite = np.isfinite(norms)
+        unit, finite = storable_vectors(vectors)
         if not finite.all():
             bad = [f"{t} {item}" for (t, item, _, _), ok in zip(batch.targets, finite, strict=True) if not ok]
             self.stats.failures += len(bad)
@@ -299,9 +311,7 @@ class Embedder:
             log.error("embedder: the model gave %d items vectors holding NaN or infinity; they get none: %s",
                       len(bad), ", ".join(bad[:20]))
             batch.targets = [t for t, ok in zip(batch.targets, finite, strict=True) if ok]
-            vectors, norms = vectors[finite], norms[finite]
-        scale = np.where(norms > 0, norms, 1.0)
-        return (vectors / scale[:, None]).astype(np.float32)
+        return unit
 
     def _model_enter(self) -> None:
         """Count the model's busy time once however many batches it has (and its idle time

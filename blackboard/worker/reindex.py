@@ -33,7 +33,12 @@ from blackboard.db.spaces import (
 )
 from blackboard.embeddings import EmbeddingProvider
 from blackboard.settings import Settings
-from blackboard.worker.embedder import MAX_EMBED_CHARS, load_provider, memory_embed_text
+from blackboard.worker.embedder import (
+    MAX_EMBED_CHARS,
+    load_provider,
+    memory_embed_text,
+    storable_vectors,
+)
 
 __all__ = ["reindex"]
 
@@ -102,9 +107,14 @@ async def reindex(settings: Settings, *, progress: bool = True, provider: Embedd
                 texts = [memory_embed_text(r[2], r[3]) if item_type == "memory" else str(r[2])[:MAX_EMBED_CHARS]
                          for r in rows]
                 t1 = time.perf_counter()
-                vectors = await prov.embed(texts)
+                vectors, ok = storable_vectors(await prov.embed(texts))
                 model_s += time.perf_counter() - t1
-                await _copy(conn, space, item_type, [(int(r[0]), int(r[1]), str(r[4])) for r in rows], vectors)
+                if not ok.all():
+                    log.error("reindex: the model gave %d %s vectors holding NaN or infinity; those items get none",
+                              int((~ok).sum()), item_type)
+                await _copy(conn, space, item_type,
+                            [(int(r[0]), int(r[1]), str(r[4])) for r, keep in zip(rows, ok, strict=True) if keep],
+                            vectors)
                 last = int(rows[-1][0])
                 n += len(rows)
                 step(len(rows))
