@@ -9,6 +9,7 @@ servers without Docker. Start-up problems (port taken, binary missing) raise
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import os
 import random
@@ -40,28 +41,45 @@ def _ephemeral_low() -> int | None:
         return None
 
 
+#: Ports free_port gave out recently (this process): not given out again, since the
+#: servers meant for them may not be listening yet.
+_GIVEN: collections.deque[int] = collections.deque(maxlen=4096)
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free a moment ago.
+    """A TCP port that was free a moment ago, and not given out by this function lately.
 
     On Linux it is picked below the kernel's ephemeral range (from which
     outgoing connections take their local ports), so that a server stopped
     and started again on it cannot find it taken by some client's connection
     meanwhile (a test killing a NATS node and restarting it met exactly that).
+    A port handed out is not handed out again by the next calls: a caller
+    that picks several ports before starting its servers (a three-node
+    cluster) cannot get one twice, nor share one with a server picked
+    after them.
     """
     low = _ephemeral_low()
     if low is not None and low > 11024:
         rng = random.SystemRandom()
         for _ in range(64):
             port = rng.randrange(low - 10000, low)
+            if port in _GIVEN:
+                continue
             with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
                 try:
                     sock.bind((host, port))
                 except OSError:
                     continue
-                return port
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
+            _GIVEN.append(port)
+            return port
+    for _ in range(64):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind((host, 0))
+            port = int(sock.getsockname()[1])
+        if port not in _GIVEN:
+            break
+    _GIVEN.append(port)
+    return port
 
 
 def _check_port_free(host: str, port: int, what: str, flag: str) -> None:

@@ -44,14 +44,17 @@ async def test_pool_session_settings_hold_on_every_connection(pg_settings: Setti
 
 
 def test_free_ports_are_below_the_kernels_range_for_connections_local_ports() -> None:
-    """A server restarted on its port must not find it taken by a client connection's local port."""
+    """A server restarted on its port must not find it taken by a client connection's local port;
+    servers started after their ports were all picked must not be given the same one."""
     import socket
 
     from blackboard.embedded import free_port
 
     low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    ports = {free_port() for _ in range(20)}
-    assert all(1024 <= p < low for p in ports) and len(ports) > 1
+    picked = [free_port() for _ in range(400)]  # 400 random picks of 10,000 ports would repeat one
+    ports = set(picked)
+    assert all(1024 <= p < low for p in ports)
+    assert len(ports) == len(picked)  # none given out twice, though none was bound in between
     for port in ports:
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", port))  # free
