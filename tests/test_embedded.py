@@ -51,7 +51,7 @@ def test_free_ports_are_below_the_kernels_range_for_connections_local_ports() ->
     from blackboard.embedded import free_port
 
     low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    picked = [free_port() for _ in range(400)]  # 400 random picks of 10,000 ports would repeat one
+    picked = [free_port() for _ in range(400)]  # 400 random picks of 10,000 ports almost surely repeat one
     ports = set(picked)
     assert all(1024 <= p < low for p in ports)
     assert len(ports) == len(picked)  # none given out twice, though none was bound in between
