@@ -11,7 +11,7 @@ import pytest
 import pytest_asyncio
 
 from blackboard.db import load_migrations, migrate, pending
-from blackboard.db.migrate import MIGRATIONS_DIR, Migration
+from blackboard.db.migrate import MIGRATIONS_DIR, MIN_PGVECTOR, Migration, pgvector_version
 from blackboard.embedded import EmbeddedNats, EmbeddedPostgres
 from blackboard.errors import MigrationError
 from tests._worker_helpers import fresh_db
@@ -207,3 +207,32 @@ async def test_a_space_of_3072_dimensions_gets_its_hnsw_index_and_answers_throug
         nearest = await (await conn.execute(query, (unit(7),))).fetchall()
     assert f"Index Scan using {table}_hnsw" in plan, plan
     assert nearest[0] == (8,)
+
+
+def test_pgvector_versions_compare_by_their_numbers() -> None:
+    assert pgvector_version("0.8.1") == (0, 8, 1) > MIN_PGVECTOR
+    assert pgvector_version("0.10.0") > pgvector_version("0.9.9")
+    assert pgvector_version("0.6.2") < MIN_PGVECTOR
+    assert pgvector_version("0.8.0-dev") == (0, 8, 0)
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_migrate_refuses_a_pgvector_older_than_it_needs_and_says_what_to_do(
+        nats_server: EmbeddedNats, postgres_server: EmbeddedPostgres, unique: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The server's pgvector (0.8.x here) against a minimum raised past it: migrate applies
+    nothing and names the version found and the fix, on a fresh database and on a migrated one."""
+    import importlib
+
+    migrate_module = importlib.import_module("blackboard.db.migrate")  # (blackboard.db.migrate is the function)
+    dsn = fresh_db(postgres_server, unique)
+    settings = make_settings(nats_server.url, dsn)
+    monkeypatch.setattr(migrate_module, "MIN_PGVECTOR", (99, 0, 0))
+    with pytest.raises(MigrationError, match=r"pgvector 0\.\d+\.\d+ is on the server; blackboard needs 99\.0\.0"):
+        await migrate(settings)
+    assert "bb_memories" not in _tables(dsn)
+    monkeypatch.undo()
+    await migrate(settings)
+    monkeypatch.setattr(migrate_module, "MIN_PGVECTOR", (99, 0, 0))
+    with pytest.raises(MigrationError, match=r"is in this database; blackboard needs 99\.0\.0 or later: install"):
+        await migrate(settings)

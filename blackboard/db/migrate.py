@@ -14,6 +14,7 @@ import logging
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import psycopg
 
@@ -21,7 +22,8 @@ from blackboard.db.pool import connect
 from blackboard.errors import MigrationError, StorageError
 from blackboard.settings import Settings
 
-__all__ = ["MIGRATIONS_DIR", "Migration", "load_migrations", "migrate", "pending"]
+__all__ = ["MIGRATIONS_DIR", "MIN_PGVECTOR", "Migration", "load_migrations", "migrate", "pending",
+           "pgvector_version"]
 
 log = logging.getLogger("blackboard.db.migrate")
 
@@ -39,6 +41,55 @@ CREATE TABLE IF NOT EXISTS bb_schema_migrations (
 )"""
 _SELECT_APPLIED = "SELECT version, name, checksum FROM bb_schema_migrations ORDER BY version"
 _INSERT_APPLIED = "INSERT INTO bb_schema_migrations (version, name, checksum) VALUES (%s, %s, %s)"
+
+#: The oldest pgvector the schema works with (``halfvec``, migration 0012), and the oldest
+#: with iterative index scans (filtered semantic searches re-run exactly without them).
+MIN_PGVECTOR = (0, 7, 0)
+ITERATIVE_SCANS_PGVECTOR = (0, 8, 0)
+_PGVECTOR = """
+SELECT (SELECT extversion FROM pg_extension WHERE extname = 'vector'),
+       (SELECT default_version FROM pg_available_extensions WHERE name = 'vector')"""
+
+
+def pgvector_version(text: str) -> tuple[int, ...]:
+    """``"0.8.1"`` -> ``(0, 8, 1)`` (a suffix after the numbers is ignored)."""
+    parts = []
+    for part in text.split("."):
+        digits = re.match(r"\d+", part)
+        if digits is None:
+            break
+        parts.append(int(digits.group()))
+    return tuple(parts)
+
+
+def _dotted(version: tuple[int, ...]) -> str:
+    return ".".join(map(str, version))
+
+
+async def _check_pgvector(conn: psycopg.AsyncConnection[tuple[Any, ...]]) -> None:
+    """Refuse to migrate, with what to do, when the server's pgvector is missing or too old.
+
+    Raises:
+        MigrationError: pgvector is not installed on the server, or older than
+            :data:`MIN_PGVECTOR` (in this database, or on the server).
+    """
+    row = await (await conn.execute(_PGVECTOR)).fetchone()
+    installed, available = (row or (None, None))
+    if installed is None and available is None:
+        raise MigrationError(0, "pgvector is not installed on the PostgreSQL server: install it "
+                                "(https://github.com/pgvector/pgvector, or the pgvector/pgvector image)")
+    version = pgvector_version(str(installed or available))
+    if version < MIN_PGVECTOR:
+        if installed is not None and available is not None and pgvector_version(str(available)) >= MIN_PGVECTOR:
+            hint = f"the server has {available}: run ALTER EXTENSION vector UPDATE in this database"
+        else:
+            hint = "install a newer pgvector on the server, then run ALTER EXTENSION vector UPDATE"
+        where = "in this database" if installed is not None else "on the server"
+        raise MigrationError(0, f"pgvector {installed or available} is {where}; blackboard needs "
+                                f"{_dotted(MIN_PGVECTOR)} or later: {hint}")
+    if version < ITERATIVE_SCANS_PGVECTOR:
+        log.warning("pgvector %s has no iterative index scans (%s): filtered semantic searches re-run "
+                    "exactly more often", installed or available, _dotted(ITERATIVE_SCANS_PGVECTOR))
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,7 +149,8 @@ async def migrate(settings: Settings, *, directory: Path = MIGRATIONS_DIR) -> li
         The versions applied by this call.
 
     Raises:
-        MigrationError: a migration failed or an applied file changed.
+        MigrationError: a migration failed, an applied file changed, or the
+            server's pgvector is missing or older than :data:`MIN_PGVECTOR`.
         StorageError: PostgreSQL is not reachable.
     """
     migrations = load_migrations(directory)
@@ -107,6 +159,7 @@ async def migrate(settings: Settings, *, directory: Path = MIGRATIONS_DIR) -> li
     try:
         await conn.execute("SELECT pg_advisory_lock(%s)", (ADVISORY_LOCK_KEY,))
         try:
+            await _check_pgvector(conn)
             await conn.execute(_CREATE_VERSION_TABLE)
             cur = await conn.execute(_SELECT_APPLIED)
             applied = {int(str(v)): str(c) for v, _n, c in await cur.fetchall()}
