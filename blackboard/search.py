@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import logging
 import time
@@ -162,16 +163,8 @@ def _first(items: Iterable[_T], score: Callable[[_T], float], limit: int | None,
            min_score: float | None) -> Iterator[_T]:
     """The first ``limit`` of ``items`` (in their order) scoring at least ``min_score``: how
     every result list is cut."""
-    if limit is not None and limit <= 0:
-        return
-    n = 0
-    for item in items:
-        if min_score is not None and score(item) < min_score:
-            continue
-        yield item
-        n += 1
-        if limit is not None and n >= limit:
-            return
+    kept = items if min_score is None else (item for item in items if score(item) >= min_score)
+    return itertools.islice(kept, limit)
 
 
 def _ranked(score: Mapping[int, float], order: Sequence[int], parts: Mapping[str, Mapping[int, float]],
