@@ -87,12 +87,20 @@ def memory_embed_text(text: str, metadata: Mapping[str, Any] | None = None) -> s
     return "\n".join(lines)[:MAX_EMBED_CHARS]
 
 
-def storable_vectors(vectors: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The rows of ``vectors`` that PostgreSQL can store, scaled to unit length, and the mask
-    of those rows: a row holding NaN or infinity is left out (pgvector refuses it); a zero row
-    stays zero. The length does not matter to cosine, and the HNSW index's ``halfvec`` cast
-    overflows past 65,504."""
-    norms = np.linalg.norm(np.asarray(vectors, dtype=np.float64), axis=1)
+def storable_vectors(vectors: Any, texts: int, dims: int) -> tuple[np.ndarray, np.ndarray]:
+    """The rows of a model's answer for ``texts`` texts that PostgreSQL can store, scaled to
+    unit length, and the mask of those rows: a row holding NaN or infinity is left out
+    (pgvector refuses it); a zero row stays zero. The length does not matter to cosine, and
+    the HNSW index's ``halfvec`` cast overflows past 65,504.
+
+    Raises:
+        EmbeddingError: the answer is not ``texts`` rows of ``dims`` values.
+    """
+    vectors = np.asarray(vectors, dtype=np.float32)
+    if vectors.shape != (texts, dims):
+        raise EmbeddingError(f"the model gave vectors of shape {vectors.shape} for {texts} texts "
+                             f"and {dims} dimensions")
+    norms = np.linalg.norm(vectors.astype(np.float64), axis=1)
     finite = np.isfinite(norms)
     kept, norms = vectors[finite], norms[finite]
     scale = np.where(norms > 0, norms, 1.0)
@@ -285,11 +293,7 @@ class Embedder:
             return
         self._model_enter()
         try:
-            vectors = np.asarray(await self.provider.embed(batch.texts), dtype=np.float32)
-            if vectors.shape != (len(batch.texts), self.provider.dimensions):
-                raise EmbeddingError(f"the model gave vectors of shape {vectors.shape} for {len(batch.texts)} "
-                                     f"texts and {self.provider.dimensions} dimensions")
-            batch.vectors = self._storable(batch, vectors)
+            batch.vectors = self._storable(batch, await self.provider.embed(batch.texts))
         except EmbeddingError as exc:
             self.stats.failures += 1
             self.stats.last_error = repr(exc)
@@ -298,12 +302,17 @@ class Embedder:
         finally:
             self._model_exit()
 
-    def _storable(self, batch: _Batch, vectors: np.ndarray) -> np.ndarray:
+    def _storable(self, batch: _Batch, vectors: Any) -> np.ndarray:
         """The batch's vectors scaled to unit length (cosine ignores the length; the HNSW index
         casts to ``halfvec``, which overflows past 65,504), without those holding NaN or
         infinity, which PostgreSQL refuses: their items are left without a vector (logged and
-        counted as failures), instead of failing the whole batch again and again."""
-        unit, finite = storable_vectors(vectors)
+        counted as failures), instead of failing the whole batch again and again.
+
+        Raises:
+            EmbeddingError: the answer has the wrong shape (a model failure: the items stay
+                queued).
+        """
+        unit, finite = storable_vectors(vectors, len(batch.texts), self.provider.dimensions)
         if not finite.all():
             bad = [f"{t} {item}" for (t, item, _, _), ok in zip(batch.targets, finite, strict=True) if not ok]
             self.stats.failures += len(bad)

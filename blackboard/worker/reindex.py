@@ -107,7 +107,7 @@ async def reindex(settings: Settings, *, progress: bool = True, provider: Embedd
                 texts = [memory_embed_text(r[2], r[3]) if item_type == "memory" else str(r[2])[:MAX_EMBED_CHARS]
                          for r in rows]
                 t1 = time.perf_counter()
-                vectors, ok = storable_vectors(await prov.embed(texts))
+                vectors, ok = storable_vectors(await prov.embed(texts), len(texts), prov.dimensions)
                 model_s += time.perf_counter() - t1
                 if not ok.all():
                     log.error("reindex: the model gave %d %s vectors holding NaN or infinity; those items get none",
