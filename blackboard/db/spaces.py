@@ -34,7 +34,8 @@ from psycopg import sql
 from blackboard.errors import ConfigurationError
 from blackboard.settings import MAX_DIMENSIONS
 
-__all__ = ["COVERING_MAX_DIMS", "HNSW_MAX_DIMS", "ItemType", "Space", "ann_order", "board_index", "build_index", "create_space_tables", "drop_space_tables", "ensure_space", "find_space",
+__all__ = ["COVERING_MAX_DIMS", "ItemType", "Space", "ann_order", "board_index", "build_index",
+           "create_space_indexes", "create_space_tables", "drop_space_tables", "ensure_space", "find_space",
            "hnsw_index"]
 
 ItemType = Literal["memory", "entry"]
@@ -43,8 +44,6 @@ log = logging.getLogger("blackboard.db.spaces")
 
 _LOCK_KEY = 0x62627370616365  # "bbspace"
 
-#: The most dimensions the HNSW index takes (pgvector's limit for ``halfvec``).
-HNSW_MAX_DIMS = MAX_DIMENSIONS
 #: The most dimensions whose vectors the board index carries (a btree entry holds at most
 #: 2,704 bytes: the vector's 4 bytes a dimension, the board name, the item; see board_index).
 COVERING_MAX_DIMS = 512
@@ -92,10 +91,11 @@ def hnsw_index(space: Space, item_type: ItemType, suffix: str = "") -> sql.Compo
     cast to ``halfvec``: see the module docstring and :func:`ann_order`).
 
     Raises:
-        ConfigurationError: the space has more than :data:`HNSW_MAX_DIMS` dimensions.
+        ConfigurationError: the space has more than ``MAX_DIMENSIONS`` (4,000) dimensions
+            (pgvector's limit for ``halfvec``).
     """
-    if space.dims > HNSW_MAX_DIMS:
-        raise ConfigurationError(f"{space.dims} dimensions: the HNSW index takes at most {HNSW_MAX_DIMS}")
+    if space.dims > MAX_DIMENSIONS:
+        raise ConfigurationError(f"{space.dims} dimensions: the HNSW index takes at most {MAX_DIMENSIONS}")
     name = space.table_name(item_type, suffix)
     return sql.SQL("CREATE INDEX IF NOT EXISTS {} ON {} USING hnsw ((embedding::{}) halfvec_cosine_ops)").format(
         sql.Identifier(f"{name}_hnsw"), sql.Identifier(name), sql.SQL(_halfvec(space.dims)))
@@ -149,13 +149,19 @@ async def find_space(conn: psycopg.AsyncConnection[Any], model: str, dims: int) 
 
 async def create_space_tables(conn: psycopg.AsyncConnection[Any], space: Space, *, suffix: str = "",
                               index: bool = True) -> None:
-    """Create the space's tables (and indexes, see :func:`build_index`) if missing, in the
+    """Create the space's tables (and indexes: :func:`create_space_indexes`) if missing, in the
     caller's transaction."""
     for item_type in ("memory", "entry"):
         await conn.execute(_table(space, item_type, suffix))
-        if index:
-            await build_index(conn, hnsw_index(space, item_type, suffix))
-            await build_index(conn, board_index(space, item_type, suffix))
+    if index:
+        await create_space_indexes(conn, space, suffix=suffix)
+
+
+async def create_space_indexes(conn: psycopg.AsyncConnection[Any], space: Space, *, suffix: str = "") -> None:
+    """Create the HNSW and board indexes of the space's tables if missing (see :func:`build_index`)."""
+    for item_type in ("memory", "entry"):
+        await build_index(conn, hnsw_index(space, item_type, suffix))
+        await build_index(conn, board_index(space, item_type, suffix))
 
 
 async def drop_space_tables(conn: psycopg.AsyncConnection[Any], space: Space, *, suffix: str = "") -> None:

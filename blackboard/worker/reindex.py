@@ -24,12 +24,10 @@ from blackboard.db.pool import connect
 from blackboard.db.spaces import (
     ItemType,
     Space,
-    board_index,
-    build_index,
+    create_space_indexes,
     create_space_tables,
     drop_space_tables,
     ensure_space,
-    hnsw_index,
 )
 from blackboard.embeddings import EmbeddingProvider
 from blackboard.settings import Settings
@@ -122,9 +120,7 @@ async def reindex(settings: Settings, *, progress: bool = True, provider: Embedd
         t_index = time.perf_counter()
         await conn.execute("SELECT set_config('maintenance_work_mem', %s, false)",
                            (settings.worker.index_build_memory,))
-        for item_type in _TYPES:
-            await build_index(conn, hnsw_index(space, item_type, _NEW))
-            await build_index(conn, board_index(space, item_type, _NEW))
+        await create_space_indexes(conn, space, suffix=_NEW)
         stats["index_seconds"] = time.perf_counter() - t_index
         async with conn.transaction():
             await drop_space_tables(conn, space)
