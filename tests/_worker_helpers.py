@@ -4,6 +4,7 @@ waiting for rows."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import os
 import re
@@ -22,6 +23,7 @@ from blackboard import codec
 from blackboard.embedded import EmbeddedPostgres
 from blackboard.settings import Settings
 from blackboard.subjects import Subjects
+from blackboard.worker.handlers import StreamHandler, default_handlers
 
 _WORD = re.compile(r"[a-z0-9]+")
 
@@ -161,9 +163,24 @@ class GlitchyProvider(HashProvider):
         return out
 
 
+def _admin(server: EmbeddedPostgres) -> str:
+    return f"postgresql://postgres@{server.host}:{server.port}/postgres"
+
+
 def fresh_db(server: EmbeddedPostgres, name: str) -> str:
     """Create database ``name`` on ``server`` (empty: no migrations); its DSN."""
-    admin = f"postgresql://postgres@{server.host}:{server.port}/postgres"
-    with psycopg.connect(admin, autocommit=True) as conn:
+    with psycopg.connect(_admin(server), autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{name}"')
     return f"postgresql://postgres@{server.host}:{server.port}/{name}"
+
+
+def drop_db(server: EmbeddedPostgres, name: str) -> None:
+    """Drop database ``name`` on ``server``, closing its sessions."""
+    with psycopg.connect(_admin(server), autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+
+
+def board_memories_handler(settings: Settings, board: str) -> StreamHandler:
+    """The worker's memory handler, consuming one board's memories only (a worker on a fresh
+    database then ignores what other tests left in the shared memory stream)."""
+    return dataclasses.replace(default_handlers(settings)[1], filter_subject=Subjects.memory_board(board))

@@ -661,15 +661,11 @@ async def test_the_worker_stores_and_searches_the_vectors_of_a_1536_dimension_op
         openai_fake: OpenAIFake, nats_server: EmbeddedNats, postgres_server: EmbeddedPostgres, unique: str) -> None:
     """text-embedding-3-small's 1,536 dimensions: the vectors are stored (a btree entry cannot hold
     one, so the board index does not carry them) and searched through the halfvec HNSW index."""
-    import dataclasses
-
     from agents_sdk import Agent
     from blackboard.db.spaces import find_space
     from blackboard.settings import WorkerSettings
-    from blackboard.subjects import Subjects
     from blackboard.worker import Worker
-    from blackboard.worker.handlers import default_handlers
-    from tests._worker_helpers import fresh_db
+    from tests._worker_helpers import board_memories_handler, fresh_db
     from tests.conftest import make_settings
 
     dims = 1536
@@ -680,7 +676,7 @@ async def test_the_worker_stores_and_searches_the_vectors_of_a_1536_dimension_op
                                     base_url=openai_fake.base_url, api_key=SecretStr("test-key")))
     texts = ["the staging cluster runs out of disk every friday", "lunch is pizza on fridays",
              "disk alerts on staging must page the on-call"]
-    memories = dataclasses.replace(default_handlers(settings)[1], filter_subject=Subjects.memory_board(unique))
+    memories = board_memories_handler(settings, unique)
     async with Agent.connect("alice", settings=settings) as alice:
         for text in texts:
             await alice.remember(text, board=unique)

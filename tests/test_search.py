@@ -21,7 +21,7 @@ from blackboard.settings import Settings, WorkerSettings
 from blackboard.streams import ensure_streams
 from blackboard.subjects import Subjects
 from blackboard.worker import Worker
-from tests._worker_helpers import HashProvider, delete_entry, fresh_db, put_entry, remember
+from tests._worker_helpers import HashProvider, delete_entry, drop_db, fresh_db, put_entry, remember
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -314,9 +314,7 @@ async def test_a_table_never_analysed_is_analysed_after_a_search_finds_it(pg_set
             after = [h.id for h in (await engine.search_memories(req)).hits]
             await engine.analyze_missing()  # nothing left to do
     assert before[0] == after[0] == "m9"
-    admin = f"postgresql://postgres@{postgres_server.host}:{postgres_server.port}/postgres"
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+    drop_db(postgres_server, name)
 
 
 async def test_an_entry_that_expired_while_the_worker_was_away_is_not_found(pg_settings: Settings,

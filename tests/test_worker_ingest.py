@@ -28,6 +28,7 @@ from blackboard.worker.handlers import write_entries
 from tests._worker_helpers import (
     GlitchyProvider,
     HashProvider,
+    board_memories_handler,
     delete_entry,
     entry_payload,
     fresh_db,
@@ -227,9 +228,6 @@ async def test_the_model_stage_embeds_two_batches_at_a_time_and_each_item_once(
         postgres_server: EmbeddedPostgres, pg_settings: Settings, nc: NATS, unique: str) -> None:
     """Two batches in the model at once (the provider bounds its own calls); every memory gets
     exactly one vector, of its revision; the model's busy time is counted once, not per batch."""
-    import dataclasses
-
-    from blackboard.worker.handlers import default_handlers
     from tests.conftest import make_settings
 
     s = _worker_settings(make_settings(pg_settings.nats.url, fresh_db(postgres_server, unique)), unique,
@@ -238,7 +236,7 @@ async def test_the_model_stage_embeds_two_batches_at_a_time_and_each_item_once(
     seqs = {f"{unique}-{i}": await remember(js, unique, "a", f"{unique}-{i}", f"memory number {i} about deploys")
             for i in range(40)}
     provider = _CountingProvider(0.05)
-    memories = dataclasses.replace(default_handlers(s)[1], filter_subject=Subjects.memory_board(unique))
+    memories = board_memories_handler(s, unique)
     t0 = time.perf_counter()
     async with Worker(s, provider=provider, handlers=[memories], serve_search=False) as w:
         await w.wait_caught_up(30, embedded=True, poll=0.02)
@@ -257,9 +255,6 @@ async def test_a_vector_holding_nan_leaves_its_item_unembedded_and_the_embedder_
         postgres_server: EmbeddedPostgres, pg_settings: Settings, nc: NATS, unique: str) -> None:
     """PostgreSQL refuses NaN in a vector, and the halfvec index refuses components past 65,504: neither
     may fail the batch again and again (the embedding stage would stall behind it)."""
-    import dataclasses
-
-    from blackboard.worker.handlers import default_handlers
     from tests.conftest import make_settings
 
     s = _worker_settings(make_settings(pg_settings.nats.url, fresh_db(postgres_server, unique)), unique)
@@ -268,7 +263,7 @@ async def test_a_vector_holding_nan_leaves_its_item_unembedded_and_the_embedder_
              f"{unique}-loud": "a loud memory about deploys"}
     for mid, text in texts.items():
         await remember(js, unique, "a", mid, text)
-    memories = dataclasses.replace(default_handlers(s)[1], filter_subject=Subjects.memory_board(unique))
+    memories = board_memories_handler(s, unique)
     async with Worker(s, provider=GlitchyProvider(), handlers=[memories], serve_search=False) as w:
         await w.wait_caught_up(30, embedded=True, poll=0.02)
         assert w.embedder is not None and w.embedder.space is not None
