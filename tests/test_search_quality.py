@@ -5,6 +5,7 @@ words above common ones (BM25), and hybrid fusion is a convex combination of nor
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import random
 import uuid
 from collections.abc import AsyncIterator, Sequence
@@ -21,6 +22,7 @@ from blackboard.connection import connect_nats
 from blackboard.db import open_pool
 from blackboard.db import search_sql as q
 from blackboard.db.spaces import find_space
+from blackboard.embedded import EmbeddedNats, EmbeddedPostgres
 from blackboard.errors import EmbeddingError
 from blackboard.schemas.search import MemorySearchRequest
 from blackboard.search import (
@@ -38,7 +40,7 @@ from blackboard.settings import Settings, WorkerSettings
 from blackboard.streams import ensure_streams
 from blackboard.worker import Worker
 from blackboard.worker.embedder import memory_embed_text
-from tests._worker_helpers import HashProvider, remember
+from tests._worker_helpers import HashProvider, board_memories_handler, drop_db, fresh_db, remember
 
 aio = pytest.mark.asyncio(loop_scope="session")
 
@@ -318,6 +320,61 @@ async def test_a_memory_moved_to_another_board_is_found_on_the_new_board_only(st
             "SELECT v.board FROM {} v JOIN bb_memories m ON m.mid = v.item WHERE m.id = %s").format(
             space.table("memory")), (mid,))).fetchone()
     assert row == (new,)
+
+
+@aio
+async def test_a_moved_memory_whose_vector_still_names_the_old_board_is_not_found_there(
+        nats_server: EmbeddedNats, postgres_server: EmbeddedPostgres, unique: str) -> None:
+    """Until the embedder rewrites its vector, a moved memory's vector row still carries the old
+    board: semantic and hybrid searches of the old board must check the memory's current board."""
+    from blackboard.db import migrate
+    from tests.conftest import make_settings
+
+    name = "moved" + unique
+    dsn = fresh_db(postgres_server, name)
+    old, new = f"{unique}old", f"{unique}new"
+    mid, text = f"{unique}-moving", "zulu yankee xray whiskey victor uniform"
+    try:
+        s = make_settings(nats_server.url, dsn)
+        await migrate(s)
+        provider = HashProvider()
+        nc = await connect_nats(s.nats, name="test-stale-board")
+        try:
+            js = nc.jetstream()
+            await ensure_streams(js, s)
+            # One durable per board (a handler's name names its durable).
+            handlers = [board_memories_handler(s, old),
+                        dataclasses.replace(board_memories_handler(s, new), name="memories-new")]
+            embedding = s.model_copy(update={"worker": WorkerSettings(name=f"e{unique}", batch_wait=0.02,
+                                                                      serve_search=False)})
+            await remember(js, old, "writer", mid, text)
+            async with Worker(embedding, provider=provider, handlers=handlers) as w:
+                await w.wait_caught_up(30, embedded=True)
+            ingest_only = s.model_copy(update={"worker": WorkerSettings(name=f"i{unique}", batch_wait=0.02,
+                                                                        embed=False, serve_search=False)})
+            await remember(js, new, "writer", mid, text)  # same id: the memory moves
+            async with Worker(ingest_only, handlers=handlers) as w:
+                await w.wait_caught_up(30)
+        finally:
+            await nc.close()
+        async with open_pool(s.postgres, min_size=1, max_size=2) as pool:
+            async with pool.connection() as conn:
+                space = await find_space(conn, provider.model, provider.dimensions)
+                assert space is not None
+                row = await (await conn.execute(sql.SQL(
+                    "SELECT m.board, v.board FROM bb_memories m JOIN {} v ON v.item = m.mid WHERE m.id = %s"
+                ).format(space.table("memory")), (mid,))).fetchone()
+            assert row == (new, old)  # the state under test: the vector not rewritten yet
+            engine = SearchEngine(pool, provider, s.search)
+            for mode in ("semantic", "hybrid"):
+                hits = (await engine.search_memories(MemorySearchRequest(
+                    query=text, mode=mode, boards=[old], top_k=5))).hits
+                assert mid not in {h.id for h in hits}, mode
+            hits = (await engine.search_memories(MemorySearchRequest(
+                query=text, mode="keyword", boards=[new], top_k=5))).hits
+            assert [h.id for h in hits] == [mid]
+    finally:
+        drop_db(postgres_server, name)
 
 
 async def _until_found(stack: Stack, text: str, board: str, mid: str, within: float = 20.0) -> None:

@@ -210,13 +210,14 @@ def _semantic_sql(memory: bool, conds: tuple[str, ...], table_name: str, boards:
     # caller sorts by them. The exact scan orders by an expression no index serves.
     order = sql.SQL("(v.embedding <=> %s::vector) + 0") if exact else sql.SQL(ann_order(dims, "v.embedding"))
     if memory and not conds:
-        # Nearest first, then the join, which also checks that the memory is
-        # still on the vector's board (a join condition, so that the planner
-        # probes the primary key for the few rows instead of hashing the board).
+        # Nearest first, then a check that each memory is still on its vector's
+        # board: one primary-key probe per row (LATERAL ... LIMIT 1), where a join
+        # let the planner hash the board's whole part of an index for ~50 rows.
         query = sql.SQL(
             "SELECT s.item, 1 - s.d, true FROM (SELECT v.item, v.board, v.embedding <=> %s::vector AS d "
             "FROM {t} v{vwhere} ORDER BY {order} LIMIT %s) s "
-            "JOIN bb_memories m ON m.mid = s.item AND m.board = s.board").format(
+            "CROSS JOIN LATERAL (SELECT FROM bb_memories m WHERE m.mid = s.item AND m.board = s.board "
+            "LIMIT 1) m").format(
             t=table, vwhere=_where(vconds), order=order)
     else:
         item_conds = ([f"{alias}.board = ANY(%s)"] if boards else []) + list(conds)
