@@ -43,7 +43,7 @@ from psycopg import sql
 
 from blackboard.connection import connect_nats
 from blackboard.db import migrate
-from blackboard.db.spaces import Space, board_index, hnsw_index
+from blackboard.db.spaces import Space, board_index, build_index, hnsw_index
 from blackboard.embedded import EmbeddedNats, EmbeddedPostgres
 from blackboard.embeddings import EmbeddingProvider
 from blackboard.embeddings.local import cache_dir
@@ -472,8 +472,8 @@ async def load_vectors(conn: psycopg.AsyncConnection[object], space: Space, vecs
     await conn.commit()
     t0 = time.perf_counter()
     await conn.execute("SET maintenance_work_mem = '1GB'")
-    await conn.execute(hnsw_index(space, "memory"))
-    await conn.execute(board_index(space, "memory"))
+    await build_index(conn, hnsw_index(space, "memory"))  # serially if /dev/shm is too small
+    await build_index(conn, board_index(space, "memory"))
     await conn.commit()
     autocommit = conn.autocommit
     await conn.set_autocommit(True)
