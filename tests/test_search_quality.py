@@ -327,7 +327,6 @@ async def test_a_moved_memory_whose_vector_still_names_the_old_board_is_not_foun
         nats_server: EmbeddedNats, postgres_server: EmbeddedPostgres, unique: str) -> None:
     """Until the embedder rewrites its vector, a moved memory's vector row still carries the old
     board: semantic and hybrid searches of the old board must check the memory's current board."""
-    from blackboard.db import migrate
     from tests.conftest import make_settings
 
     name = "moved" + unique
@@ -335,8 +334,7 @@ async def test_a_moved_memory_whose_vector_still_names_the_old_board_is_not_foun
     old, new = f"{unique}old", f"{unique}new"
     mid, text = f"{unique}-moving", "zulu yankee xray whiskey victor uniform"
     try:
-        s = make_settings(nats_server.url, dsn)
-        await migrate(s)
+        s = make_settings(nats_server.url, dsn)  # the first worker migrates the database
         provider = HashProvider()
         nc = await connect_nats(s.nats, name="test-stale-board")
         try:
