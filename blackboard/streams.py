@@ -119,10 +119,9 @@ async def ensure_streams(js: JetStreamContext, settings: Settings, *, update: bo
 
     Raises:
         ConfigurationError: an asset exists with an incompatible configuration
-            that cannot be updated.
+            that cannot be updated, or nothing answers JetStream API requests
+            (after :data:`NO_JETSTREAM_GRACE` seconds): JetStream is off.
         OperationTimeoutError: the cluster was still not ready after ``ready_timeout``.
-        ConfigurationError: nothing answers JetStream API requests (after
-            :data:`NO_JETSTREAM_GRACE` seconds): JetStream is off.
     """
     started = time.monotonic()
     deadline = started + ready_timeout
