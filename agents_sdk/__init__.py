@@ -2,15 +2,16 @@
 
 from agents_sdk.agent import Agent
 from agents_sdk.board import Board, BoardPipeline
-from agents_sdk.inbox import Inbox, Message
-from agents_sdk.longterm import MemoryInput
-from agents_sdk.messaging import Handler, Messenger, Sent, Subscriptions
+from agents_sdk.consensus import BallotReceipt, ProposalHandle, VoteEvent, VoteWatch, Voting
+from agents_sdk.memory.longterm import MemoryInput
+from agents_sdk.messaging.inbox import Inbox, Message
+from agents_sdk.messaging.messenger import Handler, Messenger, Sent, Subscriptions
 from agents_sdk.objects import ObjectRef, ObjectStore
 from agents_sdk.search import SearchClient
 from agents_sdk.view import View
-from agents_sdk.voting import BallotReceipt, ProposalHandle, VoteEvent, VoteWatch, Voting
-from blackboard.entries import Change, Entry, Operation
-from blackboard.errors import (
+from blackboard.client.board_store import Watch, WriteOp
+from blackboard.protocol.entries import Change, Entry, Operation
+from blackboard.protocol.errors import (
     BlackboardError,
     ConflictError,
     DeadlinePassedError,
@@ -34,9 +35,8 @@ from blackboard.errors import (
     SearchError,
     VoteError,
 )
-from blackboard.kv import Watch, WriteOp
-from blackboard.schemas import Ballot, Outcome, Policy, Proposal, TallyCounts
-from blackboard.schemas.search import EntryHit, EntryRevision, MemoryHit
+from blackboard.protocol.schemas import Ballot, Outcome, Policy, Proposal, TallyCounts
+from blackboard.protocol.schemas.search import EntryHit, EntryRevision, MemoryHit
 from blackboard.settings import Settings
 
 __all__ = [

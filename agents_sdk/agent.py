@@ -9,21 +9,21 @@ from typing import TYPE_CHECKING, Any
 from nats.aio.client import Client as NATS
 
 from agents_sdk.board import Board
-from agents_sdk.inbox import Inbox
-from agents_sdk.longterm import LongTermMemory, MemoryInput
-from agents_sdk.messaging import Handler, Messenger, Sent, Subscriptions
+from agents_sdk.consensus import Voting
+from agents_sdk.memory.longterm import LongTermMemory, MemoryInput
+from agents_sdk.messaging.inbox import Inbox
+from agents_sdk.messaging.messenger import Handler, Messenger, Sent, Subscriptions
 from agents_sdk.objects import ObjectStore
 from agents_sdk.search import SearchClient
-from agents_sdk.voting import Voting
-from blackboard import codec
-from blackboard.connection import connect_nats
-from blackboard.kv import BoardStore
-from blackboard.schemas.memory import MemoryKind
-from blackboard.schemas.message_search import MessageHit
-from blackboard.schemas.search import MemoryHit, SearchMode
+from blackboard.client.board_store import BoardStore
+from blackboard.client.connection import connect_nats
+from blackboard.client.streams import ensure_streams
+from blackboard.protocol import codec
+from blackboard.protocol.schemas.memory import MemoryKind
+from blackboard.protocol.schemas.message_search import MessageHit
+from blackboard.protocol.schemas.search import MemoryHit, SearchMode
+from blackboard.protocol.subjects import validate_name
 from blackboard.settings import Settings
-from blackboard.streams import ensure_streams
-from blackboard.subjects import validate_name
 
 if TYPE_CHECKING:
     from agents_sdk.view import View
@@ -151,14 +151,14 @@ class Agent:
     # ------------------------------------------------------------ messages
     @property
     def messaging(self) -> Messenger:
-        """This agent's messaging (see :mod:`agents_sdk.messaging`); the methods below delegate to it."""
+        """This agent's messaging (see :mod:`agents_sdk.messaging.messenger`); the methods below delegate to it."""
         if self._messenger is None:
             self._messenger = Messenger(self.id, self.nc, self.settings)
         return self._messenger
 
     @property
     def voting(self) -> Voting:
-        """This agent's consensus voting (see :mod:`agents_sdk.voting`); ``Board.propose``,
+        """This agent's consensus voting (see :mod:`agents_sdk.consensus`); ``Board.propose``,
         ``Board.vote`` and ``Board.proposal`` delegate to it."""
         if self._voting is None:
             self._voting = Voting(self)

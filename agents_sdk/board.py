@@ -6,21 +6,21 @@ import asyncio
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
-from agents_sdk.voting import NO_VALUE, BallotReceipt, DeadlineSpec, ProposalHandle, VoteWatch
-from blackboard.codec import Encoding
-from blackboard.entries import Entry, Operation, default_content_type
-from blackboard.errors import ConflictError, NotFoundError
-from blackboard.kv import BoardStore, Pipeline, Watch, WatchStart, WriteOp
-from blackboard.schemas import Policy, PolicyKind
-from blackboard.subjects import validate_name
+from agents_sdk.consensus import NO_VALUE, BallotReceipt, DeadlineSpec, ProposalHandle, VoteWatch
+from blackboard.client.board_store import BoardStore, Pipeline, Watch, WatchStart, WriteOp
+from blackboard.protocol.codec import Encoding
+from blackboard.protocol.entries import Entry, Operation, default_content_type
+from blackboard.protocol.errors import ConflictError, NotFoundError
+from blackboard.protocol.schemas import Policy, PolicyKind
+from blackboard.protocol.subjects import validate_name
 
 if TYPE_CHECKING:
     from datetime import datetime
 
     from agents_sdk.agent import Agent
-    from agents_sdk.messaging import Sent
+    from agents_sdk.messaging.messenger import Sent
     from agents_sdk.view import View
-    from blackboard.schemas.search import EntryHit, EntryRevision, MemoryHit
+    from blackboard.protocol.schemas.search import EntryHit, EntryRevision, MemoryHit
 
 __all__ = ["Board"]
 
@@ -261,7 +261,7 @@ class Board:
                       value: Any = NO_VALUE, policy: Policy | PolicyKind = "majority",
                       voters: Sequence[str] | None = None, deadline: DeadlineSpec = None,
                       question: str = "", proposal_id: str | None = None) -> ProposalHandle:
-        """Put the value of ``(section, key)`` to a vote; see :meth:`agents_sdk.voting.Voting.propose`.
+        """Put the value of ``(section, key)`` to a vote; see :meth:`agents_sdk.consensus.Voting.propose`.
 
         ``await (await board.propose(...)).outcome()`` waits for the result; an
         accepted value is written to the entry once.
@@ -272,7 +272,7 @@ class Board:
 
     async def vote(self, proposal_id: str, choice: Any, *, reason: str | None = None, index: bool = False,
                    ballot_id: str | None = None) -> BallotReceipt:
-        """Cast this agent's ballot; see :meth:`agents_sdk.voting.Voting.vote` (typed errors
+        """Cast this agent's ballot; see :meth:`agents_sdk.consensus.Voting.vote` (typed errors
         for unknown or closed proposals, ineligible voters and late ballots)."""
         return await self.agent.voting.vote(self.name, proposal_id, choice, reason=reason, index=index,
                                             ballot_id=ballot_id)
@@ -303,7 +303,7 @@ class Board:
 
 
 class BoardPipeline:
-    """A :class:`~blackboard.kv.Pipeline` bound to one board."""
+    """A :class:`~blackboard.client.board_store.Pipeline` bound to one board."""
 
     def __init__(self, pipeline: Pipeline, board: str) -> None:
         self._p = pipeline

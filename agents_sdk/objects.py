@@ -22,9 +22,9 @@ import nats.js.errors
 from nats.js import api
 from nats.js.object_store import ObjectStore as NatsObjectStore
 
-from blackboard.entries import Entry
-from blackboard.errors import InvalidPayloadError, NotFoundError, TransportError
-from blackboard.subjects import encode_key, validate_name
+from blackboard.protocol.entries import Entry
+from blackboard.protocol.errors import InvalidPayloadError, NotFoundError, TransportError
+from blackboard.protocol.subjects import encode_key, validate_name
 
 __all__ = ["OBJECT_REF_KEY", "ObjectRef", "ObjectStore"]
 

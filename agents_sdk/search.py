@@ -17,11 +17,11 @@ from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
 from pydantic import BaseModel
 
-from blackboard import codec
-from blackboard.errors import InvalidPayloadError, NotFoundError, SearchError
-from blackboard.schemas import WireModel, validate_wire
-from blackboard.schemas.memory import MemoryKind
-from blackboard.schemas.search import (
+from blackboard.protocol import codec
+from blackboard.protocol.errors import InvalidPayloadError, NotFoundError, SearchError
+from blackboard.protocol.schemas import WireModel, validate_wire
+from blackboard.protocol.schemas.memory import MemoryKind
+from blackboard.protocol.schemas.search import (
     AsOfRequest,
     EntryHit,
     EntryRevision,
@@ -35,8 +35,8 @@ from blackboard.schemas.search import (
     MemorySearchResponse,
     SearchMode,
 )
+from blackboard.protocol.subjects import Header, Subjects
 from blackboard.settings import Settings
-from blackboard.subjects import Header, Subjects
 
 __all__ = ["SearchClient", "raise_for_error"]
 

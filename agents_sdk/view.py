@@ -17,8 +17,8 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from blackboard.entries import Change, Entry, Operation
-from blackboard.errors import NotConnectedError, OperationTimeoutError
+from blackboard.protocol.entries import Change, Entry, Operation
+from blackboard.protocol.errors import NotConnectedError, OperationTimeoutError
 
 if TYPE_CHECKING:
     from agents_sdk.board import Board

@@ -41,14 +41,14 @@ import numpy as np
 import psycopg
 from psycopg import sql
 
-from blackboard.connection import connect_nats
+from blackboard.client.connection import connect_nats
+from blackboard.client.streams import ensure_streams
 from blackboard.db import migrate
 from blackboard.db.spaces import Space, board_index, build_index, hnsw_index
-from blackboard.embedded import EmbeddedNats, EmbeddedPostgres
+from blackboard.devstack import EmbeddedNats, EmbeddedPostgres
 from blackboard.embeddings import EmbeddingProvider
 from blackboard.embeddings.local import cache_dir
 from blackboard.settings import NatsSettings, PostgresSettings, Settings
-from blackboard.streams import ensure_streams
 
 __all__ = [
     "LOCOMO",

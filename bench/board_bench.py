@@ -63,7 +63,7 @@ from bench._common import (
     median,
     percentile,
 )
-from blackboard.entries import encode_entry
+from blackboard.protocol.entries import encode_entry
 from blackboard.settings import Settings
 
 BOARD = "bench"

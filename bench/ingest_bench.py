@@ -33,11 +33,11 @@ from typing import Any
 
 from _common import embedded_stack, process_tree_cpu
 
-from blackboard import codec
-from blackboard.connection import connect_nats
+from blackboard.client.connection import connect_nats
 from blackboard.db import open_pool
+from blackboard.protocol import codec
+from blackboard.protocol.subjects import Subjects
 from blackboard.settings import Settings, WorkerSettings
-from blackboard.subjects import Subjects
 from blackboard.worker import Worker
 from blackboard.worker.handlers import StreamHandler, default_handlers, write_entries
 from blackboard.worker.ingest import IngestLoop, to_raw

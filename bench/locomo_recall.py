@@ -25,7 +25,7 @@ from typing import Any
 from _common import embedded_stack
 
 from agents_sdk.agent import Agent
-from agents_sdk.longterm import MemoryInput
+from agents_sdk.memory.longterm import MemoryInput
 from blackboard.settings import WorkerSettings
 from blackboard.worker import Worker
 

@@ -52,7 +52,7 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext, api
 
 from agents_sdk import Agent, Message
-from agents_sdk.messaging import encode_envelope, new_envelope
+from agents_sdk.messaging.messenger import encode_envelope, new_envelope
 from bench._common import (
     LatencyStats,
     Table,
@@ -62,8 +62,8 @@ from bench._common import (
     median,
     percentile,
 )
+from blackboard.protocol.subjects import MESSAGE_STREAM, Subjects
 from blackboard.settings import NatsSettings, Settings
-from blackboard.subjects import MESSAGE_STREAM, Subjects
 
 Op = Callable[[int], Awaitable[Any]]
 clock = time.perf_counter

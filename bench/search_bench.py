@@ -41,7 +41,7 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from agents_sdk.search import SearchClient
-from blackboard.connection import connect_nats
+from blackboard.client.connection import connect_nats
 from blackboard.db import open_pool
 from blackboard.db.spaces import ann_order, ensure_space
 from blackboard.embeddings import provider_from_settings

@@ -9,7 +9,7 @@ directory):
   ``kv.watch`` on the same bucket yields it. The writer is the same for both
   variants (nats-py ``kv.put`` of a pre-encoded entry envelope on its own
   connection), so the difference is the observer side only: decoding the
-  envelope into an :class:`~blackboard.entries.Entry`, the watch queue, the
+  envelope into an :class:`~blackboard.protocol.entries.Entry`, the watch queue, the
   view task and the callbacks. Two patterns:
 
   - *ping-pong*: put, wait until it is seen, next put (uncontended latency);
@@ -54,9 +54,9 @@ from nats.js.kv import KeyValue
 from agents_sdk import Agent, Board, Change
 from agents_sdk.view import View
 from bench._common import LatencyStats, Table, alternate, embedded_nats, median
-from blackboard.entries import decode_entry, encode_entry
+from blackboard.protocol.entries import decode_entry, encode_entry
+from blackboard.protocol.subjects import Subjects
 from blackboard.settings import Settings
-from blackboard.subjects import Subjects
 
 BOARD = "viewbench"
 

@@ -40,10 +40,10 @@ import nats
 
 from agents_sdk import Agent
 from bench._common import LatencyStats, Table, alternate, embedded_nats, median
-from blackboard.connection import connect_nats
-from blackboard.schemas import Ballot
+from blackboard.client.connection import connect_nats
+from blackboard.client.consensus import ProposalFollower, VoteStore
+from blackboard.protocol.schemas import Ballot
 from blackboard.settings import NatsSettings, Settings
-from blackboard.voting import ProposalFollower, VoteStore
 
 BOARD = "bench"
 

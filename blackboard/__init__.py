@@ -4,8 +4,10 @@ Wire schemas, subjects, stream setup, the board store, the worker and the CLI.
 Agents use :mod:`agents_sdk`.
 """
 
-from blackboard.entries import Change, Entry, Operation
-from blackboard.errors import (
+from blackboard.client.board_store import BoardStore, Pipeline, Watch, WriteOp
+from blackboard.client.streams import ensure_streams
+from blackboard.protocol.entries import Change, Entry, Operation
+from blackboard.protocol.errors import (
     BlackboardError,
     ConflictError,
     InvalidKeyError,
@@ -15,10 +17,8 @@ from blackboard.errors import (
     OperationTimeoutError,
     PayloadTooLargeError,
 )
-from blackboard.kv import BoardStore, Pipeline, Watch, WriteOp
+from blackboard.protocol.subjects import Subjects
 from blackboard.settings import Settings
-from blackboard.streams import ensure_streams
-from blackboard.subjects import Subjects
 
 __version__ = "0.1.0"
 

@@ -1,5 +1,5 @@
 import sys
 
-from blackboard.cli import main
+from blackboard.apps.cli import main
 
 sys.exit(main())

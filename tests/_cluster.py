@@ -15,7 +15,7 @@ import re
 import subprocess
 from pathlib import Path
 
-from blackboard.embedded import _find_nats_server, _wait_tcp, free_port
+from blackboard.devstack import _find_nats_server, _wait_tcp, free_port
 
 __all__ = ["COMPOSE_NATS_CONF", "NatsCluster", "render_node_config"]
 

@@ -19,10 +19,10 @@ import numpy as np
 import psycopg
 from nats.js import JetStreamContext
 
-from blackboard import codec
-from blackboard.embedded import EmbeddedPostgres
+from blackboard.devstack import EmbeddedPostgres
+from blackboard.protocol import codec
+from blackboard.protocol.subjects import Subjects
 from blackboard.settings import Settings
-from blackboard.subjects import Subjects
 from blackboard.worker.handlers import StreamHandler, default_handlers
 
 _WORD = re.compile(r"[a-z0-9]+")

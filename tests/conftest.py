@@ -18,7 +18,7 @@ from typing import TypeVar
 
 import pytest
 
-from blackboard.embedded import EmbeddedNats, EmbeddedPostgres
+from blackboard.devstack import EmbeddedNats, EmbeddedPostgres
 from blackboard.settings import NatsSettings, PostgresSettings, Settings
 from tests.fakes.openai_server import OpenAIFake
 

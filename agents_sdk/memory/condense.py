@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from agents_sdk.memory.items import ItemId, Summary, ViewItem
-from blackboard.errors import ConfigurationError, InvalidPayloadError
+from blackboard.protocol.errors import ConfigurationError, InvalidPayloadError
 
 __all__ = [
     "CondensationEvent",

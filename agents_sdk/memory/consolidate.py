@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 from agents_sdk.memory.condense import CondensationEvent
 from agents_sdk.memory.items import MemoryItem, Summary, normalize_tags, render_value
-from blackboard.schemas import MemoryKind
+from blackboard.protocol.schemas import MemoryKind
 
 __all__ = ["ConsolidationRequest", "Remember", "consolidate", "consolidation_requests"]
 

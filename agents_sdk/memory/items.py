@@ -20,7 +20,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, TypeAlias
 
-from blackboard.errors import InvalidPayloadError
+from blackboard.protocol.errors import InvalidPayloadError
 
 __all__ = [
     "RESERVED_FIELDS",

@@ -50,7 +50,7 @@ from agents_sdk.memory.items import (
     truncate,
 )
 from agents_sdk.memory.working import FOCUS, GOAL, WorkingItem, WorkingMemory
-from blackboard.errors import BudgetExceededError, ConfigurationError
+from blackboard.protocol.errors import BudgetExceededError, ConfigurationError
 
 __all__ = [
     "BoardEntryLike",
@@ -90,7 +90,7 @@ def approx_tokens(text: str) -> int:
 
 
 class BoardEntryLike(Protocol):
-    """What the renderer reads from a board entry (e.g. ``blackboard.entries.Entry``)."""
+    """What the renderer reads from a board entry (e.g. ``blackboard.protocol.entries.Entry``)."""
 
     @property
     def board(self) -> str: ...

@@ -42,7 +42,7 @@ from agents_sdk.memory.items import (
     make_item,
     normalize_tags,
 )
-from blackboard.errors import ConfigurationError, InvalidPayloadError, PayloadTooLargeError
+from blackboard.protocol.errors import ConfigurationError, InvalidPayloadError, PayloadTooLargeError
 
 __all__ = ["ShortTermMemory"]
 

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Final, cast
 
 from agents_sdk.memory.items import ViewItem, render_item
-from blackboard.errors import ConfigurationError, LLMError
+from blackboard.protocol.errors import ConfigurationError, LLMError
 from blackboard.settings import LLMSettings
 
 if TYPE_CHECKING:

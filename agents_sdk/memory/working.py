@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Final
 
-from blackboard.errors import ConfigurationError, InvalidPayloadError, NotFoundError
+from blackboard.protocol.errors import ConfigurationError, InvalidPayloadError, NotFoundError
 
 __all__ = [
     "FOCUS",

@@ -13,7 +13,7 @@ from typing import Any
 from psycopg import sql
 
 from blackboard.db.search_sql import or_query
-from blackboard.schemas.message_search import MessageSearchRequest
+from blackboard.protocol.schemas.message_search import MessageSearchRequest
 
 __all__ = [
     "COPY_MESSAGES",
@@ -42,7 +42,7 @@ INSERT INTO bb_messages ({_COLS})
 SELECT {_COLS} FROM bb_stage_messages
 ON CONFLICT (stream, seq) DO NOTHING"""
 
-#: Columns of a hit, in :class:`~blackboard.schemas.message_search.MessageHit` order, then the score.
+#: Columns of a hit, in :class:`~blackboard.protocol.schemas.message_search.MessageHit` order, then the score.
 HIT_COLUMNS = ("id", "seq", "sender", "recipients", "kind", "board", "topic", "type", "body", "body_raw",
                "correlation_id", "reply_to", "metadata", "created_at", "stored_at")
 

@@ -19,7 +19,7 @@ from typing import Any
 import psycopg
 
 from blackboard.db.pool import connect
-from blackboard.errors import MigrationError, StorageError
+from blackboard.protocol.errors import MigrationError, StorageError
 from blackboard.settings import Settings
 
 __all__ = ["MIGRATIONS_DIR", "MIN_PGVECTOR", "Migration", "load_migrations", "migrate", "pending",

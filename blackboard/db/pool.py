@@ -12,7 +12,7 @@ from pgvector.psycopg import register_vector_async
 from psycopg.types import TypeInfo
 from psycopg_pool import AsyncConnectionPool
 
-from blackboard.errors import StorageError
+from blackboard.protocol.errors import StorageError
 from blackboard.settings import PostgresSettings
 
 __all__ = ["configure_connection", "connect", "open_pool"]

@@ -37,7 +37,7 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from blackboard.db.spaces import Space, ann_order
-from blackboard.schemas.search import EntrySearchRequest, MemorySearchRequest
+from blackboard.protocol.schemas.search import EntrySearchRequest, MemorySearchRequest
 
 __all__ = [
     "AS_OF_AT",
@@ -281,7 +281,7 @@ def keyword_query(req: MemorySearchRequest | EntrySearchRequest, lexemes: Sequen
 
     Every lexeme of ``lexemes`` (the query's) counts in the score; candidates
     are generated from ``candidate_lexemes`` only (a subset without the very
-    frequent ones, see :func:`blackboard.search.candidate_lexemes`). Document
+    frequent ones, see :func:`blackboard.search.engine.candidate_lexemes`). Document
     frequency, candidate count and mean length are taken over the candidates
     (at most ``max_candidates`` of them), so the inverse document frequency is
     that of the filtered scope. Term frequency is binary.

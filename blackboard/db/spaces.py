@@ -31,7 +31,7 @@ from typing import Any, Literal
 import psycopg
 from psycopg import sql
 
-from blackboard.errors import ConfigurationError
+from blackboard.protocol.errors import ConfigurationError
 from blackboard.settings import MAX_DIMENSIONS
 
 __all__ = ["COVERING_MAX_DIMS", "ItemType", "Space", "ann_order", "board_index", "build_index",

@@ -25,7 +25,7 @@ from blackboard.embeddings.local import (
     packaged_model_files,
 )
 from blackboard.embeddings.openai import OpenAIProvider
-from blackboard.errors import ConfigurationError
+from blackboard.protocol.errors import ConfigurationError
 from blackboard.settings import EmbeddingSettings
 
 __all__ = [

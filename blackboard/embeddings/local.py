@@ -55,7 +55,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from blackboard.embeddings.base import l2_normalize, mean_pool, plan_batches
-from blackboard.errors import EmbeddingError, EmbeddingModelUnavailableError
+from blackboard.protocol.errors import EmbeddingError, EmbeddingModelUnavailableError
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer

@@ -21,7 +21,7 @@ import openai
 from numpy.typing import NDArray
 
 from blackboard.embeddings.base import l2_normalize, parse_retry_after, retry_delay
-from blackboard.errors import ConfigurationError, EmbeddingError, EmbeddingRequestError
+from blackboard.protocol.errors import ConfigurationError, EmbeddingError, EmbeddingRequestError
 
 __all__ = ["OPENAI_BASE_URL", "OpenAIProvider"]
 

@@ -11,7 +11,7 @@ import logging
 import signal
 import sys
 
-from blackboard.errors import BlackboardError
+from blackboard.protocol.errors import BlackboardError
 from blackboard.settings import Settings
 from blackboard.worker.runner import run_worker
 

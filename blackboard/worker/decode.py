@@ -1,7 +1,7 @@
 """Pure decoding of stream messages into rows (no IO).
 
 Each decoder takes a :class:`RawMessage` and returns a row for its writer, or
-raises :class:`~blackboard.errors.InvalidPayloadError` with the reason the
+raises :class:`~blackboard.protocol.errors.InvalidPayloadError` with the reason the
 message goes to the dead-letter table. Text that PostgreSQL cannot store (NUL
 characters, lone surrogates) and values JSON cannot carry (bytes, NaN,
 non-string keys) are caught here, before they could fail a whole batch.
@@ -20,10 +20,16 @@ from typing import Any, get_args
 import msgpack
 import orjson
 
-from blackboard import codec
-from blackboard.errors import InvalidKeyError, InvalidPayloadError
-from blackboard.schemas import EntryEnvelope, MemoryForget, MemoryKind, MemoryRecord, validate_wire
-from blackboard.subjects import Header, Subjects, validate_name
+from blackboard.protocol import codec
+from blackboard.protocol.errors import InvalidKeyError, InvalidPayloadError
+from blackboard.protocol.schemas import (
+    EntryEnvelope,
+    MemoryForget,
+    MemoryKind,
+    MemoryRecord,
+    validate_wire,
+)
+from blackboard.protocol.subjects import Header, Subjects, validate_name
 
 __all__ = [
     "DeadLetter",

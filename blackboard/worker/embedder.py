@@ -38,7 +38,7 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 from blackboard.db import embed_sql as q
 from blackboard.db.spaces import ItemType, Space, ensure_space
 from blackboard.embeddings import EmbeddingProvider
-from blackboard.errors import EmbeddingError
+from blackboard.protocol.errors import EmbeddingError
 from blackboard.settings import Settings
 from blackboard.worker._tasks import run_until_stopped
 

@@ -20,8 +20,8 @@ from psycopg import sql
 from blackboard.db import ingest_sql as q
 from blackboard.db import pgcopy
 from blackboard.db.spaces import Space
+from blackboard.protocol.subjects import MEMORY_STREAM, Subjects
 from blackboard.settings import Settings
-from blackboard.subjects import MEMORY_STREAM, Subjects
 from blackboard.worker.decode import (
     EntryRow,
     ForgetRow,
@@ -176,7 +176,7 @@ def default_handlers(settings: Settings) -> list[StreamHandler]:
         return decode_memory(msg, max_bytes=max_bytes, index_chars=chars)
 
     from blackboard.worker.messages import message_handler  # imports this module
-    from blackboard.worker.voting import vote_handler  # imports this module
+    from blackboard.worker.votes import vote_handler  # imports this module
 
     return [
         StreamHandler("entries", subjects.kv_stream, subjects.entry_filter(), entry, write_entries, True, True),

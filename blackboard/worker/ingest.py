@@ -38,9 +38,9 @@ from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from blackboard.db import ingest_sql as q
-from blackboard.errors import InvalidPayloadError
+from blackboard.protocol.errors import InvalidPayloadError
+from blackboard.protocol.subjects import Subjects
 from blackboard.settings import Settings
-from blackboard.subjects import Subjects
 from blackboard.worker._tasks import run_until_stopped
 from blackboard.worker.decode import DeadLetter, RawMessage, parse_ack_reply
 from blackboard.worker.handlers import Conn, StreamHandler

@@ -18,17 +18,17 @@ from typing import Any
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
-from blackboard import codec
 from blackboard.db import messages_sql as q
-from blackboard.errors import InvalidKeyError, InvalidPayloadError
-from blackboard.schemas import MessageEnvelope, validate_wire
-from blackboard.schemas.message_search import (
+from blackboard.protocol import codec
+from blackboard.protocol.errors import InvalidKeyError, InvalidPayloadError
+from blackboard.protocol.schemas import MessageEnvelope, validate_wire
+from blackboard.protocol.schemas.message_search import (
     MessageHit,
     MessageSearchRequest,
     MessageSearchResponse,
 )
+from blackboard.protocol.subjects import MESSAGE_STREAM, Subjects
 from blackboard.settings import Settings
-from blackboard.subjects import MESSAGE_STREAM, Subjects
 from blackboard.worker.decode import RawMessage, entry_search_text, is_json_safe
 from blackboard.worker.handlers import Conn, StreamHandler
 

@@ -20,16 +20,16 @@ from typing import Any
 from nats.aio.client import Client as NATS
 from psycopg_pool import AsyncConnectionPool
 
-from blackboard.connection import connect_nats
+from blackboard.client.connection import connect_nats
+from blackboard.client.streams import ensure_streams
 from blackboard.db import migrate, open_pool
-from blackboard.errors import ConfigurationError
+from blackboard.protocol.errors import ConfigurationError
 from blackboard.settings import Settings
-from blackboard.streams import ensure_streams
 from blackboard.worker.embed_inbox import EmbedInbox
 from blackboard.worker.embedder import Embedder, EmbeddingProvider, load_provider
 from blackboard.worker.handlers import StreamHandler, default_handlers
 from blackboard.worker.ingest import ConsumerLag, IngestLoop, backoff_delays
-from blackboard.worker.voting import VoteCloser
+from blackboard.worker.votes import VoteCloser
 
 __all__ = ["Worker", "run_worker"]
 
@@ -108,7 +108,7 @@ class Worker:
             await self.votes.setup()
             self._spawn("vote closer", self.votes.run)
             if self._serve_search:
-                from blackboard.worker.search_service import SearchService
+                from blackboard.search.service import SearchService
 
                 query_provider = self._query_provider
                 if query_provider is None:

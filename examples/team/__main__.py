@@ -12,7 +12,7 @@ import json
 import sys
 from typing import get_args
 
-from blackboard.errors import BlackboardError, NotConnectedError
+from blackboard.protocol.errors import BlackboardError, NotConnectedError
 from blackboard.settings import Settings
 from examples.team.team import PolicyChoice, TeamConfig, run_team
 

@@ -31,7 +31,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agents_sdk import Agent, ConflictError
-from agents_sdk.inbox import Message
 from agents_sdk.memory import (
     PromptBudget,
     PromptContext,
@@ -39,9 +38,10 @@ from agents_sdk.memory import (
     WorkingMemory,
     build_prompt,
 )
+from agents_sdk.messaging.inbox import Message
 from agents_sdk.view import View
-from blackboard.errors import OperationTimeoutError, ProposalClosedError, VoteError
-from blackboard.schemas import Outcome
+from blackboard.protocol.errors import OperationTimeoutError, ProposalClosedError, VoteError
+from blackboard.protocol.schemas import Outcome
 from examples.team.policy import DECISION_MARKER, Decision, OpenTask, Policy, TaskSpec
 
 __all__ = ["Actor", "Mailbox", "Member", "Planner", "Transcript", "outcome_fields", "reached"]

@@ -27,7 +27,7 @@ from typing import Any, Generic, Protocol, TypeVar
 from openai import AsyncOpenAI, OpenAIError
 
 from agents_sdk.memory import PromptContext
-from blackboard.errors import LLMError
+from blackboard.protocol.errors import LLMError
 from blackboard.settings import LLMSettings
 
 __all__ = [

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from agents_sdk import Agent, NotConnectedError, NotFoundError
-from blackboard.errors import ConfigurationError
+from blackboard.protocol.errors import ConfigurationError
 from blackboard.settings import Settings
 from examples.team.agents import FINAL, FINAL_KEY, TASKS, Actor, Planner, Transcript, outcome_fields
 from examples.team.policy import LLMPolicy, Policy, ScriptedPolicy, llm_configured

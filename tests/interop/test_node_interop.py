@@ -22,8 +22,8 @@ from typing import Any
 import pytest
 
 from agents_sdk import Agent, ConflictError
+from blackboard.protocol.subjects import encode_key
 from blackboard.settings import Settings
-from blackboard.subjects import encode_key
 
 HERE = Path(__file__).resolve().parent
 PROGRAM = HERE / "interop.mjs"

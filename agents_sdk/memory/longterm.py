@@ -1,0 +1,136 @@
+"""Long-term memory, agent side: ``remember`` publishes to JetStream; the worker
+persists and embeds; ``recall`` asks the search service.
+
+``remember`` returns as soon as JetStream has acknowledged the memory: no
+embedding or LLM call on the write path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from blackboard.client.publisher import RETRYABLE, Ack, Publisher
+from blackboard.protocol import codec
+from blackboard.protocol.errors import InvalidPayloadError, PayloadTooLargeError
+from blackboard.protocol.schemas.memory import MemoryKind
+from blackboard.protocol.subjects import Header, Subjects
+
+if TYPE_CHECKING:
+    from agents_sdk.agent import Agent
+
+__all__ = ["DEFAULT_MEMORY_BOARD", "LongTermMemory", "MemoryInput"]
+
+DEFAULT_MEMORY_BOARD = "default"
+_KINDS = frozenset({"episodic", "semantic", "procedural", "knowledge", "summary"})
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryInput:
+    """One memory for :meth:`LongTermMemory.remember_many`."""
+
+    text: str
+    kind: MemoryKind = "episodic"
+    tags: Sequence[str] = ()
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+    importance: float = 0.5
+    board: str | None = None
+    source: str | None = None
+    read_only: bool = False
+    id: str | None = None
+
+
+class LongTermMemory:
+    """Publishes :class:`~blackboard.protocol.schemas.MemoryRecord` messages for one agent."""
+
+    def __init__(self, agent: Agent) -> None:
+        self._agent = agent
+        self._publisher = Publisher(agent.nc, agent._store._js, agent.settings.nats)
+        self._max = agent.settings.board.max_value_size
+
+    def _prepare(self, m: MemoryInput) -> tuple[str, str, bytes, dict[str, str]]:
+        if not isinstance(m.text, str) or not m.text.strip():
+            raise InvalidPayloadError("a memory needs non-empty text")
+        if m.kind not in _KINDS:
+            raise InvalidPayloadError(f"unknown memory kind {m.kind!r}; one of {sorted(_KINDS)}")
+        if not 0.0 <= m.importance <= 1.0:
+            raise InvalidPayloadError("importance must be between 0 and 1")
+        board = m.board or DEFAULT_MEMORY_BOARD
+        subject = Subjects.memory(board, self._agent.id)
+        memory_id = m.id or f"{self._agent.id}-{self._publisher.msg_id()}"
+        record = {
+            "v": 1, "id": memory_id, "board": board, "agent": self._agent.id, "kind": m.kind,
+            "text": m.text, "tags": list(m.tags), "metadata": dict(m.metadata),
+            "importance": float(m.importance), "source": m.source, "read_only": m.read_only,
+            "created_at": datetime.now(UTC).isoformat(),
+        }
+        payload = codec.encode(record)
+        if len(payload) > self._max:
+            raise PayloadTooLargeError(len(payload), self._max)
+        # The memory id is the Msg-Id: re-sending the same memory is deduplicated.
+        return memory_id, subject, payload, {Header.MSG_ID.value: memory_id}
+
+    async def remember(self, text: str, *, kind: MemoryKind = "episodic", tags: Sequence[str] = (),
+                       metadata: Mapping[str, Any] | None = None, importance: float = 0.5,
+                       board: str | None = None, source: str | None = None, read_only: bool = False,
+                       id: str | None = None) -> str:
+        """Store a long-term memory; returns its id once JetStream has it durably.
+
+        Raises:
+            InvalidPayloadError, PayloadTooLargeError, InvalidKeyError: bad input.
+            NotConnectedError, OperationTimeoutError: not acknowledged in time.
+        """
+        memory_id, subject, payload, headers = self._prepare(MemoryInput(
+            text, kind, tags, metadata or {}, importance, board, source, read_only, id))
+        await self._publisher.publish(subject, payload, headers, what=f"memory {memory_id!r}")
+        return memory_id
+
+    async def forget(self, ids: Sequence[str], *, board: str | None = None) -> None:
+        """Ask the workers to delete memories (by id) of ``board``; returns once acknowledged.
+
+        Raises:
+            InvalidPayloadError: no ids.
+        """
+        ids = [str(i) for i in ids]
+        if not ids:
+            raise InvalidPayloadError("forget needs at least one memory id")
+        board = board or DEFAULT_MEMORY_BOARD
+        subject = Subjects.memory(board, self._agent.id)
+        msg_id = self._publisher.msg_id()
+        for start in range(0, len(ids), 1000):
+            record = {"v": 1, "op": "forget", "board": board, "agent": self._agent.id,
+                      "ids": ids[start:start + 1000], "created_at": datetime.now(UTC).isoformat()}
+            await self._publisher.publish(subject, codec.encode(record), {Header.MSG_ID.value: f"{msg_id}-{start}"},
+                                          what=f"forget of {len(ids)} memories")
+
+    async def remember_many(self, memories: Iterable[MemoryInput]) -> list[str]:
+        """Store many memories pipelined (each acknowledged); returns their ids in order.
+
+        Raises:
+            the first error of :meth:`remember` (the other memories are still stored).
+        """
+        timeout = self._agent.settings.nats.request_timeout
+        sent: list[tuple[str, str, bytes, dict[str, str], asyncio.Future[Ack] | None]] = []
+        for m in memories:
+            memory_id, subject, payload, headers = self._prepare(m)
+            fut: asyncio.Future[Ack] | None
+            try:
+                fut = await self._publisher.send(subject, payload, headers)
+            except RETRYABLE:
+                fut = None  # re-sent below through the retrying path
+            sent.append((memory_id, subject, payload, headers, fut))
+        pending = [f for *_, f in sent if f is not None and not f.done()]
+        if pending:
+            await asyncio.wait(pending, timeout=timeout)
+        ids: list[str] = []
+        for memory_id, subject, payload, headers, fut in sent:
+            if fut is None or not fut.done() or fut.cancelled() or fut.exception() is not None:
+                if fut is not None and not fut.done():
+                    self._publisher.forget(fut)
+                # same Msg-Id (the memory id): deduplicated if the first copy landed
+                await self._publisher.publish(subject, payload, headers, what=f"memory {memory_id!r}")
+            ids.append(memory_id)
+        return ids

@@ -1,0 +1,1 @@
+"""Agent messages: direct, broadcast and topic sends, durable inboxes, request/reply."""

@@ -1,0 +1,721 @@
+"""Durable inboxes: one JetStream pull consumer per agent on ``BB_MSG``.
+
+An agent's inbox is the durable consumer ``inbox-<agent>`` (explicit acks,
+deliver-all on creation). Its filter subjects are the agent's direct subject
+plus the broadcast subjects of the boards it joined and the topic patterns it
+subscribed to. Each of those *grants* is stored with the stream sequence it was
+added at, in the consumer's metadata (``bb.start:<subject> = <seq>``); a
+message is admitted when a grant matches its subject and its sequence is above
+that grant's start, so joining a board does not replay the board's old
+broadcasts, while direct messages (start 0) are all delivered, including those
+sent before the agent ever connected.
+
+Ordering and redelivery: a reader fetches in stream order and keeps every
+message it holds alive (``+WPI``) until it is acknowledged, so the server never
+redelivers out of order behind the reader's back. When a reader opens and the
+consumer has delivered-but-unacknowledged messages (a crashed or closed
+earlier reader), it resets the consumer to its ack floor (``CONSUMER.RESET``,
+nats-server 2.14+; delete and re-create at ``floor + 1`` on older servers), so
+they come again at once and in order. See docs/messaging.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Collection, Iterator, Mapping
+from datetime import datetime
+from typing import Any
+
+import nats.errors
+import nats.js.errors
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+from nats.js import JetStreamContext, api
+
+from blackboard.protocol import codec
+from blackboard.protocol.errors import (
+    BlackboardError,
+    InboxBusyError,
+    InvalidKeyError,
+    InvalidPayloadError,
+    MessagingError,
+    NotConnectedError,
+    OperationTimeoutError,
+    TransportError,
+)
+from blackboard.protocol.schemas import MessageEnvelope, MessageKind, validate_wire
+from blackboard.protocol.subjects import MESSAGE_STREAM, Header, Subjects
+from blackboard.settings import Settings
+
+__all__ = [
+    "Inbox",
+    "InboxConsumer",
+    "Message",
+    "admitted",
+    "consumer_filters",
+    "decode_envelope",
+    "grants_from_metadata",
+    "metadata_from_grants",
+    "pattern_covers",
+    "patterns_overlap",
+    "subject_matches",
+    "with_grant",
+    "without_grant",
+]
+
+log = logging.getLogger("agents_sdk.messaging.inbox")
+
+_START_PREFIX = Subjects.inbox_start_key("")
+_SERVER_METADATA_PREFIX = "_nats."
+#: Longest wait of the reader between checks (stop, deadline, lost requests).
+_MAX_POLL = 1.0
+#: A pull request lives this long on the server; heartbeats come every _PULL_HEARTBEAT
+#: while it waits, so a request lost to a reconnect is noticed after _STALE_PULL.
+_PULL_EXPIRES = 30.0
+_PULL_HEARTBEAT = 1.0
+_STALE_PULL = 3.0
+_STATUS = Header.STATUS.value
+_DESCRIPTION = Header.DESCRIPTION.value
+_PENDING_MSGS = Header.PENDING_MESSAGES.value
+
+
+# --------------------------------------------------------------------------- pure
+def subject_matches(subject: str, pattern: str) -> bool:
+    """Whether a concrete ``subject`` matches a NATS ``pattern`` (``*``, trailing ``>``)."""
+    s = subject.split(".")
+    p = pattern.split(".")
+    for i, tok in enumerate(p):
+        if tok == ">":
+            return len(s) > i
+        if i >= len(s) or (tok != "*" and tok != s[i]):
+            return False
+    return len(s) == len(p)
+
+
+def pattern_covers(outer: str, inner: str) -> bool:
+    """Whether every subject matched by ``inner`` is matched by ``outer``."""
+    o = outer.split(".")
+    n = inner.split(".")
+    for i, tok in enumerate(o):
+        if tok == ">":
+            return len(n) > i
+        if i >= len(n) or n[i] == ">":
+            return False
+        if tok != "*" and (n[i] == "*" or n[i] != tok):
+            return False
+    return len(n) == len(o)
+
+
+def patterns_overlap(a: str, b: str) -> bool:
+    """Whether some subject matches both patterns."""
+    x = a.split(".")
+    y = b.split(".")
+    for i in range(max(len(x), len(y))):
+        if i >= len(x) or i >= len(y):
+            return False
+        if x[i] == ">" or y[i] == ">":
+            return True
+        if x[i] != y[i] and x[i] != "*" and y[i] != "*":
+            return False
+    return True
+
+
+def consumer_filters(grants: Mapping[str, int]) -> list[str]:
+    """The consumer's filter subjects for a set of grants: the maximal patterns.
+
+    A pattern covered by another (``build.failed`` under ``build.>``) needs no
+    filter of its own. JetStream refuses overlapping filters, so two patterns
+    that overlap without one covering the other are refused.
+
+    Raises:
+        InvalidKeyError: two grants overlap partially (e.g. ``a.*.c`` and ``a.b.*``).
+    """
+    patterns = sorted(grants)
+    maximal = [p for p in patterns if not any(q != p and pattern_covers(q, p) for q in patterns)]
+    for i, p in enumerate(maximal):
+        for q in maximal[i + 1:]:
+            if patterns_overlap(p, q):
+                raise InvalidKeyError(p, f"overlaps the subscription {q!r} without covering it or "
+                                         f"being covered by it; unsubscribe one first")
+    return maximal
+
+
+def with_grant(grants: Mapping[str, int], pattern: str, start: int) -> dict[str, int]:
+    """Grants plus ``pattern`` admitted from stream sequence ``start + 1`` on.
+
+    An existing grant for the same pattern keeps its (earlier) start.
+
+    Raises:
+        InvalidKeyError: the pattern overlaps an existing one partially.
+    """
+    if pattern in grants:
+        return dict(grants)
+    new = {**grants, pattern: start}
+    consumer_filters(new)
+    return new
+
+
+def without_grant(grants: Mapping[str, int], pattern: str) -> dict[str, int]:
+    """Grants without ``pattern`` (unchanged when it is not there)."""
+    return {p: s for p, s in grants.items() if p != pattern}
+
+
+def admitted(subject: str, seq: int, grants: Mapping[str, int]) -> bool:
+    """Whether the inbox delivers the message at stream sequence ``seq`` on ``subject``."""
+    return any(seq > start and subject_matches(subject, p) for p, start in grants.items())
+
+
+def grants_from_metadata(metadata: Mapping[str, str] | None, filters: Collection[str]) -> dict[str, int]:
+    """Read grants back from consumer metadata; a filter without a start entry starts at 0."""
+    grants: dict[str, int] = {}
+    for key, value in (metadata or {}).items():
+        if key.startswith(_START_PREFIX):
+            try:
+                grants[key[len(_START_PREFIX):]] = int(value)
+            except ValueError:
+                log.warning("ignoring inbox metadata %s=%r (not a sequence)", key, value)
+    for f in filters:
+        if not any(p == f or pattern_covers(f, p) for p in grants):
+            grants[f] = 0
+    return grants
+
+
+def metadata_from_grants(grants: Mapping[str, int]) -> dict[str, str]:
+    """Consumer metadata entries that record ``grants``."""
+    return {Subjects.inbox_start_key(p): str(s) for p, s in sorted(grants.items())}
+
+
+def decode_envelope(data: bytes, headers: Mapping[str, str] | None) -> MessageEnvelope:
+    """Decode a message payload (msgpack, or JSON with ``Bb-Encoding: json``).
+
+    Raises:
+        InvalidPayloadError: undecodable, or not a valid ``MessageEnvelope``.
+    """
+    return validate_wire(MessageEnvelope, codec.decode(data, codec.encoding_of(headers)))
+
+
+# ------------------------------------------------------------------- received
+class Message:
+    """A received message: an inbox message, or a request given to a handler.
+
+    The envelope's fields are attributes (``id``, ``sender``, ``type``,
+    ``body``...). Inbox messages must be settled with :meth:`ack` (processed),
+    :meth:`nak` (deliver again) or :meth:`term` (never again); until then they
+    stay in the inbox and come back after a crash. Requests need no settling
+    (the settle methods do nothing).
+    """
+
+    __slots__ = ("_inbox", "_raw", "_settled", "delivered", "envelope", "seq", "stored_at", "subject")
+
+    def __init__(self, envelope: MessageEnvelope, *, subject: str, seq: int | None = None,
+                 stored_at: datetime | None = None, delivered: int = 1, raw: Msg | None = None,
+                 inbox: Inbox | None = None) -> None:
+        self.envelope = envelope
+        #: Subject it arrived on (``bb.msg.agent.<me>``, ``bb.msg.board.<b>``, ``bb.rpc.<me>``...).
+        self.subject = subject
+        #: Stream sequence in ``BB_MSG`` (None for requests).
+        self.seq = seq
+        #: When the server stored it (None for requests).
+        self.stored_at = stored_at
+        #: Times it has been delivered to this inbox (1 the first time).
+        self.delivered = delivered
+        self._raw = raw
+        self._inbox = inbox
+        self._settled = raw is None
+
+    def __repr__(self) -> str:
+        return (f"Message(id={self.id!r}, sender={self.sender!r}, kind={self.kind!r}, type={self.type!r}, "
+                f"seq={self.seq})")
+
+    # envelope fields
+    @property
+    def id(self) -> str:
+        return self.envelope.id
+
+    @property
+    def sender(self) -> str:
+        return self.envelope.sender
+
+    @property
+    def kind(self) -> MessageKind:
+        return self.envelope.kind
+
+    @property
+    def type(self) -> str:
+        return self.envelope.type
+
+    @property
+    def body(self) -> Any:
+        return self.envelope.body
+
+    @property
+    def recipients(self) -> list[str]:
+        return self.envelope.recipients
+
+    @property
+    def board(self) -> str | None:
+        return self.envelope.board
+
+    @property
+    def topic(self) -> str | None:
+        return self.envelope.topic
+
+    @property
+    def correlation_id(self) -> str | None:
+        return self.envelope.correlation_id
+
+    @property
+    def reply_to(self) -> str | None:
+        return self.envelope.reply_to
+
+    @property
+    def created_at(self) -> datetime:
+        return self.envelope.created_at
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        return self.envelope.metadata
+
+    @property
+    def settled(self) -> bool:
+        """Acknowledged, nak'ed or terminated (always True for requests)."""
+        return self._settled
+
+    # settling
+    async def ack(self, *, wait: bool = False) -> None:
+        """Mark the message processed: it is not delivered again.
+
+        The ack is sent without waiting unless ``wait=True`` (then it returns
+        once the server has recorded it; a process that dies right after a
+        plain ack may see the message again).
+
+        Raises:
+            NotConnectedError: the connection is closed.
+            OperationTimeoutError: ``wait=True`` and the server did not confirm.
+        """
+        if self._raw is None or self._settled:
+            return
+        async with _nats_errors("ack"):
+            if wait:
+                await self._raw.ack_sync(timeout=5.0)
+            else:
+                await self._raw.ack()
+        self._done()
+
+    async def nak(self, delay: float | None = None) -> None:
+        """Ask for the message again (after ``delay`` seconds); it comes after those already fetched."""
+        if self._raw is None or self._settled:
+            return
+        async with _nats_errors("nak"):
+            await self._raw.nak(delay=delay)
+        self._done()
+
+    async def term(self) -> None:
+        """Drop the message for good without processing it (it is not redelivered)."""
+        if self._raw is None or self._settled:
+            return
+        async with _nats_errors("term"):
+            await self._raw.term()
+        self._done()
+
+    async def in_progress(self) -> None:
+        """Tell the server the message is still being worked on (the inbox also does it by itself)."""
+        if self._raw is None or self._settled:
+            return
+        async with _nats_errors("in-progress"):
+            await self._raw.in_progress()
+
+    def _done(self) -> None:
+        self._settled = True
+        if self._inbox is not None and self.seq is not None:
+            self._inbox._release(self.seq)
+
+
+@contextlib.asynccontextmanager
+async def _nats_errors(what: str) -> AsyncIterator[None]:
+    """Map NATS client errors of an inbox or consumer operation onto the error tree."""
+    try:
+        yield
+    except BlackboardError:
+        raise
+    except nats.errors.ConnectionClosedError as exc:
+        raise NotConnectedError(f"{what}: the NATS connection is closed") from exc
+    except (nats.errors.TimeoutError, TimeoutError) as exc:
+        raise OperationTimeoutError(f"{what}: no answer from the server in time") from exc
+    except nats.js.errors.APIError as exc:
+        raise TransportError(f"{what}: JetStream refused: {exc.description} (code {exc.err_code})") from exc
+    except nats.errors.Error as exc:
+        raise TransportError(f"{what}: {exc!r}") from exc
+
+
+# ------------------------------------------------------------ consumer state
+class InboxConsumer:
+    """The durable inbox consumer of one agent (create, change grants, reset).
+
+    No IO in ``__init__``. One per agent and process; grant changes are
+    serialized by a lock (two processes of the same agent changing grants at
+    the same moment may lose one change: run one process per agent id).
+    """
+
+    def __init__(self, nc: NATS, js: JetStreamContext, settings: Settings, agent: str) -> None:
+        self.agent = agent
+        self.name = Subjects.inbox_consumer(agent)
+        self.direct = Subjects.direct(agent)
+        self._nc = nc
+        self._js = js
+        self._settings = settings
+        self._lock = asyncio.Lock()
+        #: Latest known grants (pattern -> start sequence); refreshed by every call.
+        self.grants: dict[str, int] = {self.direct: 0}
+        #: The open reader, if any (one reader per agent).
+        self.reader: Inbox | None = None
+
+    def config(self, grants: Mapping[str, int], *, base: api.ConsumerConfig | None = None) -> api.ConsumerConfig:
+        """The consumer configuration for ``grants`` (keeping ``base``'s start policy and foreign metadata)."""
+        m = self._settings.messaging
+        metadata = {k: v for k, v in ((base.metadata if base else None) or {}).items()
+                    if not k.startswith(_START_PREFIX) and not k.startswith(_SERVER_METADATA_PREFIX)}
+        metadata.update(metadata_from_grants(grants))
+        return api.ConsumerConfig(
+            name=self.name,
+            durable_name=self.name,
+            description=f"inbox of agent {self.agent}",
+            deliver_policy=base.deliver_policy if base else api.DeliverPolicy.ALL,
+            opt_start_seq=base.opt_start_seq if base else None,
+            ack_policy=api.AckPolicy.EXPLICIT,
+            ack_wait=m.inbox_ack_wait,
+            max_ack_pending=m.inbox_max_ack_pending,
+            max_deliver=-1,
+            max_waiting=64,
+            filter_subjects=consumer_filters(grants),
+            metadata=metadata,
+        )
+
+    def _read(self, info: api.ConsumerInfo) -> dict[str, int]:
+        cfg = info.config
+        filters = list(cfg.filter_subjects or ([cfg.filter_subject] if cfg.filter_subject else []))
+        grants = grants_from_metadata(cfg.metadata, filters)
+        if self.direct not in grants:
+            grants[self.direct] = 0
+        self.grants = grants
+        return grants
+
+    async def ensure(self) -> api.ConsumerInfo:
+        """The consumer's info, creating the consumer (direct messages only) if it is missing.
+
+        Raises:
+            NotConnectedError, OperationTimeoutError, TransportError: NATS trouble.
+        """
+        async with _nats_errors(f"inbox consumer {self.name}"):
+            info: api.ConsumerInfo
+            try:
+                info = await self._js.consumer_info(MESSAGE_STREAM, self.name)
+            except nats.js.errors.NotFoundError:
+                info = await self._js.add_consumer(MESSAGE_STREAM, self.config({self.direct: 0}))
+        self._read(info)
+        return info
+
+    async def change(self, fn: Callable[[dict[str, int], int], dict[str, int]]) -> dict[str, int]:
+        """Apply ``fn(grants, last_stream_seq)`` to the grants and update the consumer.
+
+        Returns:
+            The new grants.
+
+        Raises:
+            InvalidKeyError: the new grants cannot be expressed (partial overlap).
+            NotConnectedError, OperationTimeoutError, TransportError: NATS trouble.
+        """
+        async with self._lock:
+            info = await self.ensure()
+            grants = self._read(info)
+            async with _nats_errors(f"inbox consumer {self.name}"):
+                last = int((await self._js.stream_info(MESSAGE_STREAM)).state.last_seq)
+                new = fn(dict(grants), last)
+                if new == grants:
+                    return grants
+                await self._js.add_consumer(MESSAGE_STREAM, self.config(new, base=info.config))
+            self.grants = new
+            return new
+
+    async def reset_if_pending(self, info: api.ConsumerInfo) -> bool:
+        """Rewind to the ack floor if an earlier reader left messages unacknowledged.
+
+        Returns:
+            Whether the consumer was rewound.
+        """
+        if not info.num_ack_pending:
+            return False
+        async with self._lock, _nats_errors(f"reset of inbox {self.name}"):
+            version = self._nc.connected_server_version
+            if (version.major, version.minor) >= (2, 14):
+                resp = await self._nc.request(Subjects.consumer_reset_api(MESSAGE_STREAM, self.name), b"",
+                                              timeout=self._settings.nats.request_timeout)
+                data = json.loads(resp.data or b"{}")
+                if "error" in data:
+                    err = data["error"]
+                    raise TransportError(f"reset of inbox {self.name} refused: {err.get('description')} "
+                                         f"(code {err.get('err_code')})")
+            else:  # pre-2.14: re-create the consumer just above the ack floor
+                floor = int(info.ack_floor.stream_seq) if info.ack_floor else 0
+                base = info.config
+                base.deliver_policy = api.DeliverPolicy.BY_START_SEQUENCE
+                base.opt_start_seq = floor + 1
+                await self._js.delete_consumer(MESSAGE_STREAM, self.name)
+                await self._js.add_consumer(MESSAGE_STREAM, self.config(self._read(info), base=base))
+        log.debug("inbox %s rewound to its ack floor (%d unacknowledged)", self.name, info.num_ack_pending)
+        return True
+
+
+# --------------------------------------------------------------------- reader
+class Inbox:
+    """Reads an agent's inbox in order: ``async for msg in agent.inbox(): ...; await msg.ack()``.
+
+    Also an async context manager (``async with agent.inbox() as inbox``),
+    which closes it on exit; iteration alone closes it when it ends (timeout,
+    limit). Closing leaves unacknowledged messages in the inbox: the next
+    reader gets them first.
+
+    Args:
+        consumer: the agent's inbox consumer.
+        types: only yield messages of these types; others are acknowledged
+            and skipped (they stay in the stream and in PostgreSQL).
+        batch: messages per pull request (default ``messaging.inbox_batch``).
+        timeout: stop after this many seconds without a message (None: wait forever).
+        limit: stop after yielding this many messages.
+        include_own: also yield broadcasts and topic messages this agent sent.
+    """
+
+    def __init__(self, consumer: InboxConsumer, settings: Settings, *, types: Collection[str] | None = None,
+                 batch: int | None = None, timeout: float | None = None, limit: int | None = None,
+                 include_own: bool = False) -> None:
+        if batch is not None and batch < 1:
+            raise ValueError("batch must be at least 1")
+        if limit is not None and limit < 0:
+            raise ValueError("limit must be >= 0")
+        self._consumer = consumer
+        self._nc = consumer._nc
+        self._settings = settings
+        self._types = frozenset(types) if types is not None else None
+        self._batch = batch or settings.messaging.inbox_batch
+        self._timeout = timeout
+        self._limit = limit
+        self._include_own = include_own
+        self._sub: Subscription | None = None
+        self._deliver = ""
+        self._pull_subject = Subjects.consumer_next_api(MESSAGE_STREAM, consumer.name)
+        #: Messages asked for with pull requests and not yet received.
+        self._outstanding = 0
+        self._last_activity = 0.0
+        self._arrived = asyncio.Event()
+        self._error: BlackboardError | None = None
+        self._buffer: deque[Msg] = deque()
+        self._held: dict[int, Msg] = {}
+        self._keepalive: asyncio.Task[None] | None = None
+        self._yielded = 0
+        self._opened = False
+        self._closed = False
+        self._busy = False
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def unacknowledged(self) -> int:
+        """Messages received or yielded and not yet settled."""
+        return len(self._held)
+
+    async def open(self) -> None:
+        """Claim the agent's inbox, rewind past an earlier reader's unacked messages, start pulling.
+
+        Raises:
+            InboxBusyError: another reader of this agent is being iterated right now.
+            NotConnectedError, OperationTimeoutError, TransportError: NATS trouble.
+        """
+        if self._opened:
+            return
+        if self._closed:
+            raise MessagingError("this inbox reader is closed; open a new one with agent.inbox()")
+        current = self._consumer.reader
+        if current is not None and current is not self and not current.closed:
+            if current._busy:
+                raise InboxBusyError(self._consumer.agent)
+            await current.close()
+        self._consumer.reader = self
+        self._opened = True
+        try:
+            info = await self._consumer.ensure()
+            await self._consumer.reset_if_pending(info)
+            async with _nats_errors(f"inbox {self._consumer.name}"):
+                self._deliver = self._nc.new_inbox()
+                self._sub = await self._nc.subscribe(self._deliver, cb=self._on_msg)
+            self._last_activity = asyncio.get_running_loop().time()
+            self._keepalive = asyncio.create_task(self._keep_alive(), name=f"inbox keepalive {self._consumer.agent}")
+        except BaseException:
+            await self.close()
+            raise
+
+    async def close(self) -> None:
+        """Stop reading; unacknowledged messages stay in the inbox for the next reader."""
+        if self._closed:
+            return
+        self._closed = True
+        self._arrived.set()
+        if self._keepalive is not None:
+            self._keepalive.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._keepalive
+        if self._sub is not None:
+            with contextlib.suppress(nats.errors.Error):
+                await self._sub.unsubscribe()
+        self._buffer.clear()
+        if self._consumer.reader is self:
+            self._consumer.reader = None
+
+    async def __aenter__(self) -> Inbox:
+        await self.open()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def __aiter__(self) -> Inbox:
+        return self
+
+    async def __anext__(self) -> Message:
+        if self._closed:
+            raise StopAsyncIteration
+        if self._limit is not None and self._yielded >= self._limit:
+            await self.close()
+            raise StopAsyncIteration
+        if self._busy:
+            raise InboxBusyError(self._consumer.agent)
+        self._busy = True
+        try:
+            await self.open()
+            loop = asyncio.get_running_loop()
+            deadline = None if self._timeout is None else loop.time() + self._timeout
+            while True:
+                while self._buffer:
+                    msg = await self._admit(self._buffer.popleft())
+                    if msg is not None:
+                        self._yielded += 1
+                        return msg
+                if self._error is not None:
+                    raise self._error
+                if self._closed:
+                    raise StopAsyncIteration
+                self._arrived.clear()
+                await self._request()
+                if self._buffer or self._closed:
+                    continue
+                wait = _MAX_POLL if deadline is None else min(_MAX_POLL, deadline - loop.time())
+                if wait <= 0:
+                    await self.close()
+                    raise StopAsyncIteration
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._arrived.wait(), wait)
+        finally:
+            self._busy = False
+
+    # -- continuous pull: a standing pull request, topped up at half the batch --
+    async def _request(self) -> None:
+        """Ask for more messages when fewer than half a batch are on their way or buffered."""
+        loop = asyncio.get_running_loop()
+        if self._outstanding and loop.time() - self._last_activity > _STALE_PULL:
+            # No message or heartbeat for a while: the request was lost (reconnect, server restart).
+            self._outstanding = 0
+        want = self._batch - self._outstanding - len(self._buffer)
+        if want < max(1, self._batch // 2):
+            return
+        request = {"batch": want, "expires": int(_PULL_EXPIRES * 1e9), "idle_heartbeat": int(_PULL_HEARTBEAT * 1e9)}
+        try:
+            await self._nc.publish(self._pull_subject, json.dumps(request).encode(), reply=self._deliver)
+        except nats.errors.ConnectionClosedError as exc:
+            if not self._closed:
+                raise NotConnectedError("inbox: the NATS connection is closed") from exc
+            return
+        except nats.errors.Error as exc:  # reconnecting: the next round asks again
+            log.debug("inbox %s: pull request failed: %r", self._consumer.name, exc)
+            await asyncio.sleep(0.1)
+            return
+        self._outstanding += want
+        self._last_activity = loop.time()
+
+    async def _on_msg(self, m: Msg) -> None:
+        """Subscription callback: buffer a message, or account for a status of a pull request."""
+        self._last_activity = asyncio.get_running_loop().time()
+        status = m.headers.get(_STATUS) if m.headers else None
+        if status:
+            if status == "100":  # idle heartbeat: the request is alive
+                return
+            # 404/408: the request ended (expired or nothing left); 409: refused or
+            # interrupted. Nats-Pending-Messages tells how much of it was unused.
+            pending = m.headers.get(_PENDING_MSGS) if m.headers else None
+            self._outstanding = max(0, self._outstanding - int(pending)) if pending else 0
+            description = (m.headers or {}).get(_DESCRIPTION, "")
+            if status == "409" and "deleted" in description.lower():
+                self._error = TransportError(f"inbox {self._consumer.name}: the consumer was deleted")
+            self._arrived.set()
+            return
+        self._outstanding = max(0, self._outstanding - 1)
+        seq = _stream_seq(m)
+        if seq is None or seq in self._held:
+            return  # a redelivery of a message we still hold: the held copy is the one settled
+        self._held[seq] = m
+        self._buffer.append(m)
+        self._arrived.set()
+
+    async def _admit(self, raw: Msg) -> Message | None:
+        """The message to yield, or None after settling one the reader skips."""
+        md = raw.metadata
+        seq = md.sequence.stream
+        if not admitted(raw.subject, seq, self._consumer.grants):
+            await self._skip(raw, seq)  # before the join/subscription, or no longer subscribed
+            return None
+        try:
+            env = decode_envelope(raw.data, raw.headers)
+        except InvalidPayloadError as exc:
+            log.warning("inbox %s: dropping undecodable message seq %d on %s: %s", self._consumer.name, seq,
+                        raw.subject, exc.reason)
+            await self._skip(raw, seq, term=True)
+            return None
+        if ((not self._include_own and env.kind != "direct" and env.sender == self._consumer.agent)
+                or (self._types is not None and env.type not in self._types)):
+            await self._skip(raw, seq)
+            return None
+        return Message(env, subject=raw.subject, seq=seq, stored_at=md.timestamp,
+                       delivered=md.num_delivered, raw=raw, inbox=self)
+
+    async def _skip(self, raw: Msg, seq: int, *, term: bool = False) -> None:
+        self._held.pop(seq, None)
+        with contextlib.suppress(nats.errors.Error):  # not acked: it comes back and is skipped again
+            await (raw.term() if term else raw.ack())
+
+    def _release(self, seq: int) -> None:
+        self._held.pop(seq, None)
+
+    def _pending(self) -> Iterator[Msg]:
+        return iter(list(self._held.values()))
+
+    async def _keep_alive(self) -> None:
+        """Send in-progress for every held message well within ack_wait (no out-of-order redelivery)."""
+        interval = self._settings.messaging.inbox_ack_wait / 3
+        nc = self._consumer._nc
+        while not nc.is_closed:
+            await asyncio.sleep(interval)
+            for m in self._pending():
+                with contextlib.suppress(nats.errors.Error):
+                    await m.in_progress()
+
+
+def _stream_seq(m: Msg) -> int | None:
+    try:
+        return int(m.metadata.sequence.stream)
+    except (nats.errors.Error, ValueError, IndexError, AttributeError):
+        return None

@@ -1,0 +1,293 @@
+"""The ``blackboard`` command line.
+
+``blackboard dev``      embedded nats-server + PostgreSQL + worker, one command
+``blackboard worker``   persistence worker (run several to scale out)
+``blackboard migrate``  apply the SQL migrations
+``blackboard setup``    create the JetStream assets and apply migrations
+``blackboard reindex``  re-embed everything with the configured model
+``blackboard ingest``   load text/markdown files as knowledge memories
+
+Every option can also come from the environment (``BLACKBOARD_*``, see
+``docs/configuration.md``); command-line flags win.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import signal
+import sys
+from collections.abc import Callable, Coroutine, Sequence
+from pathlib import Path
+from typing import Any
+
+from blackboard.protocol.errors import BlackboardError
+from blackboard.settings import Settings
+
+__all__ = ["main"]
+
+log = logging.getLogger("blackboard.apps.cli")
+
+
+def _settings_from(args: argparse.Namespace) -> Settings:
+    settings = Settings()
+    nats_url = getattr(args, "nats_url", None)
+    pg_dsn = getattr(args, "postgres_dsn", None)
+    if nats_url:
+        settings = settings.model_copy(update={"nats": settings.nats.model_copy(update={"url": nats_url})})
+    if pg_dsn:
+        from pydantic import SecretStr
+
+        settings = settings.model_copy(
+            update={"postgres": settings.postgres.model_copy(update={"dsn": SecretStr(pg_dsn)})})
+    return settings
+
+
+def _add_conn_flags(p: argparse.ArgumentParser, *, nats: bool = True, pg: bool = True) -> None:
+    if nats:
+        p.add_argument("--nats-url", help="NATS server URL(s), comma-separated (env BLACKBOARD_NATS__URL)")
+    if pg:
+        p.add_argument("--postgres-dsn", help="PostgreSQL DSN (env BLACKBOARD_POSTGRES__DSN)")
+
+
+def _on_signal() -> asyncio.Event:
+    """An event set by SIGINT or SIGTERM from now on (installed at once, not when awaited: a
+    signal that comes right after a "ready" line must not find Python's default handler)."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    return stop
+
+
+# --------------------------------------------------------------------------- dev
+async def _dev(args: argparse.Namespace) -> int:
+    from pydantic import SecretStr
+
+    from blackboard.client.connection import connect_nats
+    from blackboard.client.streams import ensure_streams
+    from blackboard.devstack import EmbeddedNats, EmbeddedPostgres
+
+    settings = Settings()
+    dev = settings.dev
+    data_dir = Path(args.data_dir or dev.data_dir).resolve()
+    host = args.host or dev.host
+    nats_port = dev.nats_port if args.nats_port is None else args.nats_port
+    pg_port = dev.pg_port if args.pg_port is None else args.pg_port
+    sync = args.sync_interval or settings.nats.sync_interval
+    data_dir.mkdir(parents=True, exist_ok=True)
+
+    nats_server = EmbeddedNats(data_dir / "nats", host=host, port=nats_port, sync_interval=sync)
+    pg_server = EmbeddedPostgres(data_dir / "postgres", host=host, port=pg_port,
+                                 shared_buffers=dev.pg_shared_buffers)
+    print(f"blackboard dev: data in {data_dir}", flush=True)
+    await asyncio.to_thread(nats_server.start)
+    try:
+        print(f"  nats-server   {nats_server.url}  (JetStream, sync_interval={sync})", flush=True)
+        if not args.no_postgres:
+            await asyncio.to_thread(pg_server.start)
+            print(f"  postgres      {pg_server.dsn}  (PostgreSQL 18 + pgvector, "
+                  f"shared_buffers={pg_server.shared_buffers})", flush=True)
+        settings = settings.model_copy(update={
+            "nats": settings.nats.model_copy(update={"url": nats_server.url}),
+            "postgres": settings.postgres.model_copy(update={"dsn": SecretStr(pg_server.dsn)}),
+        })
+        nc = await connect_nats(settings.nats, name="blackboard-dev")
+        try:
+            await ensure_streams(nc.jetstream(), settings, update=True)
+        finally:
+            await nc.close()
+        print("  streams       ready (KV bucket, memory, messages, votes, objects)", flush=True)
+        runner: Callable[[Settings, asyncio.Event, asyncio.Event], Coroutine[Any, Any, None]] | None = None
+        if not args.no_postgres:
+            from blackboard.db import migrate
+
+            applied = await migrate(settings)
+            print(f"  migrations    up to date ({len(applied)} applied now)", flush=True)
+            if not args.no_worker and dev.run_worker:
+                runner = _worker_runner()
+        print("\nConnect agents with:", flush=True)
+        print(f"  export BLACKBOARD_NATS__URL={nats_server.url}", flush=True)
+        if not args.no_postgres:
+            print(f"  export BLACKBOARD_POSTGRES__DSN={pg_server.dsn}", flush=True)
+        print("Press Ctrl-C to stop.\n", flush=True)
+        stop = asyncio.Event()
+        worker_task: asyncio.Task[None] | None = None
+        if runner is not None:
+            ready = asyncio.Event()
+            worker_task = asyncio.create_task(runner(settings, ready, stop))
+            done, _ = await asyncio.wait({worker_task, asyncio.create_task(ready.wait())},
+                                         return_when=asyncio.FIRST_COMPLETED)
+            if worker_task in done:
+                worker_task.result()
+        signalled = _on_signal()
+        if worker_task is not None:
+            print("  worker        running (persistence, embeddings, search, deadlines)", flush=True)
+        await signalled.wait()
+        print("\nblackboard dev: shutting down...", flush=True)
+        stop.set()
+        if worker_task is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.wait_for(worker_task, 15)
+    finally:
+        await asyncio.to_thread(pg_server.stop)
+        await asyncio.to_thread(nats_server.stop)
+    print("blackboard dev: stopped; data kept in", data_dir, flush=True)
+    return 0
+
+
+def _worker_runner() -> Callable[[Settings, asyncio.Event, asyncio.Event], Coroutine[Any, Any, None]]:
+    from blackboard.worker import run_worker
+
+    async def run(settings: Settings, ready: asyncio.Event, stop: asyncio.Event) -> None:
+        await run_worker(settings, ready=ready, stop=stop)
+
+    return run
+
+
+# ------------------------------------------------------------------------ worker
+async def _worker(args: argparse.Namespace) -> int:
+    settings = _settings_from(args)
+    if args.name:
+        settings = settings.model_copy(update={"worker": settings.worker.model_copy(update={"name": args.name})})
+    if args.no_embed:
+        settings = settings.model_copy(update={"worker": settings.worker.model_copy(update={"embed": False})})
+    stop = asyncio.Event()
+    ready = asyncio.Event()
+    signalled = _on_signal()
+    task = asyncio.create_task(_worker_runner()(settings, ready, stop))
+    sig = asyncio.create_task(signalled.wait())
+    done, _ = await asyncio.wait({task, sig}, return_when=asyncio.FIRST_COMPLETED)
+    if task in done:
+        task.result()
+        return 0
+    stop.set()
+    await asyncio.wait_for(task, 30)
+    return 0
+
+
+async def _migrate(args: argparse.Namespace) -> int:
+    from blackboard.db import migrate
+
+    applied = await migrate(_settings_from(args))
+    if applied:
+        for name in applied:
+            print(f"applied {name}")
+    else:
+        print("database is up to date")
+    return 0
+
+
+async def _setup(args: argparse.Namespace) -> int:
+    from blackboard.client.connection import connect_nats
+    from blackboard.client.streams import ensure_streams
+
+    settings = _settings_from(args)
+    nc = await connect_nats(settings.nats, name="blackboard-setup")
+    try:
+        await ensure_streams(nc.jetstream(), settings, update=True)
+    finally:
+        await nc.close()
+    print(f"JetStream assets ready on {settings.nats.url}")
+    if not args.no_migrate:
+        return await _migrate(args)
+    return 0
+
+
+async def _reindex(args: argparse.Namespace) -> int:
+    from blackboard.worker.reindex import reindex
+
+    await reindex(_settings_from(args), progress=not args.quiet)
+    return 0
+
+
+async def _ingest(args: argparse.Namespace) -> int:
+    from agents_sdk.memory.knowledge import ingest_paths
+
+    settings = _settings_from(args)
+    report = await ingest_paths(settings, [Path(p) for p in args.paths], board=args.board,
+                                agent_id=args.agent, chunk_size=args.chunk_size, overlap=args.overlap,
+                                progress=not args.quiet)
+    print(report)
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="blackboard",
+        description="A distributed blackboard for teams of LLM agents (NATS JetStream + PostgreSQL/pgvector).",
+        epilog="Configuration: BLACKBOARD_* environment variables (nested with __), see docs/configuration.md.",
+    )
+    parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output (-vv for debug)")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("dev", help="run nats-server, PostgreSQL + pgvector and a worker locally",
+                       description="Start the embedded dev stack: nats-server with JetStream and PostgreSQL 18 "
+                                   "with pgvector from pip packages, create the streams, apply migrations and "
+                                   "run a worker, until Ctrl-C. A second start reuses the data directory.")
+    p.add_argument("--data-dir", help="where the servers keep their data (default ./.blackboard)")
+    p.add_argument("--host", help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--nats-port", type=int, help="NATS port (default 4222; 0 = any free port)")
+    p.add_argument("--pg-port", type=int, help="PostgreSQL port (default 5433; 0 = any free port)")
+    p.add_argument("--sync-interval", help="JetStream fsync policy: 'always' or a duration like 1s, 2m "
+                                           "(default 1s; see docs/operations.md)")
+    p.add_argument("--no-worker", action="store_true", help="do not run the persistence worker")
+    p.add_argument("--no-postgres", action="store_true", help="only NATS (no PostgreSQL, no worker)")
+    p.set_defaults(func=_dev)
+
+    p = sub.add_parser("worker", help="run a persistence worker (start several to scale out)",
+                       description="Consume the board, memory, message and vote streams into PostgreSQL, embed "
+                                   "memories, serve search, enforce vote deadlines. Workers share the work.")
+    _add_conn_flags(p)
+    p.add_argument("--name", help="worker name (for logs)")
+    p.add_argument("--no-embed", action="store_true", help="do not compute embeddings in this worker")
+    p.set_defaults(func=_worker)
+
+    p = sub.add_parser("migrate", help="apply the SQL migrations (idempotent)")
+    _add_conn_flags(p, nats=False)
+    p.set_defaults(func=_migrate)
+
+    p = sub.add_parser("setup", help="create the JetStream assets and apply migrations (idempotent)")
+    _add_conn_flags(p)
+    p.add_argument("--no-migrate", action="store_true", help="only create the JetStream assets")
+    p.set_defaults(func=_setup)
+
+    p = sub.add_parser("reindex", help="re-embed every memory and entry with the configured model")
+    _add_conn_flags(p, nats=False)
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=_reindex)
+
+    p = sub.add_parser("ingest", help="load text/markdown files as read-only knowledge memories",
+                       description="Chunk text and markdown files and store the chunks as knowledge memories "
+                                   "with their source; a second run re-ingests only files whose content changed.")
+    _add_conn_flags(p)
+    p.add_argument("paths", nargs="+", help="files or directories")
+    p.add_argument("--board", default="knowledge", help="board (scope) of the memories (default knowledge)")
+    p.add_argument("--agent", default="ingest", help="agent id recorded as author (default ingest)")
+    p.add_argument("--chunk-size", type=int, default=1200, help="characters per chunk (default 1200)")
+    p.add_argument("--overlap", type=int, default=200, help="characters shared by neighbouring chunks (200)")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=_ingest)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``blackboard`` command."""
+    args = _parser().parse_args(argv)
+    level = logging.WARNING - 10 * min(args.verbose, 2)
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        code: int = asyncio.run(args.func(args))
+        return code
+    except KeyboardInterrupt:
+        return 130
+    except BlackboardError as exc:
+        print(f"blackboard {args.command}: error: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,610 @@
+"""The board on one JetStream KV bucket: the IO layer under ``agents_sdk.Board``.
+
+Writes are JetStream publishes to ``$KV.<bucket>.<board>.<section>.<key>``
+carrying a ``Nats-Msg-Id``, so a write retried after a lost ack (server
+restart, network blip) is deduplicated by the server and never applied twice.
+Compare-and-set uses ``Nats-Expected-Last-Subject-Sequence``. Reads use direct
+get; history, listings and watches use ordered consumers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import re
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Literal
+
+import nats.errors
+import nats.js.errors
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+from nats.js import api
+
+from blackboard.client.publisher import RETRYABLE, Publisher
+from blackboard.protocol import codec
+from blackboard.protocol.entries import (
+    Change,
+    Entry,
+    Operation,
+    decode_entry,
+    encode_entry,
+    parse_server_time,
+)
+from blackboard.protocol.errors import (
+    BlackboardError,
+    ConflictError,
+    InvalidKeyError,
+    InvalidPayloadError,
+    NotConnectedError,
+    NotFoundError,
+    OperationTimeoutError,
+    PayloadTooLargeError,
+    TransportError,
+)
+from blackboard.protocol.subjects import Header, KeyParts, Subjects, validate_name
+from blackboard.settings import Settings
+
+__all__ = ["BoardStore", "Pipeline", "Watch", "WatchStart", "WriteOp"]
+
+_DECODED_CACHE = 1024
+
+_PIPELINE_RETRYABLE: tuple[type[BaseException], ...] = RETRYABLE
+
+log = logging.getLogger("blackboard.client.board_store")
+
+WatchStart = Literal["new", "current", "all"]
+
+_WRONG_LAST_SEQ = 10071
+_MSG_TOO_BIG = 10054
+_SEQ_RE = re.compile(r"(\d+)\s*$")
+
+
+@dataclass(frozen=True, slots=True)
+class WriteOp:
+    """One write of a pipelined batch."""
+
+    section: str
+    key: str
+    value: Any
+    content_type: str | None = None
+    tags: tuple[str, ...] = ()
+    metadata: Mapping[str, Any] | None = None
+    expected_revision: int | None = None
+    ttl: float | None = None
+
+
+@dataclass(slots=True)
+class _Prepared:
+    subject: str
+    payload: bytes
+    headers: dict[str, str]
+    key: str
+    expected: int | None
+
+
+class BoardStore:
+    """Board operations over one NATS connection. No IO in ``__init__``.
+
+    Args:
+        nc: a connected NATS client (it reconnects by itself).
+        settings: the deployment's settings.
+    """
+
+    def __init__(self, nc: NATS, settings: Settings) -> None:
+        self._nc = nc
+        self._settings = settings
+        self._js = nc.jetstream(timeout=settings.nats.request_timeout,
+                                publish_async_max_pending=settings.nats.max_pending_writes)
+        self.subjects = Subjects(settings.board.bucket)
+        self._publisher = Publisher(nc, self._js, settings.nats)
+        #: recently decoded revisions, shared by this store's watches
+        self._decoded: OrderedDict[int, Entry] = OrderedDict()
+        self._max = settings.board.max_value_size
+        self._direct_prefix = f"$JS.API.DIRECT.GET.{self.subjects.kv_stream}"
+
+    # ------------------------------------------------------------------ writes
+    def _msg_id(self) -> str:
+        return self._publisher.msg_id()
+
+    def _prepare(
+        self,
+        board: str,
+        section: str,
+        key: str,
+        value: Any,
+        *,
+        author: str,
+        content_type: str | None,
+        tags: Sequence[str],
+        metadata: Mapping[str, Any] | None,
+        expected_revision: int | None,
+        ttl: float | None,
+        encoding: codec.Encoding,
+    ) -> _Prepared:
+        subject = self.subjects.entry(board, section, key)
+        payload = encode_entry(value, author=author, content_type=content_type, tags=tuple(tags),
+                               metadata=metadata, encoding=encoding)
+        if len(payload) > self._max:
+            raise PayloadTooLargeError(len(payload), self._max)
+        headers = {Header.MSG_ID.value: self._msg_id()}
+        if encoding == "json":
+            headers[Header.ENCODING.value] = "json"
+        if expected_revision is not None:
+            if expected_revision < 0:
+                raise ValueError("expected_revision must be >= 0")
+            headers[Header.EXPECTED_LAST_SUBJECT_SEQUENCE.value] = str(expected_revision)
+        if ttl is not None:
+            if ttl < 1:
+                raise ValueError("ttl must be at least 1 second")
+            headers[Header.MSG_TTL.value] = f"{math.ceil(ttl)}s"
+        return _Prepared(subject, payload, headers, f"{board}.{section}.{key}", expected_revision)
+
+    async def _publish(self, prep: _Prepared) -> int:
+        """Publish with retries until acked or the write timeout; returns the revision."""
+        return await self._publish_prepared(prep, resend=False)
+
+    async def _publish_prepared(self, prep: _Prepared, *, resend: bool) -> int:
+        ack = await self._publisher.publish(prep.subject, prep.payload, prep.headers,
+                                            what=f"write to {prep.key!r}",
+                                            map_api_error=lambda exc: self._map_api_error(exc, prep),
+                                            stream=self.subjects.kv_stream, resend=resend)
+        return ack.seq
+
+    def _map_api_error(self, exc: nats.js.errors.APIError, prep: _Prepared) -> BlackboardError:
+        if exc.err_code == _WRONG_LAST_SEQ:
+            match = _SEQ_RE.search(exc.description or "")
+            current = int(match.group(1)) if match else -1
+            return ConflictError(prep.key, prep.expected, current)
+        if exc.err_code == _MSG_TOO_BIG:
+            return PayloadTooLargeError(len(prep.payload), self._max)
+        return TransportError(f"JetStream refused the write to {prep.key!r}: {exc.description} "
+                              f"(code {exc.err_code})")
+
+    async def put(
+        self,
+        board: str,
+        section: str,
+        key: str,
+        value: Any,
+        *,
+        author: str,
+        content_type: str | None = None,
+        tags: Sequence[str] = (),
+        metadata: Mapping[str, Any] | None = None,
+        expected_revision: int | None = None,
+        ttl: float | None = None,
+        encoding: codec.Encoding = "msgpack",
+    ) -> int:
+        """Write a value; with ``expected_revision`` only if the key is at that revision.
+
+        Returns:
+            The new revision.
+
+        Raises:
+            ConflictError: ``expected_revision`` did not match.
+            InvalidKeyError, PayloadTooLargeError, InvalidPayloadError: bad input.
+            NotConnectedError, OperationTimeoutError: not acknowledged in time.
+        """
+        prep = self._prepare(board, section, key, value, author=author, content_type=content_type, tags=tags,
+                             metadata=metadata, expected_revision=expected_revision, ttl=ttl, encoding=encoding)
+        return await self._publish(prep)
+
+    async def create(self, board: str, section: str, key: str, value: Any, *, author: str,
+                     **kwargs: Any) -> int:
+        """Write only if the key does not exist (or was deleted).
+
+        Raises:
+            ConflictError: the key exists; ``current_revision`` is its revision.
+        """
+        try:
+            return await self.put(board, section, key, value, author=author, expected_revision=0, **kwargs)
+        except ConflictError as exc:
+            # A deleted key may be re-created: CAS on the tombstone's revision.
+            try:
+                latest = await self._get_raw(board, section, key)
+            except NotFoundError:
+                raise exc from None
+            if latest.operation is Operation.PUT:
+                raise ConflictError(exc.key, 0, latest.revision) from None
+            return await self.put(board, section, key, value, author=author,
+                                  expected_revision=latest.revision, **kwargs)
+
+    async def delete(self, board: str, section: str, key: str, *, expected_revision: int | None = None,
+                     purge: bool = False) -> int:
+        """Write a tombstone (``purge=True`` also drops the key's history).
+
+        Returns:
+            The tombstone's revision.
+
+        Raises:
+            ConflictError: ``expected_revision`` did not match.
+        """
+        return await self._publish(self._prepare_delete(board, section, key, expected_revision, purge))
+
+    def _prepare_delete(self, board: str, section: str, key: str, expected_revision: int | None,
+                        purge: bool) -> _Prepared:
+        subject = self.subjects.entry(board, section, key)
+        headers = {Header.MSG_ID.value: self._msg_id(),
+                   Header.KV_OPERATION.value: "PURGE" if purge else "DEL"}
+        if purge:
+            headers[Header.ROLLUP.value] = "sub"
+        if expected_revision is not None:
+            headers[Header.EXPECTED_LAST_SUBJECT_SEQUENCE.value] = str(expected_revision)
+        return _Prepared(subject, b"", headers, f"{board}.{section}.{key}", expected_revision)
+
+    async def purge_board(self, board: str) -> int:
+        """Purge every key of a board (watchers see a purge per key).
+
+        Returns:
+            The number of keys purged.
+        """
+        keys = await self._scan_keys(self.subjects.entry_filter(board))
+        if not keys:
+            return 0
+        async with self.pipeline() as pipe:
+            for parts in keys:
+                await pipe.delete(parts.board, parts.section, parts.key, purge=True)
+        return len(keys)
+
+    def pipeline(self, *, author: str = "") -> Pipeline:
+        """A pipelined write path: many writes in flight, each still acknowledged.
+
+        At most ``settings.nats.max_pending_writes`` writes are unacknowledged
+        at a time; sending more waits.
+        """
+        return Pipeline(self, author=author)
+
+    # ------------------------------------------------------------------- reads
+    async def _request(self, subject: str, payload: bytes, what: str) -> Msg:
+        return await self._publisher.request(subject, payload, what=what)
+
+    def _decode_shared(self, seq: int, msg: Msg, stored_at: datetime | None) -> Entry:
+        """Decode a stored message once for every watch of this store.
+
+        Several watches (views) of one agent see the same revisions; the
+        first decodes it and the others get the same (read-only) Entry.
+        """
+        entry = self._decoded.get(seq)  # a stream sequence is never reused
+        if entry is None:
+            parts = self.subjects.parse_entry(msg.subject)
+            entry = decode_entry(parts, seq, msg.data, msg.headers, stored_at)
+            self._decoded[seq] = entry
+            if len(self._decoded) > _DECODED_CACHE:
+                self._decoded.popitem(last=False)
+        return entry
+
+    def _entry_from_direct(self, msg: Msg, what: str) -> Entry:
+        headers = msg.headers or {}
+        status = headers.get(Header.STATUS.value)
+        if status:
+            if status == "404":
+                raise NotFoundError(what)
+            raise TransportError(f"direct get of {what!r} failed: {status} {headers.get('Description', '')}")
+        subject = headers[Header.SUBJECT.value]
+        parts = self.subjects.parse_entry(subject)
+        return decode_entry(parts, int(headers[Header.SEQUENCE.value]), msg.data, headers,
+                            parse_server_time(headers.get(Header.TIMESTAMP.value)))
+
+    async def _get_raw(self, board: str, section: str, key: str) -> Entry:
+        subject = self.subjects.entry(board, section, key)
+        msg = await self._request(f"{self._direct_prefix}.{subject}", b"", f"{board}.{section}.{key}")
+        return self._entry_from_direct(msg, f"{board}.{section}.{key}")
+
+    async def get(self, board: str, section: str, key: str, *, revision: int | None = None) -> Entry:
+        """The latest value of a key, or the value at ``revision``.
+
+        Raises:
+            NotFoundError: no such key, it was deleted, or that revision is not
+                (or no longer) in the history of this key.
+        """
+        what = f"{board}.{section}.{key}"
+        if revision is None:
+            entry = await self._get_raw(board, section, key)
+        else:
+            subject = self.subjects.entry(board, section, key)
+            msg = await self._request(self._direct_prefix, codec.encode({"seq": revision}, "json"), what)
+            entry = self._entry_from_direct(msg, f"{what}@{revision}")
+            if (msg.headers or {}).get(Header.SUBJECT.value) != subject:
+                raise NotFoundError(what, f"{what!r} has no revision {revision}")
+        if entry.operation is not Operation.PUT:
+            raise NotFoundError(what, f"{what!r} was deleted at revision {entry.revision}")
+        return entry
+
+    async def history(self, board: str, section: str, key: str) -> list[Entry]:
+        """Every revision JetStream keeps of a key, oldest first (deletes included)."""
+        subject = self.subjects.entry(board, section, key)
+        entries: list[Entry] = []
+        async with Watch(self, subject, start="all", stop_when_caught_up=True) as watch:
+            async for change in watch:
+                entries.append(change.entry)
+        return entries
+
+    async def _scan_keys(self, filter_subject: str) -> list[KeyParts]:
+        parts: list[KeyParts] = []
+        async with Watch(self, filter_subject, start="current", headers_only=True,
+                         stop_when_caught_up=True) as watch:
+            async for change in watch:
+                if change.entry.operation is Operation.PUT:
+                    e = change.entry
+                    parts.append(KeyParts(e.board, e.section, e.key))
+        return parts
+
+    async def keys(self, board: str, section: str) -> list[str]:
+        """Live keys of a section, sorted."""
+        return sorted(p.key for p in await self._scan_keys(self.subjects.entry_filter(board, section)))
+
+    async def sections(self, board: str) -> list[str]:
+        """Sections of a board that hold at least one live key, sorted."""
+        return sorted({p.section for p in await self._scan_keys(self.subjects.entry_filter(board))})
+
+    async def boards(self) -> list[str]:
+        """Boards that hold at least one live key, sorted."""
+        return sorted({p.board for p in await self._scan_keys(self.subjects.entry_filter())})
+
+    def watch(
+        self,
+        board: str | None = None,
+        section: str | None = None,
+        key: str | None = None,
+        *,
+        start: WatchStart = "new",
+        from_revision: int | None = None,
+        include_deletes: bool = True,
+    ) -> Watch:
+        """Watch changes to a board, a section or one key (``None`` = wildcard).
+
+        ``start``: ``"new"`` only changes from now on, ``"current"`` first the
+        current value of every matching key, ``"all"`` the whole kept history;
+        ``from_revision`` replays from that revision on (overrides ``start``).
+        """
+        if board is not None:
+            validate_name(board, "board")
+        return Watch(self, self.subjects.entry_filter(board, section, key), start=start,
+                     from_revision=from_revision, include_deletes=include_deletes)
+
+
+class Watch:
+    """An async iterator of :class:`Change` over an ordered consumer.
+
+    Use as ``async with store.watch(...) as w: async for change in w: ...``.
+    ``ready`` is set once the changes that existed when the watch started
+    (current values, history or replay) have been received from the server;
+    ``caught_up`` once the iterating consumer has also taken all of them. The ordered
+    consumer recreates itself after a disconnect or a server restart, resuming
+    after the last delivered revision: no gaps, no duplicates.
+    """
+
+    def __init__(
+        self,
+        store: BoardStore,
+        filter_subject: str,
+        *,
+        start: WatchStart = "new",
+        from_revision: int | None = None,
+        include_deletes: bool = True,
+        headers_only: bool = False,
+        stop_when_caught_up: bool = False,
+    ) -> None:
+        self._store = store
+        self._filter = filter_subject
+        self._start = start
+        self._from = from_revision
+        self._include_deletes = include_deletes
+        self._headers_only = headers_only
+        self._stop_when_caught_up = stop_when_caught_up
+        self._queue: asyncio.Queue[Change | BaseException | None] = asyncio.Queue()
+        self._sub: Any = None
+        self.ready = asyncio.Event()
+        self.caught_up = asyncio.Event()
+        self._enqueued = 0
+        self._dequeued = 0
+        self._ready_mark = 0
+        self.last_revision = 0
+        self._seen = 0
+        self._closed = False
+
+    async def __aenter__(self) -> Watch:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    async def start(self) -> None:
+        """Create the consumer. Raises ``NotConnectedError`` when NATS is unreachable."""
+        if self._sub is not None:
+            return
+        if self._from is not None:
+            policy, start_seq = api.DeliverPolicy.BY_START_SEQUENCE, max(1, self._from)
+        else:
+            policy = {"new": api.DeliverPolicy.NEW, "current": api.DeliverPolicy.LAST_PER_SUBJECT,
+                      "all": api.DeliverPolicy.ALL}[self._start]
+            start_seq = None
+        config = api.ConsumerConfig(deliver_policy=policy, opt_start_seq=start_seq,
+                                    headers_only=self._headers_only or None)
+        try:
+            self._sub = await self._store._js.subscribe(
+                self._filter, stream=self._store.subjects.kv_stream, cb=self._on_msg, ordered_consumer=True,
+                config=config, idle_heartbeat=1.0, pending_msgs_limit=1_000_000,
+                pending_bytes_limit=1024 * 1024 * 1024,
+            )
+            info = await self._sub.consumer_info()
+        except nats.errors.ConnectionClosedError as exc:
+            raise NotConnectedError("the NATS connection is closed") from exc
+        except (nats.errors.TimeoutError, nats.errors.NoRespondersError,
+                nats.js.errors.NoStreamResponseError) as exc:
+            raise NotConnectedError(f"cannot start a watch on {self._filter}: {exc!r}") from exc
+        # Caught up already when nothing is pending and every delivered message
+        # has been through the callback (which marks ready on pending == 0).
+        if policy is api.DeliverPolicy.NEW or (
+                info.num_pending == 0 and (info.delivered.consumer_seq or 0) <= self._seen):
+            self._mark_ready()
+
+    def _mark_ready(self) -> None:
+        if not self.ready.is_set():
+            self.ready.set()
+            self._ready_mark = self._enqueued
+            if self._dequeued >= self._ready_mark:
+                self.caught_up.set()
+            if self._stop_when_caught_up:
+                self._queue.put_nowait(None)
+
+    async def _on_msg(self, msg: Msg) -> None:
+        self._seen += 1
+        try:
+            md = msg.metadata
+            seq = md.sequence.stream
+            pending = md.num_pending
+            if self._headers_only:
+                entry = decode_entry(self._store.subjects.parse_entry(msg.subject), seq, None, msg.headers,
+                                     md.timestamp)
+            else:
+                entry = self._store._decode_shared(seq, msg, md.timestamp)
+        except (InvalidPayloadError, InvalidKeyError) as exc:
+            log.warning("skipping undecodable board message %s: %s", msg.subject, exc)
+            self.last_revision = max(self.last_revision, msg.metadata.sequence.stream)
+            if msg.metadata.num_pending == 0:
+                self._mark_ready()
+            return
+        self.last_revision = seq
+        if entry.operation is Operation.PUT or self._include_deletes:
+            self._queue.put_nowait(Change(entry, pending))
+            self._enqueued += 1
+        if pending == 0:
+            self._mark_ready()
+
+    def __aiter__(self) -> AsyncIterator[Change]:
+        return self
+
+    async def __anext__(self) -> Change:
+        if self._closed and self._queue.empty():
+            raise StopAsyncIteration
+        item = await self._queue.get()
+        if item is None:
+            self._closed = True
+            raise StopAsyncIteration
+        if isinstance(item, BaseException):
+            raise item
+        self._dequeued += 1
+        if self.ready.is_set() and self._dequeued >= self._ready_mark:
+            self.caught_up.set()
+        return item
+
+    async def next(self, timeout: float | None = None) -> Change:
+        """The next change, waiting at most ``timeout`` seconds.
+
+        Raises:
+            OperationTimeoutError: nothing arrived in time.
+        """
+        try:
+            return await asyncio.wait_for(self.__anext__(), timeout)
+        except TimeoutError as exc:
+            raise OperationTimeoutError(f"no change on {self._filter} within {timeout}s") from exc
+
+    async def stop(self) -> None:
+        """Delete the consumer and end the iteration."""
+        if self._sub is not None:
+            sub, self._sub = self._sub, None
+            try:
+                await sub.unsubscribe()
+            except (TimeoutError, nats.errors.Error):  # connection gone: nothing to clean up
+                pass
+        if not self._closed:
+            self._closed = True
+            self._queue.put_nowait(None)
+
+
+class Pipeline:
+    """Many writes in flight, each still acknowledged (and deduplicated on retry).
+
+    ``await put(...)`` / ``await delete(...)`` send a write and return an
+    ``asyncio.Future`` of its ack (they wait only while
+    ``settings.nats.max_pending_writes`` writes are unacknowledged). Leaving the ``async with`` block (or
+    ``flush()``) waits for every ack; writes whose ack did not come within the
+    request timeout are re-sent through the retrying path with the same
+    ``Nats-Msg-Id``, so the server applies each at most once. ``flush`` raises
+    the first error if any write failed (the others are still applied).
+    """
+
+    def __init__(self, store: BoardStore, *, author: str = "") -> None:
+        self.store = store
+        self.author = author
+        self._sent: list[tuple[_Prepared, asyncio.Future[Any]]] = []
+
+    async def __aenter__(self) -> Pipeline:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.flush()
+
+    async def put(self, board: str, section: str, key: str, value: Any, *, content_type: str | None = None,
+                  tags: Sequence[str] = (), metadata: Mapping[str, Any] | None = None,
+                  expected_revision: int | None = None, ttl: float | None = None,
+                  encoding: codec.Encoding = "msgpack") -> asyncio.Future[Any]:
+        """Send a put; validation errors raise here, at once."""
+        prep = self.store._prepare(board, section, key, value, author=self.author, content_type=content_type,
+                                   tags=tags, metadata=metadata, expected_revision=expected_revision, ttl=ttl,
+                                   encoding=encoding)
+        return await self._send(prep)
+
+    async def delete(self, board: str, section: str, key: str, *, purge: bool = False) -> asyncio.Future[Any]:
+        return await self._send(self.store._prepare_delete(board, section, key, None, purge))
+
+    async def _send(self, prep: _Prepared) -> asyncio.Future[Any]:
+        # The publisher waits by itself while max_pending_writes acks are
+        # outstanding, which bounds memory.
+        try:
+            fut = await self.store._publisher.send(prep.subject, prep.payload, prep.headers)
+        except _PIPELINE_RETRYABLE:
+            fut = asyncio.get_running_loop().create_future()  # resolved by the retrying path in flush
+        except nats.errors.ConnectionClosedError as exc:
+            raise NotConnectedError("the NATS connection is closed") from exc
+        except nats.errors.MaxPayloadError as exc:
+            raise PayloadTooLargeError(len(prep.payload), self.store._nc.max_payload) from exc
+        self._sent.append((prep, fut))
+        return fut
+
+    async def flush(self) -> list[int]:
+        """Wait for every write sent so far; return their revisions in order.
+
+        Raises:
+            BlackboardError: the first failed write's error.
+        """
+        sent, self._sent = self._sent, []
+        if not sent:
+            return []
+        pending = [f for _, f in sent if not f.done()]
+        if pending:
+            await asyncio.wait(pending, timeout=self.store._settings.nats.request_timeout)
+        revisions: list[int] = []
+        first_error: BlackboardError | None = None
+        for prep, fut in sent:
+            try:
+                if fut.done() and not fut.cancelled() and fut.exception() is None:
+                    revisions.append(int(fut.result().seq))
+                    continue
+                exc = fut.exception() if fut.done() and not fut.cancelled() else None
+                if isinstance(exc, nats.js.errors.APIError):
+                    raise self.store._map_api_error(exc, prep) from exc
+                if not fut.done():
+                    self.store._publisher.forget(fut)
+                # No ack (or a transport error): re-send with the same Msg-Id.
+                revisions.append(await self.store._publish_prepared(prep, resend=True))
+            except BlackboardError as err:
+                revisions.append(-1)
+                first_error = first_error or err
+        if first_error is not None:
+            raise first_error
+        return revisions
+
+    async def put_many(self, board: str, ops: Iterable[WriteOp]) -> list[int]:
+        """Send ``ops`` on ``board`` and wait for all of them; revisions in order."""
+        for op in ops:
+            await self.put(board, op.section, op.key, op.value, content_type=op.content_type, tags=op.tags,
+                           metadata=op.metadata, expected_revision=op.expected_revision, ttl=op.ttl)
+        return await self.flush()

@@ -1,0 +1,303 @@
+"""A proposal's message log, read in stream order: pure state, no IO.
+
+Every message on ``bb.vote.<board>.<proposal>.*`` (the proposal, ballots,
+deadline close requests, the recorded outcome and its application) is fed to
+a :class:`ProposalLog` in stream order with its server timestamp. The log runs
+the pure tally (:mod:`blackboard.consensus.tally`), keeps the fate of every ballot, and
+knows what has been committed. The SDK, the worker and a recount from
+PostgreSQL all use it, so they agree. The IO around it is
+:mod:`blackboard.client.consensus`; the protocol is in ``docs/voting.md``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Literal, TypeVar
+
+from pydantic import ValidationError
+
+from blackboard.consensus.tally import StampedBallot, Tally
+from blackboard.protocol import codec
+from blackboard.protocol.errors import InvalidPayloadError
+from blackboard.protocol.schemas import (
+    Ballot,
+    BallotRejection,
+    Outcome,
+    Proposal,
+    RejectReason,
+    WireModel,
+)
+from blackboard.protocol.subjects import Header
+
+__all__ = [
+    "BallotFate",
+    "FateStatus",
+    "ProposalLog",
+    "RecordedOutcome",
+    "VoteKind",
+    "VoteMessage",
+    "classify_ballots",
+    "decode_ballot",
+    "decode_outcome",
+    "decode_proposal",
+    "jetstream_time",
+    "same_outcome",
+]
+
+VoteKind = Literal["proposal", "ballot", "close", "outcome", "applied"]
+FateStatus = Literal["counted", "superseded", "rejected"]
+M = TypeVar("M", bound=WireModel)
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def jetstream_time(reply: str | None) -> datetime | None:
+    """The exact server timestamp of a JetStream message, from its ack subject.
+
+    JetStream stamps messages in nanoseconds; this truncates to microseconds
+    with integer arithmetic (nats-py's ``metadata.timestamp`` goes through a
+    float and may be 1 µs off), as ``docs/voting.md`` requires. ``None`` when
+    ``reply`` is not a JetStream ack subject.
+    """
+    if not reply:
+        return None
+    tokens = reply.split(".")
+    if len(tokens) < 9 or tokens[0] != "$JS" or tokens[1] != "ACK":
+        return None
+    try:
+        ns = int(tokens[7] if len(tokens) == 9 else tokens[9])
+    except (ValueError, IndexError):
+        return None
+    return _EPOCH + timedelta(microseconds=ns // 1000)
+
+
+def _decode(model: type[M], data: bytes, headers: Mapping[str, str] | None) -> M:
+    """Strict types (no coercion, so every language reads the same message the
+    same way), unknown fields ignored (forward compatibility).
+
+    Raises:
+        InvalidPayloadError: not a valid message of this model.
+    """
+    obj = codec.decode(data, codec.encoding_of(headers))
+    try:
+        return model.model_validate(obj, strict=True)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        loc = ".".join(str(p) for p in first["loc"]) or "<root>"
+        raise InvalidPayloadError(f"{model.__name__}: {loc}: {first['msg']}") from exc
+
+
+def decode_proposal(data: bytes, headers: Mapping[str, str] | None = None) -> Proposal:
+    """Decode a proposal message. Raises ``InvalidPayloadError``."""
+    return _decode(Proposal, data, headers)
+
+
+def decode_ballot(data: bytes, headers: Mapping[str, str] | None = None) -> Ballot:
+    """Decode a ballot message. Raises ``InvalidPayloadError`` (then it is not a ballot)."""
+    return _decode(Ballot, data, headers)
+
+
+def decode_outcome(data: bytes, headers: Mapping[str, str] | None = None) -> Outcome:
+    """Decode an outcome (recorded or applied). Raises ``InvalidPayloadError``."""
+    return _decode(Outcome, data, headers)
+
+
+def same_outcome(a: Outcome, b: Outcome) -> bool:
+    """Whether two outcomes are the same decision (``revision`` aside)."""
+    return a.model_dump(exclude={"revision"}) == b.model_dump(exclude={"revision"})
+
+
+@dataclass(frozen=True, slots=True)
+class VoteMessage:
+    """One message of a proposal's subjects, as the server stored it."""
+
+    kind: VoteKind
+    board: str
+    proposal_id: str
+    sequence: int
+    timestamp: datetime
+    data: bytes
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class RecordedOutcome:
+    """The outcome message that was stored first (the decision, exactly once).
+
+    ``base_revision`` is the target entry's revision when it was recorded (0:
+    absent); the accepted value is written after it.
+    """
+
+    outcome: Outcome
+    sequence: int
+    timestamp: datetime
+    base_revision: int
+
+
+@dataclass(frozen=True, slots=True)
+class BallotFate:
+    """What became of a ballot: counted, superseded by a later ballot of the
+    same voter, or rejected (with the reason)."""
+
+    status: FateStatus
+    reason: RejectReason | None = None
+
+
+class ProposalLog:
+    """The state of one proposal, fed its messages in stream order.
+
+    Args:
+        board: the proposal's board.
+        proposal_id: the proposal's id.
+    """
+
+    def __init__(self, board: str, proposal_id: str) -> None:
+        self.board = board
+        self.proposal_id = proposal_id
+        self.proposal: Proposal | None = None
+        self.proposal_sequence = 0
+        self.tally: Tally | None = None
+        #: Fate of every ballot message by sequence: ``None`` = counted (when
+        #: it was added), else its rejection. Undecodable ballots are absent.
+        self.fates: dict[int, BallotRejection | None] = {}
+        self.recorded: RecordedOutcome | None = None
+        self.applied: Outcome | None = None
+        #: The recorded outcome differs from the one computed here (a bug or a
+        #: dishonest committer); the recorded one stands.
+        self.diverged = False
+        self.last_sequence = 0
+        self.last_timestamp: datetime | None = None
+
+    # -- state ------------------------------------------------------------
+    @property
+    def decided(self) -> Outcome | None:
+        """The outcome the tally reached (by decision or deadline), if closed."""
+        return None if self.tally is None else self.tally.outcome
+
+    @property
+    def committed(self) -> Outcome | None:
+        """The committed outcome: the applied one when accepted, else the recorded one."""
+        if self.applied is not None:
+            return self.applied
+        if self.recorded is not None and self.recorded.outcome.status != "accepted":
+            return self.recorded.outcome
+        return None
+
+    @property
+    def is_open(self) -> bool:
+        """The proposal exists and neither the tally nor a record has closed it."""
+        return self.proposal is not None and self.decided is None and self.recorded is None
+
+    def deadline_passed(self) -> bool:
+        """Whether a stored message already proves that the server passed the deadline."""
+        p = self.proposal
+        return (p is not None and p.deadline is not None and self.last_timestamp is not None
+                and self.last_timestamp > p.deadline)
+
+    # -- feeding ------------------------------------------------------------
+    def feed(self, msg: VoteMessage) -> None:
+        """Apply one message (in stream order; a sequence seen before is ignored).
+
+        Messages that do not decode are ignored (they are not proposals, ballots
+        or outcomes); so are a second proposal and second records.
+        """
+        if msg.sequence <= self.last_sequence:
+            return
+        self.last_sequence = msg.sequence
+        self.last_timestamp = msg.timestamp
+        handler = getattr(self, f"_on_{msg.kind}", None)
+        if handler is not None:
+            handler(msg)
+        if self.tally is not None and self.tally.is_open:
+            # Any stored message stamped after the deadline proves the server
+            # passed it, and every ballot before it has been added.
+            self.tally.expire(msg.timestamp)
+
+    def _on_proposal(self, msg: VoteMessage) -> None:
+        if self.proposal is not None:
+            return
+        try:
+            proposal = decode_proposal(msg.data, msg.headers)
+        except InvalidPayloadError:
+            return
+        if proposal.board != self.board or proposal.id != self.proposal_id:
+            return
+        self.proposal = proposal
+        self.proposal_sequence = msg.sequence
+        self.tally = Tally(proposal, msg.sequence)
+
+    def _on_ballot(self, msg: VoteMessage) -> None:
+        try:
+            ballot = decode_ballot(msg.data, msg.headers)
+        except InvalidPayloadError:
+            return
+        if self.tally is None:
+            self.fates[msg.sequence] = BallotRejection(
+                sequence=msg.sequence, ballot_id=ballot.id, voter=ballot.voter, reason="unknown_proposal")
+            return
+        self.fates[msg.sequence] = self.tally.add(StampedBallot(msg.sequence, msg.timestamp, ballot))
+
+    def _outcome_of(self, msg: VoteMessage) -> Outcome | None:
+        try:
+            outcome = decode_outcome(msg.data, msg.headers)
+        except InvalidPayloadError:
+            return None
+        if outcome.board != self.board or outcome.proposal_id != self.proposal_id:
+            return None
+        return outcome
+
+    def _on_outcome(self, msg: VoteMessage) -> None:
+        if self.recorded is not None:
+            return
+        outcome = self._outcome_of(msg)
+        if outcome is None:
+            return
+        try:
+            base = int(msg.headers.get(Header.BASE_REVISION.value, "0"))
+        except ValueError:
+            base = 0
+        self.recorded = RecordedOutcome(outcome.model_copy(update={"revision": None}), msg.sequence,
+                                        msg.timestamp, max(0, base))
+        decided = self.decided
+        if decided is not None and not same_outcome(decided, outcome):
+            self.diverged = True
+
+    def _on_applied(self, msg: VoteMessage) -> None:
+        if self.applied is not None:
+            return
+        outcome = self._outcome_of(msg)
+        if outcome is not None and outcome.revision is not None and outcome.status == "accepted":
+            self.applied = outcome
+
+
+def classify_ballots(proposal: Proposal | None, proposal_sequence: int,
+                     ballots: Iterable[StampedBallot]) -> dict[int, BallotFate]:
+    """The fate of every ballot of a proposal (a recount; pure).
+
+    ``proposal`` is ``None`` when no proposal message was stored: every ballot
+    is then rejected as ``unknown_proposal``. Ballots counted while the
+    proposal is open are ``counted`` until a later ballot of the same voter
+    supersedes them.
+
+    Raises:
+        ValueError: two ballots have the same sequence.
+    """
+    fates: dict[int, BallotFate] = {}
+    items = sorted(ballots, key=lambda b: b.sequence)
+    if proposal is None:
+        return {b.sequence: BallotFate("rejected", "unknown_proposal") for b in items}
+    t = Tally(proposal, proposal_sequence)
+    latest: dict[str, int] = {}
+    for item in items:
+        rejection = t.add(item)
+        if rejection is not None:
+            fates[item.sequence] = BallotFate("rejected", rejection.reason)
+            continue
+        previous = latest.get(item.ballot.voter)
+        if previous is not None:
+            fates[previous] = BallotFate("superseded")
+        latest[item.ballot.voter] = item.sequence
+        fates[item.sequence] = BallotFate("counted")
+    return fates

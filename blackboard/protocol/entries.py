@@ -1,0 +1,203 @@
+"""User-facing board types: an entry (one revision of a key) and a change seen by a watch."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Any
+
+from blackboard.protocol import codec
+from blackboard.protocol.errors import InvalidPayloadError
+from blackboard.protocol.schemas.entry import ENTRY_SCHEMA_VERSION
+from blackboard.protocol.subjects import Header, KeyParts
+
+__all__ = [
+    "Change",
+    "Entry",
+    "Operation",
+    "decode_entry",
+    "default_content_type",
+    "encode_entry",
+    "parse_server_time",
+]
+
+
+class Operation(StrEnum):
+    PUT = "put"
+    DELETE = "delete"
+    PURGE = "purge"
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One revision of a board key.
+
+    ``revision`` is the JetStream stream sequence: unique and increasing across
+    the whole bucket, so it orders writes to different keys too.
+
+    Entries are shared between the watches and views of one agent (each
+    revision is decoded once): treat ``value`` and ``metadata`` as read-only.
+    """
+
+    board: str
+    section: str
+    key: str
+    revision: int
+    value: Any = None
+    content_type: str = "application/json"
+    author: str = ""
+    tags: tuple[str, ...] = ()
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+    #: Writer's clock (from the envelope).
+    created_at: datetime | None = None
+    #: Server's clock: when JetStream stored the revision.
+    stored_at: datetime | None = None
+    operation: Operation = Operation.PUT
+
+    @property
+    def deleted(self) -> bool:
+        return self.operation is not Operation.PUT
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """A change delivered by a watch: the entry, its revision and the operation."""
+
+    entry: Entry
+    #: Messages still to be delivered to this watch when this one was sent;
+    #: 0 means the watch has caught up.
+    pending: int = 0
+
+    @property
+    def operation(self) -> Operation:
+        return self.entry.operation
+
+    @property
+    def revision(self) -> int:
+        return self.entry.revision
+
+
+_iso_cache: list[Any] = [-1, ""]
+
+
+def utc_now_iso() -> str:
+    """``datetime.now(UTC).isoformat()``, several times cheaper (the second is cached)."""
+    ns = time.time_ns()
+    sec, micro = divmod(ns // 1000, 1_000_000)
+    if sec != _iso_cache[0]:
+        _iso_cache[0] = sec
+        _iso_cache[1] = datetime.fromtimestamp(sec, UTC).strftime("%Y-%m-%dT%H:%M:%S")
+    return f"{_iso_cache[1]}.{micro:06d}+00:00"
+
+
+def default_content_type(value: Any) -> str:
+    """``text/plain`` for str, ``application/octet-stream`` for bytes, else ``application/json``."""
+    if isinstance(value, str):
+        return "text/plain"
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return "application/octet-stream"
+    return "application/json"
+
+
+def encode_entry(
+    value: Any,
+    *,
+    author: str,
+    content_type: str | None = None,
+    tags: tuple[str, ...] | list[str] = (),
+    metadata: Mapping[str, Any] | None = None,
+    created_at: datetime | None = None,
+    encoding: codec.Encoding = "msgpack",
+) -> bytes:
+    """Encode an :class:`~blackboard.protocol.schemas.EntryEnvelope` (pure, no validation round trip).
+
+    Raises:
+        InvalidPayloadError: the value cannot be carried by the encoding.
+    """
+    if content_type is None:
+        content_type = default_content_type(value)
+    if encoding == "json" and isinstance(value, (bytes, bytearray, memoryview)):
+        raise InvalidPayloadError("bytes values need the msgpack encoding")
+    envelope = {
+        "v": ENTRY_SCHEMA_VERSION,
+        "value": bytes(value) if isinstance(value, (bytearray, memoryview)) else value,
+        "content_type": content_type,
+        "tags": list(tags),
+        "metadata": dict(metadata) if metadata else {},
+        "author": author,
+        "created_at": created_at.isoformat() if created_at else utc_now_iso(),
+    }
+    return codec.encode(envelope, encoding)
+
+
+def parse_server_time(value: str | None) -> datetime | None:
+    """Parse JetStream's RFC 3339 timestamp (nanosecond precision) to a datetime."""
+    if not value:
+        return None
+    try:
+        text = value.strip()
+        if text.endswith("Z"):
+            text = text[:-1]
+        if "." in text:
+            head, frac = text.split(".", 1)
+            digits = "".join(ch for ch in frac if ch.isdigit())[:6]
+            text = f"{head}.{digits}"
+        return datetime.fromisoformat(text).replace(tzinfo=UTC)
+    except ValueError:
+        return None
+
+
+def _operation(headers: Mapping[str, str] | None) -> Operation:
+    if headers:
+        op = headers.get(Header.KV_OPERATION.value)
+        if op == "DEL":
+            return Operation.DELETE
+        if op == "PURGE" or Header.MARKER_REASON.value in headers:  # the server's expiry marker
+            return Operation.PURGE
+    return Operation.PUT
+
+
+def decode_entry(
+    parts: KeyParts,
+    revision: int,
+    data: bytes | None,
+    headers: Mapping[str, str] | None,
+    stored_at: datetime | None = None,
+) -> Entry:
+    """Build an :class:`Entry` from a stored KV message.
+
+    Raises:
+        InvalidPayloadError: the payload is not a valid entry envelope.
+    """
+    op = _operation(headers)
+    if op is not Operation.PUT or not data:
+        return Entry(parts.board, parts.section, parts.key, revision, operation=op, stored_at=stored_at)
+    obj = codec.decode(data, codec.encoding_of(headers, data))
+    if not isinstance(obj, dict) or "value" not in obj:
+        raise InvalidPayloadError(f"entry {parts.board}.{parts.section}.{parts.key}@{revision} is not an envelope")
+    created = obj.get("created_at")
+    created_at: datetime | None = None
+    if isinstance(created, str):
+        try:
+            created_at = datetime.fromisoformat(created)
+        except ValueError:
+            created_at = None
+    tags = obj.get("tags") or ()
+    metadata = obj.get("metadata") or {}
+    return Entry(
+        board=parts.board,
+        section=parts.section,
+        key=parts.key,
+        revision=revision,
+        value=obj.get("value"),
+        content_type=str(obj.get("content_type") or "application/json"),
+        author=str(obj.get("author") or ""),
+        tags=tuple(str(t) for t in tags) if isinstance(tags, list) else (),
+        metadata=metadata if isinstance(metadata, dict) else {},
+        created_at=created_at,
+        stored_at=stored_at,
+        operation=Operation.PUT,
+    )

@@ -1,0 +1,76 @@
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Annotated, Any, TypeVar
+
+from pydantic import (
+    AfterValidator,
+    AwareDatetime,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    ValidationError,
+)
+
+from blackboard.protocol.errors import InvalidPayloadError
+from blackboard.protocol.subjects import validate_name
+
+__all__ = ["Name", "Timestamp", "WireModel", "utcnow", "validate_wire"]
+
+M = TypeVar("M", bound="WireModel")
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def _parse_timestamp(value: Any) -> Any:
+    # The codec carries datetimes as ISO 8601 strings (JSON and msgpack alike);
+    # parse them here so that strict validation, which only takes datetime
+    # objects from Python input, accepts what the codec produced.
+    if isinstance(value, str):
+        try:
+            return datetime.fromisoformat(value)
+        except ValueError:
+            return value
+    return value
+
+
+#: A timezone-aware instant; ISO 8601 strings are accepted in strict mode too.
+Timestamp = Annotated[AwareDatetime, BeforeValidator(_parse_timestamp)]
+
+
+def _check_name(value: str) -> str:
+    return validate_name(value)
+
+
+#: A board, section, agent, proposal or topic token (see ``subjects.validate_name``).
+Name = Annotated[str, AfterValidator(_check_name)]
+
+
+class WireModel(BaseModel):
+    """Base of every wire schema: versioned, tolerant of unknown fields."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+
+def validate_wire(model: type[M], data: Any, *, strict: bool = False) -> M:
+    """Validate a decoded wire object (a dict) against ``model``.
+
+    ``strict=True`` also refuses unknown fields and type coercion (used by the
+    tests and by tools that want to check a producer).
+
+    Raises:
+        InvalidPayloadError: the object does not match the schema.
+    """
+    try:
+        if strict:
+            extra = set(data) - set(model.model_fields) if isinstance(data, dict) else set()
+            if extra:
+                raise InvalidPayloadError(f"{model.__name__}: unknown fields {sorted(extra)}")
+            return model.model_validate(data, strict=True)
+        return model.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        loc = ".".join(str(p) for p in first["loc"]) or "<root>"
+        raise InvalidPayloadError(f"{model.__name__}: {loc}: {first['msg']}") from exc

@@ -1,0 +1,344 @@
+"""Every subject, KV key, stream name and header name of the wire protocol.
+
+This is the only module that formats subject strings. Each kind of name has one
+function, and every token is validated here, including the safe, reversible
+encoding of arbitrary user keys (URLs, file paths, free text) into KV key
+tokens.
+
+Layout (``<bucket>`` defaults to ``blackboard``)::
+
+    $KV.<bucket>.<board>.<section>.<key-token>      board entries (one KV bucket)
+    bb.mem.<board>.<agent>                          long-term memories to persist
+    bb.msg.agent.<agent>                            direct messages (durable inbox)
+    bb.msg.board.<board>                            broadcasts to a board's agents
+    bb.msg.topic.<topic tokens...>                  topic messages
+    bb.rpc.<agent>                                  request/reply (core NATS)
+    inbox-<agent>                                   an agent's durable inbox consumer on BB_MSG
+    bb.vote.<board>.<proposal>.proposal|ballot|close|outcome|applied   consensus voting
+    bb.search.<endpoint>                            search micro service
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import re
+from dataclasses import dataclass
+from enum import StrEnum
+
+from blackboard.protocol.errors import InvalidKeyError
+
+__all__ = [
+    "MAX_KEY_TOKEN_LENGTH",
+    "MEMORY_STREAM",
+    "MESSAGE_STREAM",
+    "RPC_QUEUE_GROUP",
+    "SEARCH_SERVICE",
+    "VOTE_KINDS",
+    "VOTE_STREAM",
+    "Header",
+    "KeyParts",
+    "Subjects",
+    "decode_key",
+    "encode_key",
+    "validate_name",
+]
+
+#: Tokens used for boards, sections, agent ids, proposal ids and topics.
+_NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
+#: A user key that is already a safe token is kept as it is (readable in the
+#: ``nats`` CLI); anything else is ``=`` followed by unpadded base64url of its
+#: UTF-8 bytes. ``=`` cannot occur in a plain token, so decoding is unambiguous.
+_PLAIN_KEY_RE = re.compile(r"^[A-Za-z0-9_-]{1,256}$")
+_ENCODED_PREFIX = "="
+MAX_KEY_TOKEN_LENGTH = 1024
+
+MEMORY_STREAM = "BB_MEMORY"
+MESSAGE_STREAM = "BB_MSG"
+VOTE_STREAM = "BB_VOTE"
+#: Message kinds of a proposal's subjects (see docs/voting.md): the proposal,
+#: ballots, deadline close requests, the recorded outcome and its application.
+VOTE_KINDS = ("proposal", "ballot", "close", "outcome", "applied")
+SEARCH_SERVICE = "blackboard-search"
+#: Queue group of request handlers on ``bb.rpc.<agent>`` (processes of one agent share the load).
+RPC_QUEUE_GROUP = "bb-rpc"
+
+
+class Header(StrEnum):
+    """Header names used on the wire."""
+
+    #: ``msgpack`` (default when absent) or ``json``: encoding of the payload.
+    ENCODING = "Bb-Encoding"
+    #: KV operation marker, as in the JetStream KV protocol: ``DEL`` or ``PURGE``.
+    KV_OPERATION = "KV-Operation"
+    ROLLUP = "Nats-Rollup"
+    #: Set by the server on a *subject delete marker*: the empty message it
+    #: places when a key's last message is removed by its ``Nats-TTL`` or the
+    #: stream's max age (streams with ``subject_delete_marker_ttl``). A reader
+    #: takes it as a purge of the key.
+    MARKER_REASON = "Nats-Marker-Reason"
+    EXPECTED_LAST_SUBJECT_SEQUENCE = "Nats-Expected-Last-Subject-Sequence"
+    MSG_ID = "Nats-Msg-Id"
+    MSG_TTL = "Nats-TTL"
+    #: Set by the server on messages served by direct get and consumers.
+    SEQUENCE = "Nats-Sequence"
+    SUBJECT = "Nats-Subject"
+    TIMESTAMP = "Nats-Time-Stamp"
+    STATUS = "Status"
+    #: Text of a status reply (e.g. ``Consumer Deleted``).
+    DESCRIPTION = "Description"
+    #: On a pull request's end-of-request status: how many of its messages were not sent.
+    PENDING_MESSAGES = "Nats-Pending-Messages"
+    #: Set on an error reply of a request handler: the error class name.
+    ERROR = "Bb-Error"
+    #: On a recorded vote outcome: the target entry's revision when it was
+    #: recorded (0: absent); the accepted value is written after it.
+    BASE_REVISION = "Bb-Base-Revision"
+
+
+def validate_name(value: str, what: str = "name") -> str:
+    """Check a board, section, agent, proposal or topic token.
+
+    Raises:
+        InvalidKeyError: the token is empty, too long or has characters outside
+            ``[A-Za-z0-9_-]``.
+    """
+    if not isinstance(value, str) or not _NAME_RE.match(value):
+        raise InvalidKeyError(
+            str(value), f"{what} must be 1-128 characters of letters, digits, '_' or '-'"
+        )
+    return value
+
+
+def encode_key(key: str) -> str:
+    """Encode an arbitrary user key into one KV key token (reversible).
+
+    Raises:
+        InvalidKeyError: the key is empty, not a string, or too long once encoded.
+    """
+    if not isinstance(key, str) or key == "":
+        raise InvalidKeyError(str(key), "a key must be a non-empty string")
+    if _PLAIN_KEY_RE.match(key):
+        return key
+    try:
+        raw = key.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidKeyError(key, "a key must be valid UTF-8 text") from exc
+    token = _ENCODED_PREFIX + base64.urlsafe_b64encode(raw).rstrip(b"=").decode("ascii")
+    if len(token) > MAX_KEY_TOKEN_LENGTH:
+        raise InvalidKeyError(
+            key[:64] + "...", f"key is too long ({len(token)} > {MAX_KEY_TOKEN_LENGTH} once encoded)"
+        )
+    return token
+
+
+def decode_key(token: str) -> str:
+    """Invert :func:`encode_key`.
+
+    Raises:
+        InvalidKeyError: the token is not a valid encoded key.
+    """
+    if not token.startswith(_ENCODED_PREFIX):
+        if _PLAIN_KEY_RE.match(token):
+            return token
+        raise InvalidKeyError(token, "not a valid key token")
+    body = token[1:]
+    try:
+        return base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)).decode("utf-8")
+    except (binascii.Error, UnicodeDecodeError, ValueError) as exc:
+        raise InvalidKeyError(token, "not a valid encoded key token") from exc
+
+
+@dataclass(frozen=True, slots=True)
+class KeyParts:
+    """A board entry's address, decoded from a KV subject or key."""
+
+    board: str
+    section: str
+    key: str
+
+
+class Subjects:
+    """Builds the names of one deployment (the KV bucket comes from settings)."""
+
+    __slots__ = ("_sections", "bucket", "kv_prefix", "kv_stream")
+
+    def __init__(self, bucket: str = "blackboard") -> None:
+        self.bucket = validate_name(bucket, "bucket")
+        self.kv_stream = f"KV_{bucket}"
+        self.kv_prefix = f"$KV.{bucket}."
+        #: validated "<board>.<section>." prefixes (bounded cache of the hot path)
+        self._sections: dict[tuple[str, str], str] = {}
+
+    def _section_prefix(self, board: str, section: str) -> str:
+        prefix = self._sections.get((board, section))
+        if prefix is None:
+            prefix = f"{validate_name(board, 'board')}.{validate_name(section, 'section')}."
+            if len(self._sections) >= 4096:
+                self._sections.clear()
+            self._sections[(board, section)] = prefix
+        return prefix
+
+    # -- board entries -------------------------------------------------
+    def kv_key(self, board: str, section: str, key: str) -> str:
+        """The KV key ``board.section.key-token``."""
+        return self._section_prefix(board, section) + encode_key(key)
+
+    def entry(self, board: str, section: str, key: str) -> str:
+        """The subject of one entry: ``$KV.<bucket>.<board>.<section>.<token>``."""
+        return self.kv_prefix + self.kv_key(board, section, key)
+
+    def entry_filter(self, board: str | None = None, section: str | None = None, key: str | None = None) -> str:
+        """A subject filter for a watch or listing.
+
+        ``None`` for the board means every board; ``None`` for the section every
+        section of the board; ``None`` for the key every key of the section.
+        """
+        if board is None:
+            if section is not None or key is not None:
+                raise InvalidKeyError(str(section or key), "a section or key needs a board")
+            return self.kv_prefix + ">"
+        validate_name(board, "board")
+        if section is None:
+            if key is not None:
+                return f"{self.kv_prefix}{board}.*.{encode_key(key)}"
+            return f"{self.kv_prefix}{board}.>"
+        validate_name(section, "section")
+        if key is None:
+            return f"{self.kv_prefix}{board}.{section}.*"
+        return f"{self.kv_prefix}{board}.{section}.{encode_key(key)}"
+
+    def parse_entry(self, subject: str) -> KeyParts:
+        """Decode an entry subject (or a bare KV key) into its parts.
+
+        Raises:
+            InvalidKeyError: the subject is not an entry subject of this bucket.
+        """
+        rest = subject[len(self.kv_prefix):] if subject.startswith(self.kv_prefix) else subject
+        parts = rest.split(".")
+        if len(parts) != 3:
+            raise InvalidKeyError(subject, "not a board entry subject")
+        return KeyParts(parts[0], parts[1], decode_key(parts[2]))
+
+    # -- long-term memory ----------------------------------------------
+    @staticmethod
+    def memory(board: str, agent: str) -> str:
+        return f"bb.mem.{validate_name(board, 'board')}.{validate_name(agent, 'agent')}"
+
+    @staticmethod
+    def memory_all() -> str:
+        return "bb.mem.>"
+
+    @staticmethod
+    def memory_board(board: str) -> str:
+        """Every agent's memories on one board (a consumer's filter)."""
+        return f"bb.mem.{validate_name(board, 'board')}.*"
+
+    # -- messages --------------------------------------------------------
+    @staticmethod
+    def direct(agent: str) -> str:
+        return f"bb.msg.agent.{validate_name(agent, 'agent')}"
+
+    @staticmethod
+    def broadcast(board: str) -> str:
+        return f"bb.msg.board.{validate_name(board, 'board')}"
+
+    @staticmethod
+    def topic(topic: str, *, pattern: bool = True) -> str:
+        """A topic subject; ``topic`` is dot-separated tokens, e.g. ``build.failed``.
+
+        Patterns for subscriptions may use ``*`` and a trailing ``>``;
+        ``pattern=False`` (publishing) refuses wildcards.
+        """
+        if not isinstance(topic, str):
+            raise InvalidKeyError(str(topic), "a topic must be a string")
+        tokens = topic.split(".")
+        for i, tok in enumerate(tokens):
+            if pattern and (tok == "*" or (tok == ">" and i == len(tokens) - 1)):
+                continue
+            validate_name(tok, "topic token")
+        return "bb.msg.topic." + topic
+
+    @staticmethod
+    def inbox_consumer(agent: str) -> str:
+        """The durable consumer on ``BB_MSG`` that is ``agent``'s inbox: ``inbox-<agent>``."""
+        return f"inbox-{validate_name(agent, 'agent')}"
+
+    @staticmethod
+    def inbox_start_key(filter_subject: str) -> str:
+        """Consumer metadata key holding the stream sequence a filter was added at."""
+        return f"bb.start:{filter_subject}"
+
+    @staticmethod
+    def consumer_reset_api(stream: str, consumer: str) -> str:
+        """The JetStream API subject that resets a consumer to its ack floor (nats-server 2.14+)."""
+        # Both names come from this module (stream constants, inbox_consumer).
+        return f"$JS.API.CONSUMER.RESET.{stream}.{consumer}"
+
+    @staticmethod
+    def objects_stream(bucket: str) -> str:
+        """The stream behind an object store bucket: ``OBJ_<bucket>``."""
+        return f"OBJ_{bucket}"
+
+    @staticmethod
+    def consumer_next_api(stream: str, consumer: str) -> str:
+        """The JetStream API subject of a pull request (``$JS.API.CONSUMER.MSG.NEXT``)."""
+        return f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{consumer}"
+
+    @staticmethod
+    def reply_inbox(prefix: str, token: str) -> str:
+        """A reply subject under a client's reply subscription; ``token="*"`` gives that subscription."""
+        return f"{prefix}.{token if token == '*' else validate_name(token, 'reply token')}"
+
+    @staticmethod
+    def messages_all() -> str:
+        return "bb.msg.>"
+
+    @staticmethod
+    def rpc(agent: str) -> str:
+        return f"bb.rpc.{validate_name(agent, 'agent')}"
+
+    # -- voting ----------------------------------------------------------
+    @staticmethod
+    def vote(board: str, proposal_id: str, kind: str) -> str:
+        """``bb.vote.<board>.<proposal>.<kind>``; ``kind`` is one of :data:`VOTE_KINDS`."""
+        if kind not in VOTE_KINDS:
+            raise InvalidKeyError(kind, f"vote subject kind must be one of {', '.join(VOTE_KINDS)}")
+        return f"bb.vote.{validate_name(board, 'board')}.{validate_name(proposal_id, 'proposal id')}.{kind}"
+
+    @staticmethod
+    def parse_vote(subject: str) -> tuple[str, str, str]:
+        """Split a vote subject into ``(board, proposal_id, kind)``.
+
+        Raises:
+            InvalidKeyError: not a ``bb.vote.<board>.<proposal>.<kind>`` subject.
+        """
+        parts = subject.split(".")
+        if len(parts) != 5 or parts[:2] != ["bb", "vote"] or parts[4] not in VOTE_KINDS:
+            raise InvalidKeyError(subject, "not a vote subject")
+        return validate_name(parts[2], "board"), validate_name(parts[3], "proposal id"), parts[4]
+
+    @staticmethod
+    def vote_filter(board: str | None = None, proposal_id: str | None = None) -> str:
+        if board is None:
+            return "bb.vote.>"
+        validate_name(board, "board")
+        if proposal_id is None:
+            return f"bb.vote.{board}.>"
+        return f"bb.vote.{board}.{validate_name(proposal_id, 'proposal id')}.*"
+
+    @staticmethod
+    def votes_all() -> str:
+        return "bb.vote.>"
+
+    # -- JetStream API ------------------------------------------------------
+    @staticmethod
+    def direct_get(stream: str, last_by_subject: str | None = None) -> str:
+        """The direct-get API subject of a stream (optionally: the last message of a subject)."""
+        base = f"$JS.API.DIRECT.GET.{stream}"
+        return base if last_by_subject is None else f"{base}.{last_by_subject}"
+
+    # -- search service ----------------------------------------------------
+    @staticmethod
+    def search(endpoint: str) -> str:
+        return f"bb.search.{validate_name(endpoint, 'endpoint')}"

@@ -1,0 +1,54 @@
+"""The public names of the packages are pinned: changing them is a deliberate act."""
+
+from __future__ import annotations
+
+import agents_sdk
+import agents_sdk.memory
+import blackboard
+import blackboard.protocol.errors
+
+AGENTS_SDK = {
+    "Agent", "Ballot", "BallotReceipt", "BlackboardError", "Board", "BoardPipeline", "Change",
+    "ConflictError", "DeadlinePassedError", "Entry", "EntryHit", "EntryRevision", "Handler", "Inbox",
+    "InboxBusyError", "IneligibleVoterError", "InvalidBallotError", "InvalidKeyError", "InvalidPayloadError",
+    "MemoryHit", "MemoryInput", "Message", "MessagingError", "Messenger", "NoHandlerError", "NoResponderError",
+    "NotConnectedError", "NotFoundError", "ObjectRef", "ObjectStore", "Operation", "OperationTimeoutError",
+    "Outcome", "OutcomeTimeoutError", "PayloadTooLargeError", "Policy", "Proposal", "ProposalClosedError",
+    "ProposalHandle", "ProposalNotFoundError", "RemoteError", "RequestTimeoutError", "SearchClient",
+    "SearchError", "Sent", "Settings", "Subscriptions", "TallyCounts", "View", "VoteError", "VoteEvent",
+    "VoteWatch", "Voting", "Watch", "WriteOp",
+}
+
+BLACKBOARD = {
+    "BlackboardError", "BoardStore", "Change", "ConflictError", "Entry", "InvalidKeyError",
+    "InvalidPayloadError", "NotConnectedError", "NotFoundError", "Operation", "OperationTimeoutError",
+    "PayloadTooLargeError", "Pipeline", "Settings", "Subjects", "Watch", "WriteOp", "__version__",
+    "ensure_streams",
+}
+
+
+def test_agents_sdk_exports() -> None:
+    assert set(agents_sdk.__all__) == AGENTS_SDK
+    for name in agents_sdk.__all__:
+        assert hasattr(agents_sdk, name), name
+
+
+def test_blackboard_exports() -> None:
+    assert set(blackboard.__all__) == BLACKBOARD
+    for name in blackboard.__all__:
+        assert hasattr(blackboard, name), name
+
+
+def test_every_error_has_one_root() -> None:
+    for name in blackboard.protocol.errors.__all__:
+        cls = getattr(blackboard.protocol.errors, name)
+        assert issubclass(cls, blackboard.protocol.errors.BlackboardError), name
+    for name in agents_sdk.__all__:
+        obj = getattr(agents_sdk, name)
+        if isinstance(obj, type) and issubclass(obj, Exception):
+            assert issubclass(obj, blackboard.protocol.errors.BlackboardError), name
+
+
+def test_memory_package_exports_resolve() -> None:
+    for name in agents_sdk.memory.__all__:
+        assert hasattr(agents_sdk.memory, name), name

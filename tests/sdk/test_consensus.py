@@ -1,0 +1,288 @@
+"""Consensus voting on real servers: propose, vote, typed errors, outcome
+commits, watches, the exactly-once commit under races and crashes."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from agents_sdk import Agent
+from blackboard.client.connection import connect_nats
+from blackboard.client.consensus import CONSENSUS_METADATA, ProposalFollower, VoteStore
+from blackboard.consensus.log import VoteMessage, same_outcome
+from blackboard.protocol import codec
+from blackboard.protocol.errors import (
+    ConflictError,
+    DeadlinePassedError,
+    IneligibleVoterError,
+    InvalidBallotError,
+    InvalidPayloadError,
+    NotFoundError,
+    OutcomeTimeoutError,
+    ProposalClosedError,
+    ProposalNotFoundError,
+)
+from blackboard.protocol.schemas import Ballot, Outcome, Policy
+from blackboard.protocol.subjects import Subjects
+from blackboard.settings import Settings
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+
+
+async def until_past(deadline: datetime | None, margin: float = 0.05) -> None:
+    """Sleep until this machine's clock is past ``deadline``."""
+    assert deadline is not None
+    await asyncio.sleep(max(0.0, (deadline - datetime.now(UTC)).total_seconds()) + margin)
+
+
+@contextlib.asynccontextmanager
+async def agents(settings: Settings, prefix: str, n: int) -> AsyncIterator[list[Agent]]:
+    opened = [await Agent.connect(f"{prefix}-{i}", settings=settings) for i in range(n)]
+    try:
+        yield opened
+    finally:
+        for a in opened:
+            await a.close()
+
+
+async def stored_kinds(store: VoteStore, board: str, pid: str) -> list[str]:
+    """The kinds of every message stored on a proposal's subjects, in order."""
+    kinds: list[str] = []
+
+    def on(msg: VoteMessage) -> None:
+        kinds.append(msg.kind)
+
+    follower = store.follow(Subjects.vote_filter(board, pid), on)
+    async with follower:
+        await follower.ready.wait()
+    return kinds
+
+
+async def applications(agent: Agent, board: str, section: str, key: str, pid: str) -> list[int]:
+    """Revisions of the entry written by the commit of ``pid``."""
+    return [e.revision for e in await agent.board(board).history(section, key)
+            if not e.deleted and (e.metadata.get(CONSENSUS_METADATA) or {}).get("proposal_id") == pid]
+
+
+async def test_majority_vote_decides_commits_and_writes_the_entry_once(settings: Settings, unique: str) -> None:
+    async with agents(settings, unique, 3) as (a, b, c):
+        board = a.board(unique)
+        await board.put("facts", "capital", "Lyon")
+        p = await board.propose("facts", "capital", ["Paris", "Lyon"], voters=[a.id, b.id, c.id],
+                                question="capital of France?")
+        async with board.watch("facts", "capital") as watch:
+            first = await b.board(unique).vote(p.id, "Paris", reason="atlas")
+            assert first.outcome is None and not first.decided
+            decisive = await c.board(unique).vote(p.id, "Paris")
+            assert decisive.outcome is not None and decisive.outcome.status == "accepted"
+            change = await watch.next(timeout=5)
+        outcome = await p.outcome(timeout=5)
+        assert outcome == decisive.outcome
+        assert outcome.value == "Paris" and outcome.candidate == 0 and outcome.closed_by == "decision"
+        assert outcome.deciding_sequence == decisive.sequence and outcome.revision == change.revision
+        entry = await board.get("facts", "capital")
+        assert entry.value == "Paris" and entry.revision == outcome.revision
+        assert entry.metadata[CONSENSUS_METADATA]["proposal_id"] == p.id
+        assert [cb.voter for cb in outcome.counted_ballots] == [b.id, c.id]
+        # Committing again (anyone, any time) changes nothing.
+        assert await p.commit() == outcome
+        assert await applications(a, unique, "facts", "capital", p.id) == [outcome.revision]
+        assert await stored_kinds(a.voting.store, unique, p.id) == ["proposal", "ballot", "ballot", "outcome",
+                                                                     "applied"]
+
+
+async def test_outcome_returns_rejected_and_no_quorum(settings: Settings, unique: str) -> None:
+    async with agents(settings, unique, 3) as (a, b, c):
+        board = a.board(unique)
+        rejected = await board.propose("facts", "k1", value=42, voters=[a.id, b.id, c.id])
+        await board.vote(rejected.id, "reject")
+        receipt = await b.board(unique).vote(rejected.id, "reject")
+        assert receipt.outcome is not None and receipt.outcome.status == "rejected"
+        out = await rejected.outcome(timeout=5)
+        assert out.status == "rejected" and out.value is None and out.revision is None
+        with pytest.raises(NotFoundError):
+            await board.get("facts", "k1")  # a rejected value is never written
+
+        quorum = await board.propose("facts", "k2", value=1, policy=Policy(quorum=3), voters=[a.id, b.id, c.id],
+                                     deadline=timedelta(seconds=1))
+        await board.vote(quorum.id, "accept")
+        assert await quorum.close() is None  # the deadline has not passed
+        with pytest.raises(OutcomeTimeoutError):
+            await quorum.outcome(timeout=0.1)
+        await until_past(quorum.proposal.deadline)
+        closed = await quorum.close(timeout=5)
+        assert closed is not None and closed.status == "no_quorum" and closed.closed_by == "deadline"
+        assert closed.decided_at == quorum.proposal.deadline and closed.counts.ballots == 1
+        assert await quorum.outcome(timeout=1) == closed
+
+
+async def test_rejected_ballots_raise_typed_errors_and_do_not_change_the_outcome(
+        settings: Settings, unique: str) -> None:
+    async with agents(settings, unique, 5) as (a, b, c, d, outsider):
+        board = a.board(unique)
+        voters = [a.id, b.id, c.id, d.id]
+        p = await board.propose("facts", "color", ["red", "blue"], voters=voters, deadline=timedelta(seconds=30))
+        with pytest.raises(IneligibleVoterError) as inel:
+            await outsider.board(unique).vote(p.id, "red")
+        assert inel.value.voter == outsider.id and inel.value.proposal_id == p.id
+        with pytest.raises(InvalidBallotError):
+            await board.vote(p.id, "green")  # not a candidate: refused before publishing
+        first = await board.vote(p.id, "blue", ballot_id=f"{unique}-once")
+        with pytest.raises(InvalidBallotError) as dup:
+            await board.vote(p.id, "red", ballot_id=f"{unique}-once")
+        assert "already cast" in str(dup.value)
+        with pytest.raises(ProposalNotFoundError):
+            await board.vote("no-such-proposal", "red")
+        with pytest.raises(InvalidBallotError):
+            await board.vote(p.id, 7, index=True)  # stored, rejected as invalid_choice
+        await b.board(unique).vote(p.id, "red")
+        changed = await a.board(unique).vote(p.id, "red")  # a changes its mind: replaces "blue"
+        decisive = await c.board(unique).vote(p.id, "red")
+        assert decisive.outcome is not None and decisive.outcome.value == "red"
+        with pytest.raises(ProposalClosedError):
+            await d.board(unique).vote(p.id, "blue")
+        outcome = await p.outcome(timeout=5)
+        assert outcome.counts.votes == [3, 0] and outcome.superseded_ballots == [first.sequence]
+        reasons = {(r.voter, r.reason) for r in outcome.rejected_ballots}
+        assert reasons == {(outsider.id, "ineligible"), (a.id, "duplicate"), (a.id, "invalid_choice")}
+        assert changed.sequence in [cb.sequence for cb in outcome.counted_ballots]
+
+
+async def test_late_ballots_raise_deadline_passed_and_do_not_count(settings: Settings, unique: str) -> None:
+    async with agents(settings, unique, 2) as (a, b):
+        board = a.board(unique)
+        p = await board.propose("facts", "late", value="v", deadline=timedelta(seconds=0.5))  # any agent
+        await board.vote(p.id, "accept")
+        await until_past(p.proposal.deadline)
+        with pytest.raises(DeadlinePassedError):
+            await b.board(unique).vote(p.id, "reject")
+        outcome = await p.close(timeout=5)
+        assert outcome is not None and outcome.status == "accepted" and outcome.counts.ballots == 1
+        with pytest.raises(DeadlinePassedError):
+            await b.board(unique).vote(p.id, "reject")  # after the close too: still late
+        assert outcome.rejected_ballots == []  # the record ends at the deadline
+
+
+async def test_proposals_are_validated_and_ids_unique(settings: Settings, unique: str) -> None:
+    async with agents(settings, unique, 1) as (a,):
+        board = a.board(unique)
+        with pytest.raises(InvalidPayloadError):
+            await board.propose("s", "k", ["x", "x"], voters=[a.id])
+        with pytest.raises(InvalidPayloadError):
+            await board.propose("s", "k", ["x"])  # open electorate without a deadline
+        with pytest.raises(InvalidPayloadError):
+            await board.propose("s", "k", ["x"], value="y", voters=[a.id])
+        with pytest.raises(InvalidPayloadError):
+            await board.propose("s", "k", ["x"], voters=[a.id], deadline=-1)
+        await board.propose("s", "k", ["x"], voters=[a.id], proposal_id="same")
+        with pytest.raises(ConflictError):
+            await board.propose("s", "k", ["y"], voters=[a.id], proposal_id="same")
+        with pytest.raises(ProposalNotFoundError):
+            await board.proposal("missing")
+        handle = await board.proposal("same")
+        assert handle.proposal.candidates == ["x"] and (await handle.counts()).ballots == 0
+
+
+async def test_watch_votes_shows_proposal_ballots_and_outcome(settings: Settings, unique: str) -> None:
+    async with agents(settings, unique, 2) as (a, b):
+        board = a.board(unique)
+        async with board.watch_votes() as watch:
+            p = await board.propose("s", "k", ["x", "y"], voters=[a.id, b.id])
+            await board.vote(p.id, "x")
+            await b.board(unique).vote(p.id, "x")
+            events = [await watch.next(timeout=5) for _ in range(5)]
+        assert [e.kind for e in events] == ["proposal", "ballot", "ballot", "outcome", "applied"]
+        assert all(e.proposal_id == p.id for e in events)
+        assert isinstance(events[1].message, Ballot) and events[1].message.voter == a.id
+        assert isinstance(events[4].message, Outcome) and events[4].message.revision is not None
+
+
+async def _decided_but_uncommitted(settings: Settings, board: str, section: str, key: str,
+                                   voters: int = 3) -> tuple[VoteStore, str, Outcome]:
+    """A proposal whose deciding ballot is stored but nobody committed (a crashed voter)."""
+    nc = await connect_nats(settings.nats, name="raw")
+    store = VoteStore(nc, settings, name="raw")
+    async with agents(settings, board, 1) as (proposer,):
+        names = [f"v{i}" for i in range(voters)]
+        p = await proposer.board(board).propose(section, key, ["x", "y"], voters=names)
+    for name in names:
+        await store.publish_ballot(board, Ballot(id=f"{name}-1", proposal_id=p.id, voter=name, choice=1,
+                                                 created_at=datetime.now(UTC)))
+    async with ProposalFollower(store, board, p.id) as f:
+        await f.wait_for(lambda log: log.decided is not None, timeout=5)
+        decided = f.log.decided
+    assert decided is not None
+    return store, p.id, decided
+
+
+async def test_racing_committers_commit_exactly_once(settings: Settings, unique: str) -> None:
+    store, pid, decided = await _decided_but_uncommitted(settings, unique, "s", "k")
+    async with agents(settings, unique + "r", 6) as racers:
+        handles = [await r.board(unique).proposal(pid) for r in racers]
+        others = [VoteStore(r.nc, settings, name=f"{r.id}-raw") for r in racers]
+        results = await asyncio.gather(*[h.commit() for h in handles], *[s.commit(decided) for s in others],
+                                       store.commit(decided), *[h.outcome(timeout=5) for h in handles])
+        assert all(r is not None and r == results[0] for r in results)
+        committed = results[0]
+        assert committed is not None and committed.value == "y" and committed.revision is not None
+        kinds = await stored_kinds(store, unique, pid)
+        assert kinds.count("outcome") == 1 and kinds.count("applied") == 1
+        assert await applications(racers[0], unique, "s", "k", pid) == [committed.revision]
+    await store.nc.close()
+
+
+async def test_a_commit_interrupted_after_recording_is_finished_by_the_next_committer(
+        settings: Settings, unique: str) -> None:
+    store, pid, decided = await _decided_but_uncommitted(settings, unique, "s", "k")
+    recorded = await store.record(decided)  # the committer "crashes" here
+    async with agents(settings, unique + "w", 1) as (writer,):
+        # Someone writes the entry meanwhile: the application goes after it.
+        unrelated = await writer.board(unique).put("s", "k", "meanwhile")
+        assert unrelated > recorded.base_revision
+        handle = await writer.board(unique).proposal(pid)
+        outcome = await handle.outcome(timeout=5)
+        assert outcome.revision is not None and outcome.revision > unrelated
+        assert (await writer.board(unique).get("s", "k")).value == "y"
+        # Crash after applying but before marking: the scan finds the write.
+        assert await store.apply(recorded) == outcome.revision
+        assert await applications(writer, unique, "s", "k", pid) == [outcome.revision]
+    await store.nc.close()
+
+
+async def test_applying_again_finds_the_first_application_without_writing(
+        settings: Settings, unique: str) -> None:
+    """The scan after the base revision (not the Msg-Id window) makes re-application a no-op."""
+    store, pid, decided = await _decided_but_uncommitted(settings, unique, "s", "k")
+    recorded = await store.record(decided)
+    assert same_outcome(recorded.outcome, decided)
+    first = await store.apply(recorded)
+    async with agents(settings, unique + "w", 1) as (writer,):
+        later = await writer.board(unique).put("s", "k", "overwritten later")
+        nc = await connect_nats(settings.nats, name="second")
+        try:
+            assert await VoteStore(nc, settings, name="second").apply(recorded) == first
+        finally:
+            await nc.close()
+        assert (await writer.board(unique).get("s", "k")).revision == later  # nothing written again
+        assert await applications(writer, unique, "s", "k", pid) == [first]
+    await store.nc.close()
+
+
+async def test_weighted_proposal_and_raw_json_ballot_interoperate(settings: Settings, unique: str) -> None:
+    """A ballot written as JSON by another client counts like the SDK's."""
+    async with agents(settings, unique, 3) as (a, b, c):
+        board = a.board(unique)
+        p = await board.propose("s", "k", ["x", "y"], voters=[a.id, b.id, c.id],
+                                policy=Policy(kind="weighted", weights={a.id: 3}))
+        await b.board(unique).vote(p.id, "y")
+        await c.board(unique).vote(p.id, "y")
+        ballot = {"v": 1, "id": "json-1", "proposal_id": p.id, "voter": a.id, "choice": 0,
+                  "created_at": datetime.now(UTC).isoformat()}
+        await a.nc.jetstream().publish(Subjects.vote(unique, p.id, "ballot"), codec.encode(ballot, "json"),
+                                       headers={"Bb-Encoding": "json"})
+        outcome = await p.outcome(timeout=5)
+        assert outcome.status == "accepted" and outcome.value == "x" and outcome.counts.support == [3.0, 2.0]

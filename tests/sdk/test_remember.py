@@ -1,0 +1,71 @@
+"""agent.remember: memories are durably in JetStream (the worker persists them later)."""
+
+from __future__ import annotations
+
+import pytest
+from nats.js import api
+
+from agents_sdk import Agent
+from agents_sdk.memory.longterm import MemoryInput
+from blackboard.protocol import codec
+from blackboard.protocol.errors import InvalidKeyError, InvalidPayloadError, PayloadTooLargeError
+from blackboard.protocol.schemas import MemoryRecord, validate_wire
+from blackboard.protocol.subjects import MEMORY_STREAM, Subjects
+from blackboard.settings import Settings
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+
+
+async def _stored(agent: Agent, board: str) -> list[MemoryRecord]:
+    js = agent.nc.jetstream()
+    sub = await js.pull_subscribe(f"bb.mem.{board}.>", stream=MEMORY_STREAM,
+                                  config=api.ConsumerConfig(deliver_policy=api.DeliverPolicy.ALL,
+                                                            ack_policy=api.AckPolicy.NONE))
+    records: list[MemoryRecord] = []
+    try:
+        while True:
+            msgs = await sub.fetch(100, timeout=0.5)
+            records += [validate_wire(MemoryRecord, codec.decode(m.data), strict=True) for m in msgs]
+    except TimeoutError:
+        pass
+    finally:
+        await sub.unsubscribe()
+    return records
+
+
+async def test_remember_publishes_a_valid_record_once(settings: Settings, unique: str) -> None:
+    async with Agent.connect("rememberer", settings=settings) as agent:
+        mid = await agent.remember("the build is green", kind="semantic", tags=["ci"],
+                                   metadata={"run": 7}, importance=0.9, board=unique)
+        again = await agent.remember("the build is green", kind="semantic", board=unique, id=mid)
+        records = await _stored(agent, unique)
+    assert again == mid
+    assert len(records) == 1  # same id: deduplicated by JetStream
+    rec = records[0]
+    assert (rec.id, rec.agent, rec.board, rec.kind, rec.text) == (mid, "rememberer", unique, "semantic",
+                                                                   "the build is green")
+    assert rec.tags == ["ci"] and rec.metadata == {"run": 7} and rec.importance == 0.9
+    assert Subjects.memory(unique, "rememberer") == f"bb.mem.{unique}.rememberer"
+
+
+async def test_remember_many_pipelined(settings: Settings, unique: str) -> None:
+    async with Agent.connect("bulk", settings=settings) as agent:
+        ids = await agent.remember_many(MemoryInput(f"turn {i}", board=unique, metadata={"i": i})
+                                        for i in range(300))
+        records = await _stored(agent, unique)
+    assert len(ids) == len(set(ids)) == 300
+    assert [r.metadata["i"] for r in records] == list(range(300))
+
+
+async def test_remember_rejects_bad_input(settings: Settings, unique: str) -> None:
+    async with Agent.connect("bad", settings=settings) as agent:
+        with pytest.raises(InvalidPayloadError):
+            await agent.remember("   ", board=unique)
+        with pytest.raises(InvalidPayloadError):
+            await agent.remember("x", kind="gossip", board=unique)  # type: ignore[arg-type]
+        with pytest.raises(InvalidPayloadError):
+            await agent.remember("x", importance=2.0, board=unique)
+        with pytest.raises(InvalidKeyError):
+            await agent.remember("x", board="not a board")
+        with pytest.raises(PayloadTooLargeError):
+            await agent.remember("x" * (settings.board.max_value_size + 1), board=unique)

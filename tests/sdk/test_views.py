@@ -1,0 +1,94 @@
+"""Live shared views on a real nats-server."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+import pytest
+
+from agents_sdk import Agent, Change, Operation
+from blackboard.devstack import EmbeddedNats
+from blackboard.settings import Settings
+from tests.conftest import make_settings
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+
+
+async def test_view_snapshot_then_follows_another_agent(settings: Settings, unique: str) -> None:
+    async with Agent.connect("writer", settings=settings) as w, Agent.connect("reader", settings=settings) as r:
+        wb = w.board(unique)
+        await wb.put("tasks", "t1", "one")
+        await wb.put("tasks", "t2", "two")
+        await wb.put("other", "x", "not in view")
+        view = await r.board(unique).view("tasks")
+        assert view.snapshot() == {("tasks", "t1"): "one", ("tasks", "t2"): "two"}
+        rev = await wb.put("tasks", "t3", "three")
+        await wb.delete("tasks", "t1")
+        await view.wait_for(lambda v: ("tasks", "t3") in v and ("tasks", "t1") not in v, timeout=5)
+        assert view.get("tasks", "t3").revision == rev  # type: ignore[union-attr]
+        assert view.keys() == [("tasks", "t2"), ("tasks", "t3")]
+        await view.close()
+
+
+async def test_view_reads_own_writes_immediately(settings: Settings, unique: str) -> None:
+    async with Agent.connect("me", settings=settings) as agent:
+        board = agent.board(unique)
+        async with board.view() as view:
+            for i in range(50):
+                rev = await board.put("s", f"k{i}", i)
+                entry = view.get("s", f"k{i}")
+                assert entry is not None and entry.revision == rev and entry.value == i
+            await board.delete("s", "k0")
+            assert ("s", "k0") not in view
+            await asyncio.sleep(0.2)  # the watch echoes of our own writes are ignored
+            assert len(view) == 49
+
+
+async def test_view_callbacks_and_async_iteration(settings: Settings, unique: str) -> None:
+    async with Agent.connect("w", settings=settings) as w, Agent.connect("r", settings=settings) as r:
+        view = await r.board(unique).view("s")
+        seen: list[Change] = []
+        view.on_change(seen.append)
+        received: list[Change] = []
+
+        async def consume() -> None:
+            async for change in view.changes():
+                received.append(change)
+                if len(received) == 3:
+                    return
+
+        task = asyncio.create_task(consume())
+        await asyncio.sleep(0)
+        await w.board(unique).put("s", "a", 1)
+        await w.board(unique).put("s", "b", 2)
+        await w.board(unique).delete("s", "a")
+        await asyncio.wait_for(task, 5)
+        assert [c.operation for c in received] == [Operation.PUT, Operation.PUT, Operation.DELETE]
+        assert [c.revision for c in seen] == [c.revision for c in received]
+        await view.close()
+
+
+async def test_view_converges_after_server_restart(nats_factory: Callable[[], EmbeddedNats]) -> None:
+    server = nats_factory()
+    settings = make_settings(server.url)
+    async with Agent.connect("w", settings=settings) as w, Agent.connect("r", settings=settings) as r:
+        wb = w.board("restart-view")
+        for i in range(10):
+            await wb.put("s", f"k{i}", i)
+        view = await r.board("restart-view").view()
+        applied: list[int] = []
+        view.on_change(lambda c: applied.append(c.revision))
+        server.kill()
+        await asyncio.sleep(0.5)
+        await asyncio.to_thread(server.start)
+        for i in range(10, 20):
+            await wb.put("s", f"k{i}", i)
+        await wb.delete("s", "k0")
+        await wb.put("s", "k1", "changed")
+        await view.wait_for(lambda v: len(v) == 19 and v.value("s", "k1") == "changed", timeout=20)
+        expected = {("s", f"k{i}"): i for i in range(1, 20)} | {("s", "k1"): "changed"}
+        assert view.snapshot() == expected
+        assert len(applied) == len(set(applied))  # no change applied twice
+        assert applied == sorted(applied)
+        await view.close()
