@@ -39,7 +39,8 @@ from blackboard.protocol import codec
 from blackboard.protocol.subjects import Subjects
 from blackboard.settings import Settings, WorkerSettings
 from blackboard.worker import Worker
-from blackboard.worker.handlers import StreamHandler, default_handlers, write_entries
+from blackboard.worker.entries import write_entries
+from blackboard.worker.handlers import StreamHandler, default_handlers
 from blackboard.worker.ingest import IngestLoop, to_raw
 
 

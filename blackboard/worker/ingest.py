@@ -43,7 +43,7 @@ from blackboard.protocol.subjects import Subjects
 from blackboard.settings import Settings
 from blackboard.worker._tasks import run_until_stopped
 from blackboard.worker.decode import DeadLetter, RawMessage, parse_ack_reply
-from blackboard.worker.handlers import Conn, StreamHandler
+from blackboard.worker.stream_handler import Conn, StreamHandler
 
 __all__ = ["RETRYABLE", "ConsumerLag", "IngestLoop", "IngestStats", "backoff_delays", "error_line", "to_raw"]
 

@@ -30,7 +30,7 @@ from blackboard.protocol.schemas.message_search import (
 from blackboard.protocol.subjects import MESSAGE_STREAM, Subjects
 from blackboard.settings import Settings
 from blackboard.worker.decode import RawMessage, entry_search_text, is_json_safe
-from blackboard.worker.handlers import Conn, StreamHandler
+from blackboard.worker.stream_handler import Conn, StreamHandler
 
 __all__ = [
     "MessageRow",

@@ -24,7 +24,6 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
-import psycopg
 from nats.aio.client import Client as NATS
 from psycopg.types.json import Jsonb
 from pydantic import ValidationError
@@ -45,13 +44,12 @@ from blackboard.protocol.schemas import Ballot, Outcome, Proposal
 from blackboard.protocol.subjects import VOTE_STREAM, Header, Subjects
 from blackboard.settings import Settings
 from blackboard.worker.decode import RawMessage
-from blackboard.worker.handlers import StreamHandler
+from blackboard.worker.stream_handler import Conn, StreamHandler
 
 __all__ = ["CloserStats", "VoteCloser", "VoteRow", "decode_vote", "vote_handler", "write_votes"]
 
 log = logging.getLogger("blackboard.worker.votes")
 
-Conn = psycopg.AsyncConnection[Any]
 M = TypeVar("M", Proposal, Ballot)
 
 

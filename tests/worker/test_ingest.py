@@ -24,7 +24,7 @@ from blackboard.protocol.subjects import Subjects
 from blackboard.settings import Settings, WorkerSettings
 from blackboard.worker import Worker
 from blackboard.worker.decode import EntryRow
-from blackboard.worker.handlers import write_entries
+from blackboard.worker.entries import write_entries
 from tests._worker_helpers import (
     GlitchyProvider,
     HashProvider,
@@ -133,7 +133,7 @@ async def test_forget_deletes_memories_and_keeps_them_deleted(pg_settings: Setti
         assert _rows(s, "SELECT id FROM bb_memories WHERE board = %s", unique) == [(f"{unique}-b",)]
         # An older copy delivered late (a smaller stream sequence) stays forgotten.
         from blackboard.worker.decode import RawMessage, decode_memory
-        from blackboard.worker.handlers import write_memories
+        from blackboard.worker.memories import write_memories
         late = decode_memory(RawMessage("BB_MEMORY", 1, Subjects.memory(unique, "alice"), {}, old,
                                         datetime.now(UTC)), max_bytes=10**6, index_chars=10**5)
         assert w.pool is not None

@@ -1,0 +1,88 @@
+"""Persistence of long-term memories (stream ``BB_MEM``).
+
+:func:`memory_handler` is the worker's :class:`StreamHandler` for the stream:
+:func:`~blackboard.worker.decode.decode_memory` (pure) makes a
+:class:`~blackboard.worker.decode.MemoryRow` of each memory (or a
+:class:`~blackboard.worker.decode.ForgetRow` of each forget), and
+:func:`write_memories` stores a batch of them.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+
+from psycopg import sql
+
+from blackboard.db import ingest_sql as q
+from blackboard.db import pgcopy
+from blackboard.db.spaces import Space
+from blackboard.protocol.subjects import MEMORY_STREAM, Subjects
+from blackboard.settings import Settings
+from blackboard.worker.decode import ForgetRow, MemoryRow, RawMessage, decode_memory
+from blackboard.worker.stream_handler import Conn, StreamHandler
+
+__all__ = ["memory_handler", "write_memories"]
+
+
+async def write_memories(conn: Conn, rows: Sequence[MemoryRow | ForgetRow]) -> None:
+    """Store (or replace, by id, forward only) memories and queue their embeddings; apply forgets.
+
+    A forget deletes the stored versions older than itself and leaves a
+    tombstone, so an older copy arriving later is not stored again. A batch
+    with forgets first locks out concurrent memory writers (see
+    ``LOCK_MEMORIES_FOR_FORGET``), so a memory and its forget committed at the
+    same time by two batches cannot miss each other.
+    """
+    forgets = [r for r in rows if isinstance(r, ForgetRow)]
+    if forgets:
+        await conn.execute(q.LOCK_MEMORIES_FOR_FORGET)
+        async with conn.cursor() as cur:
+            await cur.executemany(q.UPSERT_FORGET, [(i, f.board, f.stream, f.seq) for f in forgets for i in f.ids])
+    memories = [r for r in rows if isinstance(r, MemoryRow)]
+    if memories:
+        await _write_memory_rows(conn, memories)
+    if forgets:
+        ids = sorted({i for f in forgets for i in f.ids})
+        cur = await conn.execute(q.DELETE_FORGOTTEN, (ids,))
+        mids = [int(r[0]) for r in await cur.fetchall()]
+        if mids:
+            await _delete_vectors(conn, mids)
+
+
+async def _delete_vectors(conn: Conn, mids: list[int]) -> None:
+    cur = await conn.execute(q.SPACES)
+    for sid, model, dims in await cur.fetchall():
+        space = Space(int(sid), str(model), int(dims))
+        await conn.execute(sql.SQL("DELETE FROM {} WHERE item = ANY(%s)").format(space.table("memory")), (mids,))
+    await conn.execute(q.UNQUEUE_MEMORIES, (mids,))
+
+
+def _memory_row(r: MemoryRow) -> bytes:
+    meta = r.metadata_json if r.metadata_json is not None else json.dumps(r.metadata)
+    return pgcopy.row((
+        pgcopy.text(r.stream), pgcopy.bigint(r.seq), pgcopy.text(r.id), pgcopy.text(r.board),
+        pgcopy.text(r.agent), pgcopy.text(r.kind), pgcopy.text(r.text), pgcopy.text_array(r.tags),
+        pgcopy.jsonb(meta), pgcopy.float4(r.importance), pgcopy.text(r.source), pgcopy.boolean(r.read_only),
+        pgcopy.timestamptz(r.created_at), pgcopy.text(r.search_text),
+    ))
+
+
+async def _write_memory_rows(conn: Conn, rows: Sequence[MemoryRow]) -> None:
+    await conn.execute(q.CREATE_STAGE_MEMORIES)
+    async with conn.cursor() as cur:
+        async with cur.copy(q.COPY_MEMORIES) as copy:
+            await copy.write(pgcopy.stream(_memory_row(r) for r in rows))
+        await cur.execute(q.MOVE_MEMORIES)
+
+
+def memory_handler(settings: Settings) -> StreamHandler:
+    """The worker's handler of ``BB_MEM`` (durable ``<worker>-memories``)."""
+    max_bytes = settings.worker.max_message_bytes or settings.board.max_value_size
+    chars = settings.worker.max_index_chars
+
+    def decode(msg: RawMessage) -> MemoryRow | ForgetRow:
+        return decode_memory(msg, max_bytes=max_bytes, index_chars=chars)
+
+    return StreamHandler("memories", MEMORY_STREAM, Subjects.memory_all(), decode, write_memories,
+                         embeds=True, concurrent_writes=True)
