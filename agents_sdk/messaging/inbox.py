@@ -49,7 +49,14 @@ from blackboard.protocol.errors import (
     TransportError,
 )
 from blackboard.protocol.schemas import MessageEnvelope, MessageKind, validate_wire
-from blackboard.protocol.subjects import MESSAGE_STREAM, Header, Subjects
+from blackboard.protocol.subjects import (
+    MESSAGE_STREAM,
+    Header,
+    Subjects,
+    pattern_covers,
+    patterns_overlap,
+    subject_matches,
+)
 from blackboard.settings import Settings
 
 __all__ = [
@@ -85,46 +92,6 @@ _PENDING_MSGS = Header.PENDING_MESSAGES.value
 
 
 # --------------------------------------------------------------------------- pure
-def subject_matches(subject: str, pattern: str) -> bool:
-    """Whether a concrete ``subject`` matches a NATS ``pattern`` (``*``, trailing ``>``)."""
-    s = subject.split(".")
-    p = pattern.split(".")
-    for i, tok in enumerate(p):
-        if tok == ">":
-            return len(s) > i
-        if i >= len(s) or (tok != "*" and tok != s[i]):
-            return False
-    return len(s) == len(p)
-
-
-def pattern_covers(outer: str, inner: str) -> bool:
-    """Whether every subject matched by ``inner`` is matched by ``outer``."""
-    o = outer.split(".")
-    n = inner.split(".")
-    for i, tok in enumerate(o):
-        if tok == ">":
-            return len(n) > i
-        if i >= len(n) or n[i] == ">":
-            return False
-        if tok != "*" and (n[i] == "*" or n[i] != tok):
-            return False
-    return len(n) == len(o)
-
-
-def patterns_overlap(a: str, b: str) -> bool:
-    """Whether some subject matches both patterns."""
-    x = a.split(".")
-    y = b.split(".")
-    for i in range(max(len(x), len(y))):
-        if i >= len(x) or i >= len(y):
-            return False
-        if x[i] == ">" or y[i] == ">":
-            return True
-        if x[i] != y[i] and x[i] != "*" and y[i] != "*":
-            return False
-    return True
-
-
 def consumer_filters(grants: Mapping[str, int]) -> list[str]:
     """The consumer's filter subjects for a set of grants: the maximal patterns.
 

@@ -13,14 +13,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime
 from typing import Literal, TypeVar
 
 from pydantic import ValidationError
 
 from blackboard.consensus.tally import StampedBallot, Tally
 from blackboard.protocol import codec
-from blackboard.protocol.errors import InvalidPayloadError
+from blackboard.protocol.errors import InvalidKeyError, InvalidPayloadError
 from blackboard.protocol.schemas import (
     Ballot,
     BallotRejection,
@@ -29,7 +29,7 @@ from blackboard.protocol.schemas import (
     RejectReason,
     WireModel,
 )
-from blackboard.protocol.subjects import Header
+from blackboard.protocol.subjects import Header, Subjects
 
 __all__ = [
     "BallotFate",
@@ -50,8 +50,6 @@ VoteKind = Literal["proposal", "ballot", "close", "outcome", "applied"]
 FateStatus = Literal["counted", "superseded", "rejected"]
 M = TypeVar("M", bound=WireModel)
 
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-
 
 def jetstream_time(reply: str | None) -> datetime | None:
     """The exact server timestamp of a JetStream message, from its ack subject.
@@ -59,18 +57,14 @@ def jetstream_time(reply: str | None) -> datetime | None:
     JetStream stamps messages in nanoseconds; this truncates to microseconds
     with integer arithmetic (nats-py's ``metadata.timestamp`` goes through a
     float and may be 1 µs off), as ``docs/voting.md`` requires. ``None`` when
-    ``reply`` is not a JetStream ack subject.
+    ``reply`` is not a JetStream ack subject (parsed by :meth:`Subjects.parse_ack`).
     """
     if not reply:
         return None
-    tokens = reply.split(".")
-    if len(tokens) < 9 or tokens[0] != "$JS" or tokens[1] != "ACK":
-        return None
     try:
-        ns = int(tokens[7] if len(tokens) == 9 else tokens[9])
-    except (ValueError, IndexError):
+        return Subjects.parse_ack(reply)[2]
+    except InvalidKeyError:
         return None
-    return _EPOCH + timedelta(microseconds=ns // 1000)
 
 
 def _decode(model: type[M], data: bytes, headers: Mapping[str, str] | None) -> M:

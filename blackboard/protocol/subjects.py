@@ -16,6 +16,19 @@ Layout (``<bucket>`` defaults to ``blackboard``)::
     inbox-<agent>                                   an agent's durable inbox consumer on BB_MSG
     bb.vote.<board>.<proposal>.proposal|ballot|close|outcome|applied   consensus voting
     bb.search.<endpoint>                            search micro service
+    <worker>-<handler>                              the worker's durable consumer of one stream
+
+JetStream API and reply subjects (formatted and parsed here too)::
+
+    $JS.API.DIRECT.GET.<stream>[.<subject>]         direct get (by sequence, or last of a subject)
+    $JS.API.CONSUMER.MSG.NEXT.<stream>.<consumer>   pull request
+    $JS.API.CONSUMER.RESET.<stream>.<consumer>      reset a consumer to its ack floor
+    $JS.ACK.[<domain>.<account>.]<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<ns>.<pending>[...]
+                                                    a delivered message's reply (ack) subject
+
+The subscription pattern algebra (:func:`subject_matches`, :func:`pattern_covers`,
+:func:`patterns_overlap`) follows the NATS wildcard rules (``*`` one token,
+trailing ``>`` one or more).
 """
 
 from __future__ import annotations
@@ -24,6 +37,7 @@ import base64
 import binascii
 import re
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 
 from blackboard.protocol.errors import InvalidKeyError
@@ -41,15 +55,22 @@ __all__ = [
     "Subjects",
     "decode_key",
     "encode_key",
+    "pattern_covers",
+    "patterns_overlap",
+    "subject_matches",
     "validate_name",
 ]
 
-#: Tokens used for boards, sections, agent ids, proposal ids and topics.
-_NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
+#: Tokens used for boards, sections, agent ids, proposal ids and topics
+#: (always ``fullmatch``: ``$`` alone would let a trailing newline through).
+_NAME_RE = re.compile(r"[A-Za-z0-9_-]{1,128}")
 #: A user key that is already a safe token is kept as it is (readable in the
 #: ``nats`` CLI); anything else is ``=`` followed by unpadded base64url of its
 #: UTF-8 bytes. ``=`` cannot occur in a plain token, so decoding is unambiguous.
-_PLAIN_KEY_RE = re.compile(r"^[A-Za-z0-9_-]{1,256}$")
+_PLAIN_KEY_RE = re.compile(r"[A-Za-z0-9_-]{1,256}")
+#: ``bb.mem.<board>.<agent>``, both tokens valid names, in one match (the ingest hot path).
+_MEMORY_RE = re.compile(r"bb\.mem\.([A-Za-z0-9_-]{1,128})\.([A-Za-z0-9_-]{1,128})")
+_UNIX_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _ENCODED_PREFIX = "="
 MAX_KEY_TOKEN_LENGTH = 1024
 
@@ -91,6 +112,9 @@ class Header(StrEnum):
     PENDING_MESSAGES = "Nats-Pending-Messages"
     #: Set on an error reply of a request handler: the error class name.
     ERROR = "Bb-Error"
+    #: The ``nats.micro`` error headers of a service's error reply: text and code.
+    SERVICE_ERROR = "Nats-Service-Error"
+    SERVICE_ERROR_CODE = "Nats-Service-Error-Code"
     #: On a recorded vote outcome: the target entry's revision when it was
     #: recorded (0: absent); the accepted value is written after it.
     BASE_REVISION = "Bb-Base-Revision"
@@ -103,7 +127,7 @@ def validate_name(value: str, what: str = "name") -> str:
         InvalidKeyError: the token is empty, too long or has characters outside
             ``[A-Za-z0-9_-]``.
     """
-    if not isinstance(value, str) or not _NAME_RE.match(value):
+    if not isinstance(value, str) or not _NAME_RE.fullmatch(value):
         raise InvalidKeyError(
             str(value), f"{what} must be 1-128 characters of letters, digits, '_' or '-'"
         )
@@ -118,7 +142,7 @@ def encode_key(key: str) -> str:
     """
     if not isinstance(key, str) or key == "":
         raise InvalidKeyError(str(key), "a key must be a non-empty string")
-    if _PLAIN_KEY_RE.match(key):
+    if _PLAIN_KEY_RE.fullmatch(key):
         return key
     try:
         raw = key.encode("utf-8")
@@ -139,7 +163,7 @@ def decode_key(token: str) -> str:
         InvalidKeyError: the token is not a valid encoded key.
     """
     if not token.startswith(_ENCODED_PREFIX):
-        if _PLAIN_KEY_RE.match(token):
+        if _PLAIN_KEY_RE.fullmatch(token):
             return token
         raise InvalidKeyError(token, "not a valid key token")
     body = token[1:]
@@ -147,6 +171,47 @@ def decode_key(token: str) -> str:
         return base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)).decode("utf-8")
     except (binascii.Error, UnicodeDecodeError, ValueError) as exc:
         raise InvalidKeyError(token, "not a valid encoded key token") from exc
+
+
+# -- subscription patterns (pure) --------------------------------------------
+def subject_matches(subject: str, pattern: str) -> bool:
+    """Whether a concrete ``subject`` matches a NATS ``pattern`` (``*``, trailing ``>``)."""
+    s = subject.split(".")
+    p = pattern.split(".")
+    for i, tok in enumerate(p):
+        if tok == ">":
+            return len(s) > i
+        if i >= len(s) or (tok != "*" and tok != s[i]):
+            return False
+    return len(s) == len(p)
+
+
+def pattern_covers(outer: str, inner: str) -> bool:
+    """Whether every subject matched by ``inner`` is matched by ``outer``."""
+    o = outer.split(".")
+    n = inner.split(".")
+    for i, tok in enumerate(o):
+        if tok == ">":
+            return len(n) > i
+        if i >= len(n) or n[i] == ">":
+            return False
+        if tok != "*" and (n[i] == "*" or n[i] != tok):
+            return False
+    return len(n) == len(o)
+
+
+def patterns_overlap(a: str, b: str) -> bool:
+    """Whether some subject matches both patterns."""
+    x = a.split(".")
+    y = b.split(".")
+    for i in range(max(len(x), len(y))):
+        if i >= len(x) or i >= len(y):
+            return False
+        if x[i] == ">" or y[i] == ">":
+            return True
+        if x[i] != y[i] and x[i] != "*" and y[i] != "*":
+            return False
+    return True
 
 
 @dataclass(frozen=True, slots=True)
@@ -226,6 +291,19 @@ class Subjects:
         return f"bb.mem.{validate_name(board, 'board')}.{validate_name(agent, 'agent')}"
 
     @staticmethod
+    def parse_memory(subject: str) -> tuple[str, str]:
+        """Split a memory subject into ``(board, agent)``, both validated.
+
+        Raises:
+            InvalidKeyError: not a ``bb.mem.<board>.<agent>`` subject with valid names.
+        """
+        m = _MEMORY_RE.fullmatch(subject)
+        if m is None:
+            raise InvalidKeyError(subject, "not a memory subject bb.mem.<board>.<agent>")
+        board, agent = m.groups()
+        return board, agent
+
+    @staticmethod
     def memory_all() -> str:
         return "bb.mem.>"
 
@@ -281,6 +359,11 @@ class Subjects:
         return f"OBJ_{bucket}"
 
     @staticmethod
+    def worker_consumer(worker: str, handler: str) -> str:
+        """The durable consumer a worker's handler reads its stream with: ``<worker>-<handler>``."""
+        return f"{validate_name(worker, 'worker name')}-{validate_name(handler, 'handler name')}"
+
+    @staticmethod
     def consumer_next_api(stream: str, consumer: str) -> str:
         """The JetStream API subject of a pull request (``$JS.API.CONSUMER.MSG.NEXT``)."""
         return f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{consumer}"
@@ -331,12 +414,47 @@ class Subjects:
     def votes_all() -> str:
         return "bb.vote.>"
 
+    @staticmethod
+    def close_msg_id(board: str, proposal_id: str, second: int) -> str:
+        """``Nats-Msg-Id`` of a deadline close request: closers within one second are deduplicated."""
+        return f"bb-close:{validate_name(board, 'board')}.{validate_name(proposal_id, 'proposal id')}:{int(second)}"
+
+    @staticmethod
+    def apply_msg_id(board: str, proposal_id: str) -> str:
+        """``Nats-Msg-Id`` of the board write applying a proposal's outcome (one application per proposal)."""
+        return f"bb-apply:{validate_name(board, 'board')}.{validate_name(proposal_id, 'proposal id')}"
+
     # -- JetStream API ------------------------------------------------------
     @staticmethod
     def direct_get(stream: str, last_by_subject: str | None = None) -> str:
         """The direct-get API subject of a stream (optionally: the last message of a subject)."""
         base = f"$JS.API.DIRECT.GET.{stream}"
         return base if last_by_subject is None else f"{base}.{last_by_subject}"
+
+    @staticmethod
+    def parse_ack(reply: str) -> tuple[str, int, datetime]:
+        """Stream, stream sequence and server time of a JetStream message, from its reply (ack) subject.
+
+        ``$JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<ns>.<pending>``
+        (9 tokens), or the domain form with ``<domain>.<account hash>`` after
+        ``ACK`` (11 tokens, newer servers add a random one). JetStream stamps
+        messages in nanoseconds; the time is truncated to microseconds with
+        integer arithmetic (exact, where nats-py's ``metadata.timestamp`` goes
+        through a float and may be 1 µs off). A plain tuple: this runs once per
+        ingested message.
+
+        Raises:
+            InvalidKeyError: not a JetStream ack subject.
+        """
+        tokens = reply.split(".")
+        n = len(tokens)
+        if n >= 9 and tokens[0] == "$JS" and tokens[1] == "ACK" and n != 10:
+            i = 2 if n == 9 else 4
+            try:
+                return tokens[i], int(tokens[i + 3]), _UNIX_EPOCH + timedelta(microseconds=int(tokens[i + 5]) // 1000)
+            except ValueError:
+                pass
+        raise InvalidKeyError(reply, "not a JetStream ack subject")
 
     # -- search service ----------------------------------------------------
     @staticmethod

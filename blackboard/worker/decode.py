@@ -14,7 +14,7 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any, get_args
 
 import msgpack
@@ -50,7 +50,6 @@ __all__ = [
 _MAX_META_VALUE = 200
 #: Deepest nesting stored as jsonb (deeper values are kept as msgpack).
 _MAX_JSON_DEPTH = 200
-_UNIX_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MEMORY_KINDS = frozenset(get_args(MemoryKind))
 _KV_OP = Header.KV_OPERATION.value
 _ENCODING = Header.ENCODING.value
@@ -78,25 +77,11 @@ def parse_ttl(value: str) -> float | None:
     return total if pos == len(value) and total > 0 else None
 
 
-def parse_ack_reply(reply: str) -> tuple[str, int, datetime]:
-    """Stream, stream sequence and server timestamp of a JetStream message, from its ack subject.
-
-    ``$JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<ns>.<pending>``, or
-    the domain form with ``<domain>.<account hash>`` after ``ACK`` (11+ tokens).
-    The timestamp is truncated to microseconds with integer arithmetic (exact,
-    where nats-py's ``metadata.timestamp`` goes through a float).
-
-    Raises:
-        ValueError: not a JetStream ack subject.
-    """
-    tokens = reply.split(".")
-    n = len(tokens)
-    if n >= 9 and tokens[0] == "$JS" and tokens[1] == "ACK":
-        if n == 9:
-            return tokens[2], int(tokens[5]), _UNIX_EPOCH + timedelta(microseconds=int(tokens[7]) // 1000)
-        if n >= 11:
-            return tokens[4], int(tokens[7]), _UNIX_EPOCH + timedelta(microseconds=int(tokens[9]) // 1000)
-    raise ValueError(f"not a JetStream ack subject: {reply!r}")
+#: Stream, stream sequence and exact server time of a JetStream message, from its
+#: ack subject (the one parser lives in the protocol module; raises ``InvalidKeyError``,
+#: a ``ValueError``, when the reply is not an ack subject).
+parse_ack_reply = Subjects.parse_ack
+_parse_memory_subject = Subjects.parse_memory
 
 
 def _json_text(value: Any, floats: bool = True) -> bytes | None:
@@ -435,7 +420,10 @@ def _fast_entry(obj: Any, msg: RawMessage, parts: Any, index_chars: int) -> Entr
 
 
 def _fast_memory(obj: Any, msg: RawMessage, board: str, agent: str, index_chars: int) -> MemoryRow | None:
-    """The memory row of a well-formed record, checked without pydantic; None when unsure."""
+    """The memory row of a well-formed record, checked without pydantic; None when unsure.
+
+    ``board`` and ``agent`` come from :meth:`Subjects.parse_memory`, which validated them.
+    """
     if type(obj) is not dict or "op" in obj:
         return None
     v = obj.get("v", 1)
@@ -457,11 +445,6 @@ def _fast_memory(obj: Any, msg: RawMessage, board: str, agent: str, index_chars:
     if common is None:
         return None
     tags, metadata, created, meta_json, _ = common
-    try:
-        validate_name(board, "board")
-        validate_name(agent, "agent")
-    except InvalidKeyError:
-        return None
     search = memory_search_text(text, tags, metadata, index_chars)
     return MemoryRow(msg.stream, msg.seq, mid, board, agent, kind, text, tags, metadata, float(importance),
                      source, read_only, created, search, meta_json)
@@ -523,24 +506,25 @@ def decode_memory(msg: RawMessage, *, max_bytes: int, index_chars: int) -> Memor
     Raises:
         InvalidPayloadError: undecodable, invalid, or not matching its subject.
     """
-    tokens = msg.subject.split(".")
-    if len(tokens) != 4 or tokens[:2] != ["bb", "mem"]:
-        raise InvalidPayloadError(f"bad memory subject {msg.subject!r}")
+    try:
+        board, agent = _parse_memory_subject(msg.subject)
+    except InvalidKeyError as exc:
+        raise InvalidPayloadError(f"bad memory subject {msg.subject!r}") from exc
     if len(msg.data) <= max_bytes:
-        row = _fast_memory(_unpack_strict(msg), msg, tokens[2], tokens[3], index_chars)
+        row = _fast_memory(_unpack_strict(msg), msg, board, agent, index_chars)
         if row is not None:
             return row
     data = _payload(msg, max_bytes)
     if isinstance(data, dict) and data.get("op") == "forget":
         forget = validate_wire(MemoryForget, data)
-        if forget.board != tokens[2] or forget.agent != tokens[3]:
+        if forget.board != board or forget.agent != agent:
             raise InvalidPayloadError(
                 f"forget board/agent {forget.board!r}/{forget.agent!r} do not match subject {msg.subject!r}")
         for mid in forget.ids:
             _check_text(mid, "an id")
         return ForgetRow(msg.stream, msg.seq, forget.board, list(forget.ids))
     rec = validate_wire(MemoryRecord, data)
-    if rec.board != tokens[2] or rec.agent != tokens[3]:
+    if rec.board != board or rec.agent != agent:
         raise InvalidPayloadError(
             f"record board/agent {rec.board!r}/{rec.agent!r} do not match subject {msg.subject!r}")
     _check_fields(rec.tags, rec.metadata, (rec.id, "id"), (rec.text, "text"), (rec.source, "source"))
