@@ -39,7 +39,7 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from blackboard.db import ingest_sql as q
 from blackboard.protocol.errors import InvalidPayloadError
-from blackboard.protocol.subjects import Subjects
+from blackboard.protocol.subjects import Header, Subjects
 from blackboard.settings import Settings
 from blackboard.worker._tasks import run_until_stopped
 from blackboard.worker.decode import DeadLetter, RawMessage, parse_ack_reply
@@ -72,6 +72,8 @@ def backoff_delays(first: float, maximum: float) -> Callable[[], float]:
 
 
 _NO_HEADERS: dict[str, str] = {}
+_STATUS = Header.STATUS.value
+_DESCRIPTION = Header.DESCRIPTION.value
 #: Messages decoded between two yields to the event loop.
 _DECODE_SLICE = 64
 
@@ -150,12 +152,12 @@ class PullFetcher:
 
     async def _on_msg(self, msg: Msg) -> None:
         headers = msg.headers
-        if headers and not msg.data and "Status" in headers:
-            status = headers["Status"]
+        if headers and not msg.data and _STATUS in headers:
+            status = headers[_STATUS]
             if status == "100":  # idle heartbeat (not requested, but harmless)
                 return
             if status not in ("404", "408"):
-                self.last_error = (status, headers.get("Description", ""))
+                self.last_error = (status, headers.get(_DESCRIPTION, ""))
             if self._done is not None and not self._done.done():
                 self._done.set_result(None)
             return
@@ -226,7 +228,7 @@ class IngestLoop:
                  settings: Settings, *, on_written: Callable[[], None] | None = None) -> None:
         self.handler = handler
         self.settings = settings
-        self.durable = f"{settings.worker.name}-{handler.name}"
+        self.durable = Subjects.worker_consumer(settings.worker.name, handler.name)
         self.stats = IngestStats()
         self._js = js
         self._pool = pool
