@@ -63,7 +63,7 @@ def raise_for_error(headers: Mapping[str, str] | None, data: bytes) -> None:
         err = validate_wire(ErrorReply, codec.decode(data, codec.encoding_of(headers)))
         message, key = err.message, err.key
     except InvalidPayloadError:
-        message, key = headers.get("Nats-Service-Error", name), None
+        message, key = headers.get(Header.SERVICE_ERROR.value, name), None
     if name == "NotFoundError":
         raise NotFoundError(key or "", message)
     if name in ("InvalidPayloadError", "InvalidKeyError"):

@@ -105,7 +105,7 @@ class BoardStore:
         #: recently decoded revisions, shared by this store's watches
         self._decoded: OrderedDict[int, Entry] = OrderedDict()
         self._max = settings.board.max_value_size
-        self._direct_prefix = f"$JS.API.DIRECT.GET.{self.subjects.kv_stream}"
+        self._direct_prefix = Subjects.direct_get(self.subjects.kv_stream)
 
     # ------------------------------------------------------------------ writes
     def _msg_id(self) -> str:
@@ -292,7 +292,7 @@ class BoardStore:
 
     async def _get_raw(self, board: str, section: str, key: str) -> Entry:
         subject = self.subjects.entry(board, section, key)
-        msg = await self._request(f"{self._direct_prefix}.{subject}", b"", f"{board}.{section}.{key}")
+        msg = await self._request(Subjects.direct_get(self.subjects.kv_stream, subject), b"", f"{board}.{section}.{key}")
         return self._entry_from_direct(msg, f"{board}.{section}.{key}")
 
     async def get(self, board: str, section: str, key: str, *, revision: int | None = None) -> Entry:

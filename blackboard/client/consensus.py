@@ -180,7 +180,7 @@ class VoteStore:
         """
         subject = Subjects.vote(board, proposal_id, "close")
         second = int(datetime.now(UTC).timestamp())
-        headers = {Header.MSG_ID.value: f"bb-close:{board}.{proposal_id}:{second}"}
+        headers = {Header.MSG_ID.value: Subjects.close_msg_id(board, proposal_id, second)}
         ack = await self._publish(subject, b"", headers, f"close of {proposal_id!r}", subject, None)
         return int(ack.seq)
 
@@ -328,7 +328,7 @@ class VoteStore:
             # scan below found none after it. The Msg-Id turns racing appliers
             # into one write within the duplicate window; the CAS is exact
             # beyond it. So the common case is one write, no scan.
-            headers = {Header.MSG_ID.value: f"bb-apply:{o.board}.{o.proposal_id}"}
+            headers = {Header.MSG_ID.value: Subjects.apply_msg_id(o.board, o.proposal_id)}
             try:
                 ack = await self._publish(subject, payload, headers, f"application to {what!r}", what, last_seen,
                                           self.subjects.kv_stream)
@@ -365,7 +365,7 @@ class VoteStore:
     async def _ensure_inbox(self) -> str:
         if self._inbox is None:
             prefix = self.nc.new_inbox()
-            self._inbox_sub = await self.nc.subscribe(prefix + ".*", cb=self._on_reply)
+            self._inbox_sub = await self.nc.subscribe(Subjects.reply_inbox(prefix, "*"), cb=self._on_reply)
             self._inbox = prefix + "."
         return self._inbox
 

@@ -33,7 +33,7 @@ from blackboard.protocol.errors import (
     PayloadTooLargeError,
     TransportError,
 )
-from blackboard.protocol.subjects import Header
+from blackboard.protocol.subjects import Header, Subjects
 from blackboard.settings import NatsSettings
 
 __all__ = ["RETRYABLE", "Ack", "Publisher"]
@@ -98,7 +98,7 @@ class Publisher:
     async def _ensure_inbox(self) -> str:
         if self._inbox is None:
             prefix = self.nc.new_inbox()
-            self._sub = await self.nc.subscribe(prefix + ".*", cb=self._on_ack)
+            self._sub = await self.nc.subscribe(Subjects.reply_inbox(prefix, "*"), cb=self._on_ack)
             self._inbox = prefix + "."
             self._slots = asyncio.Semaphore(self.settings.max_pending_writes)
         return self._inbox
@@ -237,7 +237,7 @@ class Publisher:
         if not msg_id or not digits:
             return None
         try:
-            reply = await self.nc.request(f"$JS.API.DIRECT.GET.{stream}", json.dumps({"seq": int(digits)}).encode(),
+            reply = await self.nc.request(Subjects.direct_get(stream), json.dumps({"seq": int(digits)}).encode(),
                                           timeout=self.settings.request_timeout)
         except (TimeoutError, nats.errors.Error):
             return None

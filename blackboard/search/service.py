@@ -91,8 +91,8 @@ def error_reply(exc: BaseException, encoding: codec.Encoding) -> tuple[bytes, di
     key = getattr(exc, "key", None)
     body = codec.encode(ErrorReply(error=name, message=message,
                                    key=key if isinstance(key, str) else None).model_dump(), encoding)
-    headers = {Header.ERROR.value: name, "Nats-Service-Error": message[:200],
-               "Nats-Service-Error-Code": _CODES.get(name, "500"), **codec.headers_for(encoding)}
+    headers = {Header.ERROR.value: name, Header.SERVICE_ERROR.value: message[:200],
+               Header.SERVICE_ERROR_CODE.value: _CODES.get(name, "500"), **codec.headers_for(encoding)}
     return body, headers
 
 
