@@ -24,7 +24,7 @@ from nats.js.object_store import ObjectStore as NatsObjectStore
 
 from blackboard.protocol.entries import Entry
 from blackboard.protocol.errors import InvalidPayloadError, NotFoundError, TransportError
-from blackboard.protocol.subjects import encode_key, validate_name
+from blackboard.protocol.subjects import Header, encode_key, validate_name
 
 __all__ = ["OBJECT_REF_KEY", "ObjectRef", "ObjectStore"]
 
@@ -92,7 +92,7 @@ class ObjectStore:
         digest = hashlib.sha256(data).hexdigest()
         store = await self._get_store()
         meta = api.ObjectMeta(name=name, description=content_type,
-                              headers={"Content-Type": content_type})
+                              headers={Header.CONTENT_TYPE.value: content_type})
         try:
             await store.put(name, data, meta=meta)
         except (nats.errors.Error, TimeoutError) as exc:

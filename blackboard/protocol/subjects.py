@@ -115,6 +115,8 @@ class Header(StrEnum):
     #: The ``nats.micro`` error headers of a service's error reply: text and code.
     SERVICE_ERROR = "Nats-Service-Error"
     SERVICE_ERROR_CODE = "Nats-Service-Error-Code"
+    #: On an object's metadata (object store): the media type of its bytes.
+    CONTENT_TYPE = "Content-Type"
     #: On a recorded vote outcome: the target entry's revision when it was
     #: recorded (0: absent); the accepted value is written after it.
     BASE_REVISION = "Bb-Base-Revision"

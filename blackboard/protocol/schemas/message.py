@@ -13,7 +13,7 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from blackboard.protocol.schemas._base import Name, Timestamp, WireModel
-from blackboard.protocol.subjects import validate_name
+from blackboard.protocol.subjects import Subjects
 
 __all__ = ["MessageEnvelope", "MessageKind"]
 
@@ -76,6 +76,5 @@ class MessageEnvelope(WireModel):
         if self.kind != "topic" and self.topic is not None:
             raise ValueError(f"a {self.kind} message takes no topic")
         if self.topic is not None:
-            for token in self.topic.split("."):
-                validate_name(token, "topic token")
+            Subjects.topic(self.topic, pattern=False)  # every token a valid name
         return self
