@@ -4,8 +4,7 @@ from agents_sdk.agent import Agent
 from agents_sdk.board import Board, BoardPipeline
 from agents_sdk.consensus import BallotReceipt, ProposalHandle, VoteEvent, VoteWatch, Voting
 from agents_sdk.memory.longterm import MemoryInput
-from agents_sdk.messaging.inbox import Inbox, Message
-from agents_sdk.messaging.messenger import Handler, Messenger, Sent, Subscriptions
+from agents_sdk.messaging import Handler, Inbox, Message, Messenger, Sent, Subscriptions
 from agents_sdk.objects import ObjectRef, ObjectStore
 from agents_sdk.search import SearchClient
 from agents_sdk.view import View

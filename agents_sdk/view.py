@@ -11,23 +11,36 @@ duplicates.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import inspect
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
+from agents_sdk.lifecycle import TaskHost, TaskStatus
 from blackboard.protocol.entries import Change, Entry, Operation
 from blackboard.protocol.errors import NotConnectedError, OperationTimeoutError
 
 if TYPE_CHECKING:
-    from agents_sdk.board import Board
+    from agents_sdk.context import AgentContext
+    from blackboard.client.board_store import Watch, WatchStart
 
-__all__ = ["ChangeCallback", "View"]
+__all__ = ["ChangeCallback", "View", "ViewSource"]
 
 log = logging.getLogger("agents_sdk.view")
 
 ChangeCallback = Callable[[Change], Awaitable[None] | None]
+
+
+class ViewSource(Protocol):
+    """What a view needs of its board (:class:`agents_sdk.board.Board` is one)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def context(self) -> AgentContext: ...
+
+    def watch(self, section: str | None = None, key: str | None = None, *, start: WatchStart = "new") -> Watch: ...
 
 
 class View:
@@ -38,7 +51,7 @@ class View:
     ``(section, key)`` tuples; ``view.get(section, key)`` reads one entry.
     """
 
-    def __init__(self, board: Board, section: str | None = None, key: str | None = None) -> None:
+    def __init__(self, board: ViewSource, section: str | None = None, key: str | None = None) -> None:
         self.board = board
         self.section = section
         self.key = key
@@ -47,8 +60,7 @@ class View:
         self._revs: dict[tuple[str, str], int] = {}
         self._callbacks: list[ChangeCallback] = []
         self._subscribers: list[asyncio.Queue[Change | None]] = []
-        self._task: asyncio.Task[None] | None = None
-        self._watch: Any = None
+        self._tasks: TaskHost | None = None
         self.ready = asyncio.Event()
         #: Highest revision applied to this view.
         self.revision = 0
@@ -57,24 +69,23 @@ class View:
     async def start(self) -> View:
         """Take the snapshot and start following changes; returns once the snapshot is in.
 
+        The view's tasks (the watch it follows, change callbacks of its own
+        writes) run in one task group, closed by :meth:`close`.
+
         Raises:
             NotConnectedError: NATS is unreachable.
         """
-        if self._task is not None:
+        if self._tasks is not None:
             await self.ready.wait()
             return self
-        self._watch = self.board.watch(self.section, self.key, start="current")
-        await self._watch.start()
-        self._task = asyncio.create_task(self._run(), name=f"view:{self.board.name}")
-        self.board.agent._register_view(self)
-        ready = asyncio.create_task(self._watch.caught_up.wait())
-        done, _ = await asyncio.wait({ready, self._task}, return_when=asyncio.FIRST_COMPLETED)
-        if self._task in done:
-            ready.cancel()
-            self._task.result()
-            raise NotConnectedError("the view's watch ended before its snapshot")
-        # caught_up: _run has taken every snapshot change; let it apply the last one.
-        await asyncio.sleep(0)
+        self._tasks = tasks = TaskHost(f"view:{self.board.name}")
+        await tasks.open()
+        self.board.context.views.add(self.board.name, self)
+        try:
+            await tasks.start(self._follow, name=f"view:{self.board.name}")
+        except BaseException:
+            await self.close()
+            raise
         self.ready.set()
         return self
 
@@ -89,20 +100,26 @@ class View:
 
     async def close(self) -> None:
         """Stop following changes (the local copy stays readable)."""
-        self.board.agent._unregister_view(self)
-        if self._watch is not None:
-            await self._watch.stop()
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
-        for q in self._subscribers:
-            q.put_nowait(None)
+        self.board.context.views.discard(self.board.name, self)
+        tasks, self._tasks = self._tasks, None
+        try:
+            if tasks is not None:
+                await tasks.aclose()
+        finally:
+            for q in self._subscribers:
+                q.put_nowait(None)
 
-    async def _run(self) -> None:
-        async for change in self._watch:
-            await self._apply(change)
+    async def _follow(self, status: TaskStatus[None]) -> None:
+        """Apply the watch's changes in order; report up once the snapshot is applied."""
+        async with self.board.watch(self.section, self.key, start="current") as watch:
+            if watch.caught_up.is_set():  # an empty snapshot
+                status.started()
+            async for change in watch:
+                await self._apply(change)
+                if watch.caught_up.is_set():  # the snapshot's last change is applied
+                    status.started()
+            if not watch.caught_up.is_set():
+                raise NotConnectedError("the view's watch ended before its snapshot")
 
     # ------------------------------------------------------------------ updates
     def _matches(self, entry: Entry) -> bool:
@@ -140,20 +157,33 @@ class View:
         self.revision = max(self.revision, entry.revision)
         return True
 
-    def _own_write(self, entry: Entry) -> None:
-        """Read-your-own-writes: the agent's acknowledged write, applied at once."""
-        if self._apply_local(entry):
-            change = Change(entry)
-            for q in self._subscribers:
-                q.put_nowait(change)
-            for cb in self._callbacks:
-                try:
-                    result = cb(change)
-                    if inspect.isawaitable(result):
-                        task = asyncio.ensure_future(result)
-                        task.add_done_callback(lambda t: t.exception() if not t.cancelled() else None)
-                except Exception:
-                    log.exception("view change callback failed")
+    def own_write(self, entry: Entry) -> None:
+        """Read-your-own-writes: apply the agent's acknowledged write at once.
+
+        Called by the agent's :class:`~agents_sdk.context.ViewRegistry` for
+        every write of this view's board; a write the view already has (or a
+        newer one) is ignored. A coroutine change callback runs in the view's
+        task group.
+        """
+        if not self._apply_local(entry):
+            return
+        change = Change(entry)
+        for q in self._subscribers:
+            q.put_nowait(change)
+        for cb in self._callbacks:
+            try:
+                result = cb(change)
+                if inspect.isawaitable(result) and self._tasks is not None and self._tasks.running:
+                    self._tasks.spawn(self._callback(result))
+            except Exception:
+                log.exception("view change callback failed")
+
+    @staticmethod
+    async def _callback(result: Awaitable[None]) -> None:
+        try:
+            await result
+        except Exception:  # a faulty callback must not stop the view
+            log.exception("view change callback failed")
 
     # -------------------------------------------------------------------- reads
     def get(self, section: str, key: str, default: Entry | None = None) -> Entry | None:

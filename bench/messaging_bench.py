@@ -52,7 +52,7 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext, api
 
 from agents_sdk import Agent, Message
-from agents_sdk.messaging.messenger import encode_envelope, new_envelope
+from agents_sdk.messaging.envelope import encode_envelope, new_envelope
 from bench._common import (
     LatencyStats,
     Table,

@@ -17,13 +17,12 @@ import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from agents_sdk.agent import Agent
+from agents_sdk.memory.longterm import MemoryInput
 from blackboard.protocol.errors import NotFoundError
 from blackboard.settings import Settings
-
-if TYPE_CHECKING:
-    from agents_sdk.agent import Agent
 
 __all__ = ["TEXT_SUFFIXES", "Chunk", "IngestReport", "chunk_text", "ingest_paths", "iter_files"]
 
@@ -191,8 +190,6 @@ class _Progress:
 async def ingest_files(agent: Agent, paths: Sequence[Path], *, board: str = "knowledge",
                        chunk_size: int = 1200, overlap: int = 200, progress: bool = False) -> IngestReport:
     """Ingest files as knowledge memories through a connected agent. See the module doc."""
-    from agents_sdk.memory.longterm import MemoryInput
-
     files = list(iter_files(paths))
     report = IngestReport(files_seen=len(files))
     bar = _Progress(len(files), progress)
@@ -244,8 +241,6 @@ async def ingest_paths(settings: Settings, paths: Sequence[Path], *, board: str 
                        agent_id: str = "ingest", chunk_size: int = 1200, overlap: int = 200,
                        progress: bool = True) -> IngestReport:
     """Connect as ``agent_id`` and :func:`ingest_files` (the ``blackboard ingest`` command)."""
-    from agents_sdk.agent import Agent
-
     async with Agent.connect(agent_id, settings=settings) as agent:
         return await ingest_files(agent, paths, board=board, chunk_size=chunk_size, overlap=overlap,
                                   progress=progress)

@@ -37,7 +37,8 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.js import JetStreamContext, api
 
-from blackboard.protocol import codec
+from agents_sdk.lifecycle import TaskHost
+from agents_sdk.messaging.envelope import decode_envelope
 from blackboard.protocol.errors import (
     BlackboardError,
     InboxBusyError,
@@ -48,7 +49,7 @@ from blackboard.protocol.errors import (
     OperationTimeoutError,
     TransportError,
 )
-from blackboard.protocol.schemas import MessageEnvelope, MessageKind, validate_wire
+from blackboard.protocol.schemas import MessageEnvelope, MessageKind
 from blackboard.protocol.subjects import (
     MESSAGE_STREAM,
     Header,
@@ -65,7 +66,6 @@ __all__ = [
     "Message",
     "admitted",
     "consumer_filters",
-    "decode_envelope",
     "grants_from_metadata",
     "metadata_from_grants",
     "pattern_covers",
@@ -155,15 +155,6 @@ def grants_from_metadata(metadata: Mapping[str, str] | None, filters: Collection
 def metadata_from_grants(grants: Mapping[str, int]) -> dict[str, str]:
     """Consumer metadata entries that record ``grants``."""
     return {Subjects.inbox_start_key(p): str(s) for p, s in sorted(grants.items())}
-
-
-def decode_envelope(data: bytes, headers: Mapping[str, str] | None) -> MessageEnvelope:
-    """Decode a message payload (msgpack, or JSON with ``Bb-Encoding: json``).
-
-    Raises:
-        InvalidPayloadError: undecodable, or not a valid ``MessageEnvelope``.
-    """
-    return validate_wire(MessageEnvelope, codec.decode(data, codec.encoding_of(headers)))
 
 
 # ------------------------------------------------------------------- received
@@ -482,7 +473,8 @@ class Inbox:
         self._error: BlackboardError | None = None
         self._buffer: deque[Msg] = deque()
         self._held: dict[int, Msg] = {}
-        self._keepalive: asyncio.Task[None] | None = None
+        #: The reader's background work (keeping held messages alive), while open.
+        self._tasks: TaskHost | None = None
         self._yielded = 0
         self._opened = False
         self._closed = False
@@ -522,7 +514,8 @@ class Inbox:
                 self._deliver = self._nc.new_inbox()
                 self._sub = await self._nc.subscribe(self._deliver, cb=self._on_msg)
             self._last_activity = asyncio.get_running_loop().time()
-            self._keepalive = asyncio.create_task(self._keep_alive(), name=f"inbox keepalive {self._consumer.agent}")
+            self._tasks = await TaskHost(f"inbox {self._consumer.agent}").open()
+            self._tasks.spawn(self._keep_alive(), name=f"inbox keepalive {self._consumer.agent}")
         except BaseException:
             await self.close()
             raise
@@ -533,16 +526,17 @@ class Inbox:
             return
         self._closed = True
         self._arrived.set()
-        if self._keepalive is not None:
-            self._keepalive.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._keepalive
-        if self._sub is not None:
-            with contextlib.suppress(nats.errors.Error):
-                await self._sub.unsubscribe()
-        self._buffer.clear()
-        if self._consumer.reader is self:
-            self._consumer.reader = None
+        tasks, self._tasks = self._tasks, None
+        try:
+            if tasks is not None:
+                await tasks.aclose()
+        finally:
+            if self._sub is not None:
+                with contextlib.suppress(nats.errors.Error):
+                    await self._sub.unsubscribe()
+            self._buffer.clear()
+            if self._consumer.reader is self:
+                self._consumer.reader = None
 
     async def __aenter__(self) -> Inbox:
         await self.open()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import agents_sdk
 import agents_sdk.memory
+import agents_sdk.messaging
 import blackboard
 import blackboard.protocol.errors
 
@@ -24,6 +25,11 @@ BLACKBOARD = {
     "InvalidPayloadError", "NotConnectedError", "NotFoundError", "Operation", "OperationTimeoutError",
     "PayloadTooLargeError", "Pipeline", "Settings", "Subjects", "Watch", "WriteOp", "__version__",
     "ensure_streams",
+}
+
+MESSAGING = {
+    "Handler", "Inbox", "InboxConsumer", "Message", "Messenger", "Requester", "Responder", "Sender", "Sent",
+    "Subscriptions", "decode_envelope", "encode_envelope", "error_body", "new_envelope", "reply_envelope",
 }
 
 
@@ -52,3 +58,11 @@ def test_every_error_has_one_root() -> None:
 def test_memory_package_exports_resolve() -> None:
     for name in agents_sdk.memory.__all__:
         assert hasattr(agents_sdk.memory, name), name
+
+
+def test_messaging_package_exports() -> None:
+    assert set(agents_sdk.messaging.__all__) == MESSAGING
+    for name in agents_sdk.messaging.__all__:
+        assert hasattr(agents_sdk.messaging, name), name
+    for name in ("Handler", "Inbox", "Message", "Messenger", "Sent", "Subscriptions"):
+        assert getattr(agents_sdk, name) is getattr(agents_sdk.messaging, name), name

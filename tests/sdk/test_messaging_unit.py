@@ -10,10 +10,16 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import agents_sdk
+from agents_sdk.messaging.envelope import (
+    decode_envelope,
+    encode_envelope,
+    error_body,
+    new_envelope,
+    reply_envelope,
+)
 from agents_sdk.messaging.inbox import (
     admitted,
     consumer_filters,
-    decode_envelope,
     grants_from_metadata,
     metadata_from_grants,
     pattern_covers,
@@ -22,7 +28,6 @@ from agents_sdk.messaging.inbox import (
     with_grant,
     without_grant,
 )
-from agents_sdk.messaging.messenger import encode_envelope, error_body, new_envelope, reply_envelope
 from blackboard.protocol import codec
 from blackboard.protocol.errors import InvalidKeyError, InvalidPayloadError
 from blackboard.protocol.schemas import MessageEnvelope, validate_wire
