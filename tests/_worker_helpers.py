@@ -1,9 +1,15 @@
-"""Helpers of the worker and search tests: a deterministic embedding provider, publishers, and
-waiting for rows."""
+"""Helpers of the worker and search tests: running a worker, a deterministic embedding provider,
+publishers, and waiting for rows.
+
+A test runs an in-process worker through :func:`running_worker` (or the ``start_worker``
+fixture of ``tests/conftest.py``, which stops it when the test ends); a test that kills
+the process uses :func:`spawn_worker`.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import hashlib
 import os
@@ -11,7 +17,7 @@ import re
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -20,12 +26,17 @@ import psycopg
 from nats.js import JetStreamContext
 
 from blackboard.devstack import EmbeddedPostgres
+from blackboard.embeddings import EmbeddingProvider
 from blackboard.protocol import codec
 from blackboard.protocol.subjects import Subjects
-from blackboard.settings import Settings
+from blackboard.settings import Settings, WorkerSettings
+from blackboard.worker import Worker
 from blackboard.worker.handlers import StreamHandler, default_handlers
 
 _WORD = re.compile(r"[a-z0-9]+")
+
+#: The ``start_worker`` fixture: ``worker = await start_worker(settings, **running_worker_arguments)``.
+StartWorker = Callable[..., Awaitable[Worker]]
 
 
 class HashProvider:
@@ -72,6 +83,37 @@ class HashProvider:
         if not texts:
             return np.zeros((0, self._dims), dtype=np.float32)
         return np.stack([self.vector(t) for t in texts]).astype(np.float32)
+
+
+def worker_settings(settings: Settings, **fields: Any) -> Settings:
+    """``settings`` with these fields of its ``worker`` section replaced, validated as
+    :class:`WorkerSettings` (``name="w1"``, ``batch_wait=0.02``, ``embed=False``, ...).
+
+    Raises:
+        TypeError: a field :class:`WorkerSettings` does not have (a typo would otherwise be ignored).
+    """
+    unknown = sorted(set(fields) - set(WorkerSettings.model_fields))
+    if unknown:
+        raise TypeError(f"WorkerSettings has no field {', '.join(unknown)}")
+    if not fields:
+        return settings
+    worker = WorkerSettings.model_validate({**settings.worker.model_dump(), **fields})
+    return settings.model_copy(update={"worker": worker})
+
+
+@contextlib.asynccontextmanager
+async def running_worker(settings: Settings, *, handlers: list[StreamHandler] | None = None,
+                         provider: EmbeddingProvider | None = None,
+                         query_provider: EmbeddingProvider | None = None, **fields: Any) -> AsyncIterator[Worker]:
+    """An in-process :class:`Worker`, fully up in the body of the ``async with`` and stopped after it.
+
+    ``fields`` replace worker settings (:func:`worker_settings`: ``name=``, ``serve_search=False``,
+    ``embed=False``, ...); ``handlers``, ``provider`` and ``query_provider`` go to the worker
+    (a stream filter of its own, a test embedding provider).
+    """
+    async with Worker(worker_settings(settings, **fields), handlers=handlers, provider=provider,
+                      query_provider=query_provider) as worker:
+        yield worker
 
 
 def entry_payload(value: Any, *, author: str = "tester", tags: list[str] | None = None,

@@ -3,24 +3,32 @@ started from their pip packages on free ports, once per session.
 
 Tests isolate themselves by unique board names / subjects (``unique``). Tests
 that kill or restart a server use the ``nats_factory`` / ``postgres_factory``
-fixtures to get servers of their own.
+fixtures to get servers of their own. ``start_worker`` starts in-process workers that
+run until the test ends (``tests._worker_helpers.running_worker`` is the same as an
+``async with`` block, for tests that stop a worker part-way).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import pytest
+import pytest_asyncio
 
 from blackboard.devstack import EmbeddedNats, EmbeddedPostgres
 from blackboard.settings import NatsSettings, PostgresSettings, Settings
 from tests.fakes.openai_server import OpenAIFake
+
+if TYPE_CHECKING:
+    from blackboard.worker import Worker
+    from tests._worker_helpers import StartWorker
 
 
 @pytest.fixture(scope="session")
@@ -107,3 +115,21 @@ def unique() -> str:
 def openai_fake() -> Iterator[OpenAIFake]:
     with OpenAIFake() as fake:
         yield fake
+
+
+@pytest_asyncio.fixture
+async def start_worker() -> AsyncIterator[StartWorker]:
+    """Start in-process workers that run until the test ends, then stop (the last started first).
+
+    ``worker = await start_worker(settings, name=f"w{unique}", embed=False, provider=...)``
+    takes the arguments of ``tests._worker_helpers.running_worker``; it returns once the
+    worker is fully up.
+    """
+    # Imported here: tests that never run a worker do not load it.
+    from tests._worker_helpers import running_worker
+
+    async with contextlib.AsyncExitStack() as stack:
+        async def start(settings: Settings, **kwargs: Any) -> Worker:
+            return await stack.enter_async_context(running_worker(settings, **kwargs))
+
+        yield start

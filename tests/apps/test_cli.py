@@ -59,7 +59,7 @@ def _data_dir() -> Path:
     return path
 
 
-@pytest.mark.asyncio(loop_scope="session")
+@pytest.mark.asyncio
 async def test_dev_runs_the_stack_persists_and_restarts_on_the_same_data() -> None:
     data_dir = _data_dir()
     proc, lines = _start_dev(data_dir)

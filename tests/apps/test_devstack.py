@@ -29,7 +29,7 @@ def test_embedded_postgres_runs_with_its_shared_buffers(postgres_server: Embedde
     assert row is not None and f"{row[0]}MB" == postgres_server.shared_buffers == default_shared_buffers()
 
 
-@pytest.mark.asyncio(loop_scope="session")
+@pytest.mark.asyncio
 @pytest.mark.parametrize("autocommit", [True, False])
 async def test_pool_session_settings_hold_on_every_connection(pg_settings: Settings, autocommit: bool) -> None:
     async with open_pool(pg_settings.postgres, min_size=2, max_size=2, autocommit=autocommit,

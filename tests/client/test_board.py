@@ -18,7 +18,7 @@ from agents_sdk import (
 from blackboard.protocol.errors import InvalidPayloadError
 from blackboard.settings import Settings
 
-pytestmark = pytest.mark.asyncio(loop_scope="session")
+pytestmark = pytest.mark.asyncio
 
 
 async def test_put_get_roundtrip_carries_author_tags_metadata(settings: Settings, unique: str) -> None:

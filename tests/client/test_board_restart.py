@@ -13,7 +13,7 @@ from blackboard.protocol.errors import OperationTimeoutError
 from blackboard.settings import NatsSettings
 from tests.conftest import make_settings
 
-pytestmark = [pytest.mark.asyncio(loop_scope="session"), pytest.mark.slow]
+pytestmark = [pytest.mark.asyncio, pytest.mark.slow]
 
 
 async def _restart_after(server: EmbeddedNats, delay: float, down_for: float) -> None:

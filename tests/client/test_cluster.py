@@ -101,7 +101,8 @@ def test_render_follows_the_compose_config(tmp_path: Path) -> None:
         render_node_config("port: 4333\n", index=0, client_ports=[1], route_ports=[2], store_dir=tmp_path)
 
 
-@pytest.mark.asyncio(loop_scope="session")
+@pytest.mark.cluster
+@pytest.mark.asyncio
 async def test_setup_waits_for_the_cluster_then_creates_every_asset_with_three_replicas(
         cluster: NatsCluster, postgres_factory: Callable[[], EmbeddedPostgres]) -> None:
     pg = postgres_factory()
@@ -128,7 +129,8 @@ async def test_setup_waits_for_the_cluster_then_creates_every_asset_with_three_r
     assert await _replicas(settings) == [3] * 5
 
 
-@pytest.mark.asyncio(loop_scope="session")
+@pytest.mark.cluster
+@pytest.mark.asyncio
 async def test_setup_raises_the_replicas_of_existing_assets(
         cluster: NatsCluster, postgres_factory: Callable[[], EmbeddedPostgres]) -> None:
     pg = postgres_factory()
@@ -162,7 +164,7 @@ def plain_nats(stack_dir: Path) -> Iterator[str]:
         proc.wait(10)
 
 
-@pytest.mark.asyncio(loop_scope="session")
+@pytest.mark.asyncio
 async def test_a_server_without_jetstream_is_a_configuration_error(plain_nats: str) -> None:
     started = time.monotonic()
     with pytest.raises(ConfigurationError, match=re.escape(f"no JetStream at {plain_nats}")):
@@ -171,7 +173,8 @@ async def test_a_server_without_jetstream_is_a_configuration_error(plain_nats: s
     assert time.monotonic() - started < 10
 
 
-@pytest.mark.asyncio(loop_scope="session")
+@pytest.mark.cluster
+@pytest.mark.asyncio
 async def test_streams_not_placeable_in_time_raise_a_timeout(cluster: NatsCluster, unique: str) -> None:
     cluster.start(0)
     cluster.start(1)
@@ -187,7 +190,8 @@ async def test_streams_not_placeable_in_time_raise_a_timeout(cluster: NatsCluste
         await nc.close()
 
 
-@pytest.mark.asyncio(loop_scope="session")
+@pytest.mark.cluster
+@pytest.mark.asyncio
 async def test_leader_crash_loses_no_acknowledged_write(
         cluster: NatsCluster, postgres_factory: Callable[[], EmbeddedPostgres], unique: str) -> None:
     pg = postgres_factory()

@@ -24,7 +24,7 @@ EXPECTED_TABLES = {
 }
 
 
-@pytest_asyncio.fixture(loop_scope="session", scope="module")
+@pytest_asyncio.fixture(scope="module")
 async def migrated(nats_server: EmbeddedNats, postgres_server: EmbeddedPostgres) -> str:
     """The DSN of a fresh database with every migration applied (read by the catalog checks)."""
     dsn = fresh_db(postgres_server, "m" + uuid.uuid4().hex[:12])
@@ -66,7 +66,7 @@ def test_load_migrations_refuses_bad_names(tmp_path: Path) -> None:
         load_migrations(tmp_path)
 
 
-@pytest.mark.asyncio(loop_scope="session")
+@pytest.mark.asyncio
 async def test_migrations_apply_on_empty_database_then_reapply_as_noop(
         nats_server: EmbeddedNats, postgres_server: EmbeddedPostgres, unique: str) -> None:
     dsn = fresh_db(postgres_server, unique)
@@ -105,7 +105,7 @@ def test_every_gin_index_keeps_a_short_pending_list(migrated: str) -> None:
     assert all(opts is not None and "gin_pending_list_limit=128" in opts for opts in options.values()), options
 
 
-@pytest.mark.asyncio(loop_scope="session")
+@pytest.mark.asyncio
 async def test_concurrent_migrate_applies_each_file_once(
         nats_server: EmbeddedNats, postgres_server: EmbeddedPostgres, unique: str) -> None:
     dsn = fresh_db(postgres_server, unique)
@@ -115,7 +115,7 @@ async def test_concurrent_migrate_applies_each_file_once(
     assert flat == [m.version for m in load_migrations()]
 
 
-@pytest.mark.asyncio(loop_scope="session")
+@pytest.mark.asyncio
 async def test_failed_migration_is_rolled_back_and_reported(
         nats_server: EmbeddedNats, postgres_server: EmbeddedPostgres, unique: str,
         tmp_path: Path) -> None:
@@ -130,7 +130,7 @@ async def test_failed_migration_is_rolled_back_and_reported(
     assert "t_ok" in tables and "t_bad" not in tables
 
 
-@pytest.mark.asyncio(loop_scope="session")
+@pytest.mark.asyncio
 async def test_vector_tables_of_existing_spaces_get_the_board(
         nats_server: EmbeddedNats, postgres_server: EmbeddedPostgres, unique: str, tmp_path: Path) -> None:
     """0008 rebuilds a space's vector tables from before it with each item's board (orphans left out);
@@ -180,7 +180,7 @@ async def test_vector_tables_of_existing_spaces_get_the_board(
     assert notnull == (True,)
 
 
-@pytest.mark.asyncio(loop_scope="session")
+@pytest.mark.asyncio
 async def test_a_space_of_3072_dimensions_gets_its_hnsw_index_and_answers_through_it(
         nats_server: EmbeddedNats, postgres_server: EmbeddedPostgres, unique: str) -> None:
     """OpenAI's text-embedding-3-large (3,072 dimensions) is past vector's HNSW limit (2,000); the
@@ -216,7 +216,7 @@ def test_pgvector_versions_compare_by_their_numbers() -> None:
     assert pgvector_version("0.8.0-dev") == (0, 8, 0)
 
 
-@pytest.mark.asyncio(loop_scope="session")
+@pytest.mark.asyncio
 async def test_migrate_refuses_a_pgvector_older_than_it_needs_and_says_what_to_do(
         nats_server: EmbeddedNats, postgres_server: EmbeddedPostgres, unique: str,
         monkeypatch: pytest.MonkeyPatch) -> None:

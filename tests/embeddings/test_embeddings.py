@@ -48,8 +48,6 @@ from blackboard.protocol.errors import (
 from blackboard.settings import EmbeddingSettings
 from tests.fakes.openai_server import OpenAIFake, hashed_embedding
 
-session_loop = pytest.mark.asyncio(loop_scope="session")
-
 QUERY = "How do I bake bread at home?"
 SIMILAR = "A simple recipe for homemade bread."
 DISSIMILAR = [
@@ -218,7 +216,7 @@ def _cos(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.dot(a, b))
 
 
-@session_loop
+@pytest.mark.asyncio
 async def test_local_provider_loads_and_embeds_with_the_network_unreachable(
     network_unreachable: list[object],
 ) -> None:
@@ -267,7 +265,7 @@ def test_local_provider_works_in_a_network_namespace_without_any_network(tmp_pat
     assert "OK (5, 384)" in result.stdout
 
 
-@session_loop
+@pytest.mark.asyncio
 async def test_local_provider_ranks_the_similar_sentence_above_dissimilar_ones(minilm: LocalProvider) -> None:
     cases = [
         (QUERY, SIMILAR, DISSIMILAR),
@@ -283,7 +281,7 @@ async def test_local_provider_ranks_the_similar_sentence_above_dissimilar_ones(m
         assert all(best > _cos(v[0], v[i]) for i in range(2, len(v))), (query, v[1:] @ v[0])
 
 
-@session_loop
+@pytest.mark.asyncio
 async def test_local_provider_output_shape_dtype_and_normalisation(minilm: LocalProvider) -> None:
     texts = ["short", "", "a somewhat longer sentence with more words in it " * 3, "word " * 600]
     v = await minilm.embed(texts)
@@ -293,13 +291,13 @@ async def test_local_provider_output_shape_dtype_and_normalisation(minilm: Local
     assert np.isfinite(v).all()
 
 
-@session_loop
+@pytest.mark.asyncio
 async def test_local_provider_empty_input_gives_an_empty_matrix(minilm: LocalProvider) -> None:
     v = await minilm.embed([])
     assert v.shape == (0, 384) and v.dtype == np.float32
 
 
-@session_loop
+@pytest.mark.asyncio
 async def test_local_provider_keeps_input_order_across_sorted_batches() -> None:
     texts = [f"{'very ' * (i % 7)}sentence number {i} about {'cats' if i % 2 else 'trains'}" for i in range(23)]
     async with LocalProvider(batch_size=4) as provider:
@@ -312,7 +310,7 @@ async def test_local_provider_keeps_input_order_across_sorted_batches() -> None:
     assert _cos(alone[0], forward[5]) > 0.999
 
 
-@session_loop
+@pytest.mark.asyncio
 async def test_local_provider_does_not_block_the_event_loop(minilm: LocalProvider) -> None:
     ticks = 0
     done = asyncio.Event()
@@ -333,13 +331,13 @@ async def test_local_provider_does_not_block_the_event_loop(minilm: LocalProvide
     assert ticks >= 3  # the loop kept running while the model worked
 
 
-@session_loop
+@pytest.mark.asyncio
 async def test_local_provider_rejects_a_single_string(minilm: LocalProvider) -> None:
     with pytest.raises(TypeError):
         await minilm.embed("not a list")
 
 
-@session_loop
+@pytest.mark.asyncio
 async def test_closed_local_provider_raises_embedding_error() -> None:
     provider = LocalProvider()
     async with provider:
@@ -383,7 +381,7 @@ def test_parallel_defaults_follow_the_threads_per_call() -> None:
         LocalProvider(parallel=-1)
 
 
-@session_loop
+@pytest.mark.asyncio
 async def test_parallel_model_calls_give_the_vectors_of_one_call_at_a_time() -> None:
     texts = [f"{'quite ' * (i % 5)}a sentence about {('rivers', 'engines', 'bread')[i % 3]} number {i}"
              for i in range(37)]
@@ -393,7 +391,7 @@ async def test_parallel_model_calls_give_the_vectors_of_one_call_at_a_time() -> 
     np.testing.assert_allclose(side_by_side, one_at_a_time, atol=1e-5)  # same rows, input order kept
 
 
-@session_loop
+@pytest.mark.asyncio
 async def test_parallel_bounds_the_model_calls_in_flight_across_callers() -> None:
     texts = [f"text {i} about the weather in town number {i}" for i in range(12)]
     async with LocalProvider(batch_size=2, parallel=2) as provider:
@@ -404,7 +402,7 @@ async def test_parallel_bounds_the_model_calls_in_flight_across_callers() -> Non
     assert counting.most == 2  # calls did run side by side, never more than two at once
 
 
-@session_loop
+@pytest.mark.asyncio
 async def test_a_failed_parallel_model_call_raises_embedding_error() -> None:
     texts = [f"sentence {i} about apples and pears" for i in range(10)]
     async with LocalProvider(batch_size=2, parallel=2) as provider:
@@ -415,7 +413,7 @@ async def test_a_failed_parallel_model_call_raises_embedding_error() -> None:
         assert (await provider.embed(texts)).shape == (10, 384)  # the provider still works
 
 
-@session_loop
+@pytest.mark.asyncio
 async def test_closing_the_provider_during_parallel_calls_raises_embedding_error() -> None:
     texts = [f"sentence {i} about the harbour, the ferry and the morning fog" for i in range(1200)]
     provider = LocalProvider(batch_size=2, parallel=2)
@@ -471,7 +469,7 @@ def _expected(texts: list[str], dims: int) -> np.ndarray:
     return l2_normalize(np.array([hashed_embedding(t, dims) for t in texts]))
 
 
-@session_loop
+@pytest.mark.asyncio
 async def test_openai_provider_batches_requests(openai_fake: OpenAIFake) -> None:
     texts = [f"text {i} about topic {i % 3}" for i in range(10)]
     async with _openai(openai_fake, batch_size=4) as provider:
@@ -485,7 +483,7 @@ async def test_openai_provider_batches_requests(openai_fake: OpenAIFake) -> None
     np.testing.assert_allclose(vectors, _expected(texts, 64), atol=1e-6)
 
 
-@session_loop
+@pytest.mark.asyncio
 async def test_openai_provider_passes_dimensions_through(openai_fake: OpenAIFake) -> None:
     async with _openai(openai_fake, dimensions=32) as provider:
         vectors = await provider.embed(["alpha", "beta"])
@@ -494,7 +492,7 @@ async def test_openai_provider_passes_dimensions_through(openai_fake: OpenAIFake
     np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, rtol=1e-5)
 
 
-@session_loop
+@pytest.mark.asyncio
 async def test_openai_provider_without_send_dimensions_omits_them_and_checks_the_width(
     openai_fake: OpenAIFake,
 ) -> None:
@@ -506,7 +504,7 @@ async def test_openai_provider_without_send_dimensions_omits_them_and_checks_the
             await provider.embed(["x"])
 
 
-@session_loop
+@pytest.mark.asyncio
 async def test_openai_provider_retries_a_429_and_succeeds(openai_fake: OpenAIFake) -> None:
     openai_fake.fail_next(2, status=429)
     async with _openai(openai_fake) as provider:
@@ -515,7 +513,7 @@ async def test_openai_provider_retries_a_429_and_succeeds(openai_fake: OpenAIFak
     np.testing.assert_allclose(vectors, _expected(["retry me"], 64), atol=1e-6)
 
 
-@session_loop
+@pytest.mark.asyncio
 async def test_openai_provider_waits_for_retry_after(openai_fake: OpenAIFake) -> None:
     openai_fake.fail_next(1, status=429, retry_after=0.4)
     async with _openai(openai_fake, backoff_base=0.001) as provider:
@@ -526,7 +524,7 @@ async def test_openai_provider_waits_for_retry_after(openai_fake: OpenAIFake) ->
     assert len(openai_fake.requests_to("/v1/embeddings")) == 2
 
 
-@session_loop
+@pytest.mark.asyncio
 async def test_openai_provider_retries_a_500(openai_fake: OpenAIFake) -> None:
     openai_fake.fail_next(1, status=500, retry_after=None)
     async with _openai(openai_fake) as provider:
@@ -535,7 +533,7 @@ async def test_openai_provider_retries_a_500(openai_fake: OpenAIFake) -> None:
     assert len(openai_fake.requests_to("/v1/embeddings")) == 2
 
 
-@session_loop
+@pytest.mark.asyncio
 async def test_openai_provider_raises_when_retries_are_exhausted(openai_fake: OpenAIFake) -> None:
     openai_fake.fail_next(10, status=429)
     async with _openai(openai_fake, max_retries=2) as provider:
@@ -546,7 +544,7 @@ async def test_openai_provider_raises_when_retries_are_exhausted(openai_fake: Op
     assert len(openai_fake.requests_to("/v1/embeddings")) == 3
 
 
-@session_loop
+@pytest.mark.asyncio
 async def test_openai_provider_does_not_retry_a_client_error(openai_fake: OpenAIFake) -> None:
     openai_fake.fail_next(1, status=400)
     async with _openai(openai_fake) as provider:
@@ -556,7 +554,7 @@ async def test_openai_provider_does_not_retry_a_client_error(openai_fake: OpenAI
     assert len(openai_fake.requests_to("/v1/embeddings")) == 1
 
 
-@session_loop
+@pytest.mark.asyncio
 async def test_openai_provider_retries_connection_failures_then_raises() -> None:
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))
@@ -568,7 +566,7 @@ async def test_openai_provider_retries_connection_failures_then_raises() -> None
     assert (info.value.status, info.value.attempts) == (None, 2)
 
 
-@session_loop
+@pytest.mark.asyncio
 async def test_openai_provider_handles_empty_input_and_empty_strings(openai_fake: OpenAIFake) -> None:
     async with _openai(openai_fake) as provider:
         assert (await provider.embed([])).shape == (0, 64)
@@ -588,7 +586,7 @@ def minilm_quantized() -> Iterator[LocalProvider]:
     asyncio.run(provider.aclose())
 
 
-@session_loop
+@pytest.mark.asyncio
 async def test_quantized_provider_ranks_like_the_model_and_stays_close_to_its_vectors(
     minilm: LocalProvider, minilm_quantized: LocalProvider,
 ) -> None:
@@ -604,7 +602,7 @@ async def test_quantized_provider_ranks_like_the_model_and_stays_close_to_its_ve
     assert float(quant[6] @ quant[7]) > float(quant[6] @ quant[2])
 
 
-@session_loop
+@pytest.mark.asyncio
 async def test_quantized_provider_embeds_a_text_alike_whatever_else_is_in_the_call(
     minilm_quantized: LocalProvider,
 ) -> None:
@@ -656,7 +654,7 @@ def test_query_providers_from_settings_are_quantized_unless_turned_off() -> None
 # -- a real-size OpenAI model end to end ------------------------------------------------
 
 
-@session_loop
+@pytest.mark.asyncio
 async def test_the_worker_stores_and_searches_the_vectors_of_a_1536_dimension_openai_model(
         openai_fake: OpenAIFake, nats_server: EmbeddedNats, postgres_server: EmbeddedPostgres, unique: str) -> None:
     """text-embedding-3-small's 1,536 dimensions: the vectors are stored (a btree entry cannot hold
@@ -664,8 +662,7 @@ async def test_the_worker_stores_and_searches_the_vectors_of_a_1536_dimension_op
     from agents_sdk import Agent
     from blackboard.db.spaces import find_space
     from blackboard.settings import WorkerSettings
-    from blackboard.worker import Worker
-    from tests._worker_helpers import board_memories_handler, fresh_db
+    from tests._worker_helpers import board_memories_handler, fresh_db, running_worker
     from tests.conftest import make_settings
 
     dims = 1536
@@ -680,7 +677,7 @@ async def test_the_worker_stores_and_searches_the_vectors_of_a_1536_dimension_op
     async with Agent.connect("alice", settings=settings) as alice:
         for text in texts:
             await alice.remember(text, board=unique)
-        async with Worker(settings, handlers=[memories]) as worker:
+        async with running_worker(settings, handlers=[memories]) as worker:
             await worker.wait_caught_up(60, embedded=True)
             for mode in ("semantic", "hybrid"):
                 hits = await alice.recall(texts[1], board=unique, mode=mode)

@@ -71,7 +71,7 @@ def _run_node(node: str, scenario: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
-@pytest.mark.asyncio(loop_scope="session")
+@pytest.mark.asyncio
 async def test_node_client_reads_sdk_entry_and_writes_with_cas(settings: Settings, unique: str) -> None:
     node = _node()
     _ensure_node_modules()

@@ -30,7 +30,7 @@ from blackboard.protocol.schemas import Ballot, Outcome, Policy
 from blackboard.protocol.subjects import Subjects
 from blackboard.settings import Settings
 
-pytestmark = pytest.mark.asyncio(loop_scope="session")
+pytestmark = pytest.mark.asyncio
 
 
 async def until_past(deadline: datetime | None, margin: float = 0.05) -> None:

@@ -27,7 +27,7 @@ from blackboard.protocol.subjects import MESSAGE_STREAM, Subjects
 from blackboard.settings import Settings
 from tests.conftest import make_settings
 
-pytestmark = pytest.mark.asyncio(loop_scope="session")
+pytestmark = pytest.mark.asyncio
 
 
 async def drain_inbox(agent: Agent, *, timeout: float = 0.5, ack: bool = True, **kw: Any) -> list[Message]:

@@ -11,7 +11,7 @@ from agents_sdk.objects import ObjectRef
 from blackboard.protocol.errors import NotFoundError
 from blackboard.settings import Settings
 
-pytestmark = pytest.mark.asyncio(loop_scope="session")
+pytestmark = pytest.mark.asyncio
 
 
 async def test_attach_and_fetch_a_large_binary(settings: Settings, unique: str) -> None:

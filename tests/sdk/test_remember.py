@@ -13,7 +13,7 @@ from blackboard.protocol.schemas import MemoryRecord, validate_wire
 from blackboard.protocol.subjects import MEMORY_STREAM, Subjects
 from blackboard.settings import Settings
 
-pytestmark = pytest.mark.asyncio(loop_scope="session")
+pytestmark = pytest.mark.asyncio
 
 
 async def _stored(agent: Agent, board: str) -> list[MemoryRecord]:

@@ -7,15 +7,14 @@ import pytest
 
 from agents_sdk import Agent
 from blackboard.protocol.errors import NotFoundError
-from blackboard.settings import Settings, WorkerSettings
-from blackboard.worker import Worker
-from tests._worker_helpers import HashProvider
+from blackboard.settings import Settings
+from tests._worker_helpers import HashProvider, running_worker, worker_settings
 
-pytestmark = pytest.mark.asyncio(loop_scope="session")
+pytestmark = pytest.mark.asyncio
 
 
 async def test_remember_then_recall_and_board_search(pg_settings: Settings, unique: str) -> None:
-    settings = pg_settings.model_copy(update={"worker": WorkerSettings(name=f"w{unique}", batch_wait=0.02)})
+    settings = worker_settings(pg_settings, name=f"w{unique}", batch_wait=0.02)
     async with Agent.connect("alice", settings=settings) as alice, Agent.connect("bob", settings=settings) as bob:
         board = alice.board(unique)
         await alice.remember("the staging cluster runs out of disk every friday", board=unique,
@@ -26,7 +25,7 @@ async def test_remember_then_recall_and_board_search(pg_settings: Settings, uniq
         r1 = await board.put("facts", "db", "postgres with pgvector")
         r2 = await board.put("facts", "db", "postgres 18 with pgvector 0.8")
         await board.put("notes", "lunch", "pizza friday")
-        async with Worker(settings, provider=HashProvider()) as worker:
+        async with running_worker(settings, provider=HashProvider()) as worker:
             await worker.wait_caught_up(60, embedded=True)
 
             hits = await alice.recall("staging disk", board=unique)

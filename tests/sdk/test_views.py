@@ -12,7 +12,7 @@ from blackboard.devstack import EmbeddedNats
 from blackboard.settings import Settings
 from tests.conftest import make_settings
 
-pytestmark = pytest.mark.asyncio(loop_scope="session")
+pytestmark = pytest.mark.asyncio
 
 
 async def test_view_snapshot_then_follows_another_agent(settings: Settings, unique: str) -> None:

@@ -19,11 +19,19 @@ from blackboard.protocol import codec
 from blackboard.protocol.errors import InvalidPayloadError, NotFoundError, SearchError
 from blackboard.protocol.schemas.search import ErrorReply
 from blackboard.protocol.subjects import Subjects
-from blackboard.settings import Settings, WorkerSettings
-from blackboard.worker import Worker
-from tests._worker_helpers import HashProvider, delete_entry, drop_db, fresh_db, put_entry, remember
+from blackboard.settings import Settings
+from tests._worker_helpers import (
+    HashProvider,
+    delete_entry,
+    drop_db,
+    fresh_db,
+    put_entry,
+    remember,
+    running_worker,
+    worker_settings,
+)
 
-pytestmark = pytest.mark.asyncio(loop_scope="session")
+pytestmark = pytest.mark.asyncio
 
 
 @dataclass
@@ -38,7 +46,7 @@ class Corpus:
     worker: str
 
 
-@pytest_asyncio.fixture(loop_scope="session", scope="module")
+@pytest_asyncio.fixture(scope="module")
 async def corpus(nats_server: object, postgres_server: object) -> AsyncIterator[Corpus]:
     import uuid
 
@@ -46,7 +54,7 @@ async def corpus(nats_server: object, postgres_server: object) -> AsyncIterator[
     tag = uuid.uuid4().hex[:10]
     a, b = f"sa{tag}", f"sb{tag}"
     base: Settings = make_settings(nats_server.url, postgres_server.dsn)  # type: ignore[attr-defined]
-    s = base.model_copy(update={"worker": WorkerSettings(name=f"search{tag}", batch_wait=0.02)})
+    s = worker_settings(base, name=f"search{tag}", batch_wait=0.02)
     nc = await connect_nats(s.nats, name="test-search")
     js = nc.jetstream()
     await ensure_streams(js, s)
@@ -71,7 +79,7 @@ async def corpus(nats_server: object, postgres_server: object) -> AsyncIterator[
     seqs["gone"] = await put_entry(js, subj, a, "facts", "gone", "database to be deleted", author="bob")
     seqs["gone_del"] = await delete_entry(js, subj, a, "facts", "gone")
     provider = HashProvider()
-    async with Worker(s, provider=provider) as w:
+    async with running_worker(s, provider=provider) as w:
         await w.wait_caught_up(60, embedded=True)
         t_before = datetime.now(UTC)
         seqs["plan2"] = await put_entry(js, subj, a, "notes", "plan", {"title": "migrate the database twice"},
@@ -248,15 +256,14 @@ async def test_search_survives_its_connections_being_killed(corpus: Corpus) -> N
 
 async def test_search_embeds_queries_with_a_provider_of_its_own(pg_settings: Settings, unique: str) -> None:
     """The embedder's batches hold the local model for a while: queries get their own instance."""
-    s = pg_settings.model_copy(update={"worker": WorkerSettings(name=f"own{unique}", lag_interval=600)})
-    async with Worker(s) as w:
+    s = worker_settings(pg_settings, name=f"own{unique}", lag_interval=600)
+    async with running_worker(s) as w:
         assert w.embedder is not None and w.search is not None and w.search.engine is not None
         query_provider = w.search.engine.provider
         assert query_provider is not None and query_provider is not w.embedder.provider
         assert (query_provider.model, query_provider.dimensions) == (w.embedder.provider.model,
                                                                      w.embedder.provider.dimensions)
-    quiet = s.model_copy(update={"worker": s.worker.model_copy(update={"embed": False})})
-    async with Worker(quiet) as w:  # a worker that does not embed still embeds queries
+    async with running_worker(s, embed=False) as w:  # a worker that does not embed still embeds queries
         assert w.embedder is None and w.search is not None and w.search.engine is not None
         assert w.search.engine.provider is not None
 
@@ -264,10 +271,8 @@ async def test_search_embeds_queries_with_a_provider_of_its_own(pg_settings: Set
 async def test_search_connections_plan_each_query_for_its_parameters(pg_settings: Settings, unique: str) -> None:
     """A generic plan of a prepared search can be several times slower: the service's pool forces
     custom plans, prices random reads with the configured ``search.random_page_cost`` and never JITs."""
-    s = pg_settings.model_copy(update={
-        "worker": WorkerSettings(name=f"plan{unique}", lag_interval=600, embed=False),
-        "search": pg_settings.search.model_copy(update={"random_page_cost": 1.7})})
-    async with Worker(s) as w:
+    s = pg_settings.model_copy(update={"search": pg_settings.search.model_copy(update={"random_page_cost": 1.7})})
+    async with running_worker(s, name=f"plan{unique}", lag_interval=600, embed=False) as w:
         assert w.search is not None and w.search.engine is not None
         pool = w.search.engine.pool
         async with pool.connection() as a, pool.connection() as b:  # two connections, both configured
@@ -329,16 +334,16 @@ async def test_an_entry_that_expired_while_the_worker_was_away_is_not_found(pg_s
     from agents_sdk import Agent
 
     # A bucket of its own: the other tests' workers (sharing this PostgreSQL) must not read the marker.
-    s = pg_settings.model_copy(update={
-        "worker": WorkerSettings(name=f"ttl{unique}", embed=False, batch_wait=0.02, lag_interval=600),
-        "board": pg_settings.board.model_copy(update={"bucket": f"ttl{unique}"})})
+    own_bucket = pg_settings.board.model_copy(update={"bucket": f"ttl{unique}"})
+    s = worker_settings(pg_settings.model_copy(update={"board": own_bucket}), name=f"ttl{unique}", embed=False,
+                        batch_wait=0.02, lag_interval=600)
     nc = await connect_nats(s.nats, name="test-ttl")
     await ensure_streams(nc.jetstream(), s)
     client = SearchClient(nc, s)
     try:
         async with Agent.connect("ttl-writer", settings=s) as agent:
             board = agent.board(unique)
-            async with Worker(s) as w:
+            async with running_worker(s) as w:
                 # (2 s: this worker is stopped before the key expires and its marker appears)
                 rev = await board.put("s", "gone", f"ephemeral {unique}", ttl=2)
                 await board.put("s", "kept", f"durable {unique}")
@@ -362,7 +367,7 @@ async def test_an_entry_that_expired_while_the_worker_was_away_is_not_found(pg_s
                 pytest.fail("the entry and its delete marker did not expire within 20 s")
             with pytest.raises(NotFoundError):
                 await board.get("s", "gone")
-            async with Worker(s) as w:
+            async with running_worker(s) as w:
                 await w.wait_caught_up(30)
                 hits = await client.search_entries(unique, board=unique, mode="keyword")
                 assert [h.key for h in hits] == ["kept"]

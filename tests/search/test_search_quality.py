@@ -37,12 +37,19 @@ from blackboard.search.engine import (
     neighbour_map,
     smooth_neighbours,
 )
-from blackboard.settings import Settings, WorkerSettings
-from blackboard.worker import Worker
+from blackboard.settings import Settings
 from blackboard.worker.embedder import memory_embed_text
-from tests._worker_helpers import HashProvider, board_memories_handler, drop_db, fresh_db, remember
+from tests._worker_helpers import (
+    HashProvider,
+    board_memories_handler,
+    drop_db,
+    fresh_db,
+    remember,
+    running_worker,
+    worker_settings,
+)
 
-aio = pytest.mark.asyncio(loop_scope="session")
+aio = pytest.mark.asyncio
 
 _WORDS = ("alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike november oscar papa "
           "quebec romeo sierra tango uniform victor whiskey xray yankee zulu amber basil cedar dune ember "
@@ -61,13 +68,13 @@ class Stack:
     chat: str
 
 
-@pytest_asyncio.fixture(loop_scope="session", scope="module")
+@pytest_asyncio.fixture(scope="module")
 async def stack(nats_server: object, postgres_server: object) -> AsyncIterator[Stack]:
     from tests.conftest import make_settings
 
     tag = uuid.uuid4().hex[:8]
     base: Settings = make_settings(nats_server.url, postgres_server.dsn)  # type: ignore[attr-defined]
-    s = base.model_copy(update={"worker": WorkerSettings(name=f"quality{tag}", batch_wait=0.02)})
+    s = worker_settings(base, name=f"quality{tag}", batch_wait=0.02)
     nc = await connect_nats(s.nats, name="test-search-quality")
     js = nc.jetstream()
     await ensure_streams(js, s)
@@ -96,7 +103,7 @@ async def stack(nats_server: object, postgres_server: object) -> AsyncIterator[S
                        ("later1", "umbrella stand"), ("later2", "keyboard layout")):
         await remember(js, chat, "writer", f"{chat}-{name}", text)
     provider = HashProvider()
-    async with Worker(s, provider=provider) as w:
+    async with running_worker(s, provider=provider) as w:
         await w.wait_caught_up(60, embedded=True)
         yield Stack(boards, texts, SearchClient(nc, s), s, provider, chat)
     await nc.close()
@@ -343,15 +350,13 @@ async def test_a_moved_memory_whose_vector_still_names_the_old_board_is_not_foun
             # One durable per board (a handler's name names its durable).
             handlers = [board_memories_handler(s, old),
                         dataclasses.replace(board_memories_handler(s, new), name="memories-new")]
-            embedding = s.model_copy(update={"worker": WorkerSettings(name=f"e{unique}", batch_wait=0.02,
-                                                                      serve_search=False)})
             await remember(js, old, "writer", mid, text)
-            async with Worker(embedding, provider=provider, handlers=handlers) as w:
+            async with running_worker(s, provider=provider, handlers=handlers, name=f"e{unique}", batch_wait=0.02,
+                                      serve_search=False) as w:
                 await w.wait_caught_up(30, embedded=True)
-            ingest_only = s.model_copy(update={"worker": WorkerSettings(name=f"i{unique}", batch_wait=0.02,
-                                                                        embed=False, serve_search=False)})
             await remember(js, new, "writer", mid, text)  # same id: the memory moves
-            async with Worker(ingest_only, handlers=handlers) as w:
+            async with running_worker(s, handlers=handlers, name=f"i{unique}", batch_wait=0.02, embed=False,
+                                      serve_search=False) as w:
                 await w.wait_caught_up(30)
         finally:
             await nc.close()

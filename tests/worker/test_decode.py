@@ -136,7 +136,7 @@ def test_fast_memory_decoder_agrees_with_the_general_one(record: dict[str, Any],
         assert {f: getattr(fast, f) for f in fields} == {f: getattr(general, f) for f in fields}
 
 
-@pytest.mark.asyncio(loop_scope="session")
+@pytest.mark.asyncio
 async def test_binary_copy_round_trips_every_type(pg_settings: Settings) -> None:
     stamp = datetime(2024, 2, 29, 23, 59, 59, 999999, tzinfo=timezone(timedelta(hours=-5)))
     rows = [
@@ -161,7 +161,7 @@ async def test_binary_copy_round_trips_every_type(pg_settings: Settings) -> None
         datetime(2023, 11, 14, 22, 13, 20, 123456, tzinfo=UTC))
 
 
-@pytest.mark.asyncio(loop_scope="session")
+@pytest.mark.asyncio
 async def test_array_literals_round_trip_through_postgres(pg_settings: Settings) -> None:
     texts = ["", "plain", 'quote " inside', "back\\slash", "\\\"", "{braces},commas", "NULL", "null", " spaced ",
              "new\nline\ttab", "é中", "'single'"]

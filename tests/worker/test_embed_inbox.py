@@ -11,7 +11,7 @@ from blackboard.db import migrate, open_pool
 from blackboard.settings import Settings
 from blackboard.worker.embed_inbox import EmbedInbox
 
-pytestmark = pytest.mark.asyncio(loop_scope="session")
+pytestmark = pytest.mark.asyncio
 
 
 async def test_concurrent_movers_queue_every_item_once_and_requeue_leased_ones(pg_settings: Settings) -> None:

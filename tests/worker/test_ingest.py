@@ -21,8 +21,7 @@ from blackboard.db import migrate, open_pool
 from blackboard.devstack import EmbeddedPostgres
 from blackboard.protocol import codec
 from blackboard.protocol.subjects import Subjects
-from blackboard.settings import Settings, WorkerSettings
-from blackboard.worker import Worker
+from blackboard.settings import Settings
 from blackboard.worker.decode import EntryRow
 from blackboard.worker.entries import write_entries
 from tests._worker_helpers import (
@@ -35,9 +34,11 @@ from tests._worker_helpers import (
     memory_payload,
     put_entry,
     remember,
+    running_worker,
+    worker_settings,
 )
 
-pytestmark = pytest.mark.asyncio(loop_scope="session")
+pytestmark = pytest.mark.asyncio
 
 
 def _dsn(settings: Settings) -> str:
@@ -49,7 +50,7 @@ def _rows(settings: Settings, query: str, *params: Any) -> list[tuple[Any, ...]]
         return conn.execute(query, params).fetchall()
 
 
-@pytest_asyncio.fixture(loop_scope="session")
+@pytest_asyncio.fixture
 async def nc(pg_settings: Settings) -> AsyncIterator[NATS]:
     conn = await connect_nats(pg_settings.nats, name="test-ingest")
     await ensure_streams(conn.jetstream(), pg_settings)
@@ -58,8 +59,7 @@ async def nc(pg_settings: Settings) -> AsyncIterator[NATS]:
 
 
 def _worker_settings(settings: Settings, unique: str, **kw: Any) -> Settings:
-    worker = WorkerSettings(name=f"w{unique}", batch_wait=0.02, lag_interval=60.0, **kw)
-    return settings.model_copy(update={"worker": worker})
+    return worker_settings(settings, name=f"w{unique}", batch_wait=0.02, lag_interval=60.0, **kw)
 
 
 async def test_entries_every_revision_once_and_current_state(pg_settings: Settings, nc: NATS,
@@ -72,7 +72,7 @@ async def test_entries_every_revision_once_and_current_state(pg_settings: Settin
     del_seq = await put_entry(js, subj, unique, "facts", "gone", "soon deleted")
     del2 = await delete_entry(js, subj, unique, "facts", "gone")
     bin_seq = await put_entry(js, subj, unique, "files", "blob", b"\x00\x01binary", content_type="image/png")
-    async with Worker(s, provider=HashProvider(), serve_search=False) as w:
+    async with running_worker(s, provider=HashProvider(), serve_search=False) as w:
         await w.wait_caught_up(30, embedded=True)
     revs = _rows(s, "SELECT seq, section, key, op, value FROM bb_entry_revisions WHERE board = %s ORDER BY seq",
                  unique)
@@ -93,7 +93,7 @@ async def test_memories_stored_and_embedded(pg_settings: Settings, nc: NATS, uni
                    metadata={"service": "api"}, kind="episodic", importance=0.9)
     await remember(js, unique, "bob", f"{unique}-2", "use blue-green deploys", kind="procedural")
     provider = HashProvider()
-    async with Worker(s, provider=provider, serve_search=False) as w:
+    async with running_worker(s, provider=provider, serve_search=False) as w:
         await w.wait_caught_up(30, embedded=True)
         assert w.embedder is not None and w.embedder.space is not None
         table = w.embedder.space.table_name("memory")
@@ -111,7 +111,7 @@ async def test_memory_with_same_id_is_replaced_forward_only(pg_settings: Setting
     js = nc.jetstream()
     await remember(js, unique, "alice", f"{unique}-m", "first version")
     await remember(js, unique, "alice", f"{unique}-m", "second version")
-    async with Worker(s, provider=HashProvider(), serve_search=False) as w:
+    async with running_worker(s, provider=HashProvider(), serve_search=False) as w:
         await w.wait_caught_up(30)
     assert _rows(s, "SELECT text FROM bb_memories WHERE id = %s", f"{unique}-m") == [("second version",)]
 
@@ -126,7 +126,7 @@ async def test_forget_deletes_memories_and_keeps_them_deleted(pg_settings: Setti
     forget = codec.encode({"v": 1, "op": "forget", "board": unique, "agent": "alice", "ids": [f"{unique}-a"],
                            "created_at": datetime.now(UTC)})
     await js.publish(Subjects.memory(unique, "alice"), forget)
-    async with Worker(s, provider=HashProvider(), serve_search=False) as w:
+    async with running_worker(s, provider=HashProvider(), serve_search=False) as w:
         await w.wait_caught_up(30, embedded=True)
         assert w.embedder is not None and w.embedder.space is not None
         table = w.embedder.space.table_name("memory")
@@ -169,7 +169,7 @@ async def test_garbage_goes_to_dead_letters_and_worker_keeps_going(pg_settings: 
         seqs[name] = ack.seq
     good = await put_entry(js, subj, unique, "junk", "ok", "fine")
     good_mem = await remember(js, unique, "eve", f"{unique}-ok", "a good memory")
-    async with Worker(s, provider=HashProvider(), serve_search=False) as w:
+    async with running_worker(s, provider=HashProvider(), serve_search=False) as w:
         await w.wait_caught_up(30)
         dead = {int(r[0]): (r[1], r[2]) for r in _rows(
             s, "SELECT seq, reason, subject FROM bb_dead_letters WHERE subject IN (%s, %s)", entry, mem)}
@@ -238,7 +238,7 @@ async def test_the_model_stage_embeds_two_batches_at_a_time_and_each_item_once(
     provider = _CountingProvider(0.05)
     memories = board_memories_handler(s, unique)
     t0 = time.perf_counter()
-    async with Worker(s, provider=provider, handlers=[memories], serve_search=False) as w:
+    async with running_worker(s, provider=provider, handlers=[memories], serve_search=False) as w:
         await w.wait_caught_up(30, embedded=True, poll=0.02)
         elapsed = time.perf_counter() - t0
         assert w.embedder is not None and w.embedder.space is not None
@@ -264,7 +264,7 @@ async def test_a_vector_holding_nan_leaves_its_item_unembedded_and_the_embedder_
     for mid, text in texts.items():
         await remember(js, unique, "a", mid, text)
     memories = board_memories_handler(s, unique)
-    async with Worker(s, provider=GlitchyProvider(), handlers=[memories], serve_search=False) as w:
+    async with running_worker(s, provider=GlitchyProvider(), handlers=[memories], serve_search=False) as w:
         await w.wait_caught_up(30, embedded=True, poll=0.02)
         assert w.embedder is not None and w.embedder.space is not None
         first = (w.embedder.stats.failures, w.embedder.stats.embedded)

@@ -13,10 +13,10 @@ from blackboard.protocol import codec
 from blackboard.protocol.errors import InvalidPayloadError
 from blackboard.protocol.schemas.message_search import MessageSearchRequest
 from blackboard.protocol.subjects import MESSAGE_STREAM, Subjects
-from blackboard.settings import Settings, WorkerSettings
-from blackboard.worker import Worker
+from blackboard.settings import Settings
 from blackboard.worker.decode import RawMessage
 from blackboard.worker.messages import decode_message
+from tests._worker_helpers import running_worker, worker_settings
 
 
 def _rows(settings: Settings, query: str, *params: Any) -> list[tuple[Any, ...]]:
@@ -26,11 +26,10 @@ def _rows(settings: Settings, query: str, *params: Any) -> list[tuple[Any, ...]]
 
 def _worker_settings(settings: Settings, name: str) -> Settings:
     # Messages are not embedded: no embedder, so nothing is left half-embedded for other tests.
-    worker = WorkerSettings(name=name, batch_wait=0.02, lag_interval=60.0, embed=False)
-    return settings.model_copy(update={"worker": worker})
+    return worker_settings(settings, name=name, batch_wait=0.02, lag_interval=60.0, embed=False)
 
 
-@pytest.mark.asyncio(loop_scope="session")
+@pytest.mark.asyncio
 async def test_messages_land_in_postgres_exactly_once_and_are_searchable(pg_settings: Settings,
                                                                          unique: str) -> None:
     a, b, c = (f"{unique}-{n}" for n in "abc")
@@ -45,7 +44,7 @@ async def test_messages_land_in_postgres_exactly_once_and_are_searchable(pg_sett
     seqs = [*to_two.sequences, to_b.seq, blob.seq, cast.seq, topic.seq]
 
     first = _worker_settings(pg_settings, f"w{unique}")
-    async with Worker(first) as w:
+    async with running_worker(first) as w:
         await w.wait_caught_up(30)
         rows = _rows(first, "SELECT seq, id, sender, recipients, kind, board, topic, type, body, body_raw, "
                             "correlation_id, metadata, subject FROM bb_messages WHERE stream = %s AND "
@@ -80,7 +79,7 @@ async def test_messages_land_in_postgres_exactly_once_and_are_searchable(pg_sett
                 await reader.search_messages(senders=["not valid!"])
 
     # A second worker (new durable, replays the whole stream) stores nothing twice.
-    async with Worker(_worker_settings(pg_settings, f"x{unique}"), serve_search=False) as w2:
+    async with running_worker(_worker_settings(pg_settings, f"x{unique}"), serve_search=False) as w2:
         await w2.wait_caught_up(60)
     again = _rows(first, "SELECT count(*) FROM bb_messages WHERE stream = %s AND seq = ANY(%s)",
                   MESSAGE_STREAM, seqs)

@@ -13,12 +13,19 @@ from blackboard.client.connection import connect_nats
 from blackboard.client.streams import ensure_streams
 from blackboard.devstack import EmbeddedNats, EmbeddedPostgres
 from blackboard.protocol.subjects import Subjects
-from blackboard.settings import Settings, WorkerSettings
-from blackboard.worker import Worker
-from tests._worker_helpers import count_rows, entry_payload, memory_payload, spawn_worker, wait_for
+from blackboard.settings import Settings
+from tests._worker_helpers import (
+    count_rows,
+    entry_payload,
+    memory_payload,
+    running_worker,
+    spawn_worker,
+    wait_for,
+    worker_settings,
+)
 from tests.conftest import make_settings
 
-pytestmark = [pytest.mark.asyncio(loop_scope="session"), pytest.mark.slow]
+pytestmark = [pytest.mark.asyncio, pytest.mark.slow]
 
 
 def _spawn_worker(settings: Settings, name: str) -> subprocess.Popen[bytes]:
@@ -121,9 +128,9 @@ async def test_postgres_restart_during_ingest_loses_nothing(
         unique: str) -> None:
     ns, pg = nats_factory(), postgres_factory()
     settings = make_settings(ns.url, pg.dsn)
-    settings = settings.model_copy(update={"worker": WorkerSettings(
-        name="w", embed=False, serve_search=False, max_backoff=0.5, batch_size=200, batch_wait=0.02)})
-    async with Worker(settings) as worker:
+    settings = worker_settings(settings, name="w", embed=False, serve_search=False, max_backoff=0.5, batch_size=200,
+                               batch_wait=0.02)
+    async with running_worker(settings) as worker:
         first = asyncio.create_task(_publish_load(settings, unique, 3000, 500))
         q = "SELECT count(*) FROM bb_entry_revisions WHERE board = %s"
         await wait_for(lambda: count_rows(pg.dsn, q, unique) > 300, 60, "ingest to start")

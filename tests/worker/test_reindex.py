@@ -13,17 +13,24 @@ from blackboard.client.streams import ensure_streams
 from blackboard.db import load_migrations, migrate
 from blackboard.devstack import EmbeddedPostgres
 from blackboard.protocol.subjects import Subjects
-from blackboard.settings import Settings, WorkerSettings
-from blackboard.worker import Worker
+from blackboard.settings import Settings
 from blackboard.worker.reindex import reindex
-from tests._worker_helpers import GlitchyProvider, HashProvider, fresh_db, put_entry, remember
+from tests._worker_helpers import (
+    GlitchyProvider,
+    HashProvider,
+    fresh_db,
+    put_entry,
+    remember,
+    running_worker,
+    worker_settings,
+)
 from tests.conftest import make_settings
 
-pytestmark = pytest.mark.asyncio(loop_scope="session")
+pytestmark = pytest.mark.asyncio
 
 
 async def test_reindex_fills_new_space_and_swaps_tables(pg_settings: Settings, unique: str) -> None:
-    s = pg_settings.model_copy(update={"worker": WorkerSettings(name=f"w{unique}", serve_search=False)})
+    s = worker_settings(pg_settings, name=f"w{unique}", serve_search=False)
     nc = await connect_nats(s.nats, name="reindex")
     js = nc.jetstream()
     await ensure_streams(js, s)
@@ -31,7 +38,7 @@ async def test_reindex_fills_new_space_and_swaps_tables(pg_settings: Settings, u
         await remember(js, unique, "alice", f"{unique}-{i}", f"memory number {i} about reindexing")
     await put_entry(js, Subjects(s.board.bucket), unique, "notes", "k", "an entry to embed")
     await nc.close()
-    async with Worker(s, provider=HashProvider(32, "hash-a")) as w:
+    async with running_worker(s, provider=HashProvider(32, "hash-a")) as w:
         await w.wait_caught_up(30, embedded=True)
     new = HashProvider(48, f"hash-b-{unique}")
     stats = await reindex(s, progress=False, provider=new)
@@ -60,8 +67,7 @@ async def test_reindex_builds_its_indexes_serially_when_a_parallel_build_gets_no
         caplog: pytest.LogCaptureFixture) -> None:
     dsn = fresh_db(postgres_server, unique)
     base = make_settings(pg_settings.nats.url, f"{dsn}?{_NO_SHM}")
-    s = base.model_copy(update={"worker": WorkerSettings(name=f"w{unique}", serve_search=False,
-                                                         index_build_memory="1000GB")})
+    s = worker_settings(base, name=f"w{unique}", serve_search=False, index_build_memory="1000GB")
     await migrate(s)
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("INSERT INTO bb_memories (id, board, agent, kind, text, created_at, updated_at, stream, seq) "

@@ -25,12 +25,11 @@ from blackboard.consensus.tally import StampedBallot, tally
 from blackboard.protocol.errors import ProposalClosedError, VoteError
 from blackboard.protocol.schemas import Ballot, Outcome, Policy, Proposal
 from blackboard.protocol.subjects import Subjects
-from blackboard.settings import Settings, WorkerSettings
-from blackboard.worker import Worker
-from tests._worker_helpers import spawn_worker
+from blackboard.settings import Settings
+from tests._worker_helpers import StartWorker, running_worker, spawn_worker, worker_settings
 from tests.conftest import make_settings
 
-pytestmark = pytest.mark.asyncio(loop_scope="session")
+pytestmark = pytest.mark.asyncio
 
 FAR = datetime(2100, 1, 1, tzinfo=UTC)
 
@@ -41,9 +40,9 @@ async def until_past(deadline: datetime | None, margin: float = 0.05) -> None:
     await asyncio.sleep(max(0.0, (deadline - datetime.now(UTC)).total_seconds()) + margin)
 
 
-def worker_settings(base: Settings, name: str, **kw: Any) -> Settings:
-    ws = WorkerSettings(name=name, embed=False, serve_search=False, deadline_interval=0.1, batch_wait=0.02, **kw)
-    return base.model_copy(update={"worker": ws})
+def _voting_settings(base: Settings, name: str, **kw: Any) -> Settings:
+    return worker_settings(base, name=name, embed=False, serve_search=False, deadline_interval=0.1, batch_wait=0.02,
+                           **kw)
 
 
 async def recount(dsn: str, board: str, pid: str) -> tuple[Outcome | None, dict[int, tuple[str, str | None]]]:
@@ -81,9 +80,9 @@ async def outcome_row(dsn: str, board: str, pid: str) -> tuple[Any, ...] | None:
 async def test_25_agents_under_every_policy_match_a_recount_from_postgres(
         pg_settings: Settings, unique: str) -> None:
     rng = random.Random(4)
-    settings = worker_settings(pg_settings, unique)
+    settings = _voting_settings(pg_settings, unique)
     dsn = settings.postgres.dsn.get_secret_value()
-    async with Worker(settings) as worker:
+    async with running_worker(settings) as worker:
         agents = [await Agent.connect(f"{unique}-{i:02d}", settings=settings) for i in range(25)]
         try:
             ids = [a.id for a in agents]
@@ -158,9 +157,9 @@ async def test_25_agents_under_every_policy_match_a_recount_from_postgres(
 
 
 async def test_postgres_records_rejected_ballots_with_their_reasons(pg_settings: Settings, unique: str) -> None:
-    settings = worker_settings(pg_settings, unique)
+    settings = _voting_settings(pg_settings, unique)
     dsn = settings.postgres.dsn.get_secret_value()
-    async with Worker(settings) as worker:
+    async with running_worker(settings) as worker:
         a, b, c = [await Agent.connect(f"{unique}-{n}", settings=settings) for n in "abc"]
         try:
             board = a.board(unique)
@@ -191,9 +190,11 @@ async def test_postgres_records_rejected_ballots_with_their_reasons(pg_settings:
     ]
 
 
-async def test_the_worker_closes_a_proposal_at_its_deadline(pg_settings: Settings, unique: str) -> None:
-    settings = worker_settings(pg_settings, unique)
-    async with Worker(settings) as worker, await Agent.connect(unique, settings=settings) as agent:
+async def test_the_worker_closes_a_proposal_at_its_deadline(pg_settings: Settings, unique: str,
+                                                              start_worker: StartWorker) -> None:
+    settings = _voting_settings(pg_settings, unique)
+    worker = await start_worker(settings)
+    async with await Agent.connect(unique, settings=settings) as agent:
         p = await agent.board(unique).propose("s", "k", ["x"], voters=[agent.id, "other"],
                                               policy=Policy(quorum=2), deadline=timedelta(seconds=0.5))
         await agent.board(unique).vote(p.id, "x")
@@ -204,8 +205,8 @@ async def test_the_worker_closes_a_proposal_at_its_deadline(pg_settings: Setting
 
 
 async def test_two_workers_and_agents_race_to_commit_exactly_once(pg_settings: Settings, unique: str) -> None:
-    settings = worker_settings(pg_settings, unique, vote_commit_grace=0.0)
-    async with Worker(settings) as w1, Worker(settings) as w2:
+    settings = _voting_settings(pg_settings, unique, vote_commit_grace=0.0)
+    async with running_worker(settings) as w1, running_worker(settings) as w2:
         nc = await connect_nats(settings.nats, name="raw")
         store = VoteStore(nc, settings, name="raw")
         agents = [await Agent.connect(f"{unique}-{i}", settings=settings) for i in range(4)]

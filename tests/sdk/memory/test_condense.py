@@ -80,7 +80,7 @@ def test_rolling_window_is_quiet_within_budget() -> None:
     assert condenser.plan([]) is None
 
 
-@pytest.mark.asyncio(loop_scope="session")
+@pytest.mark.asyncio
 async def test_rolling_window_as_async_condenser() -> None:
     condenser = RollingWindowCondenser(keep_first=0, keep_last=2)
     assert await condenser.condense(history(2)) == []
@@ -152,7 +152,7 @@ def test_summary_ids_are_deterministic_and_distinct() -> None:
 # -- LLM summarizing condenser (logic, no IO) -------------------------------
 
 
-@pytest.mark.asyncio(loop_scope="session")
+@pytest.mark.asyncio
 async def test_llm_condenser_summarises_the_middle() -> None:
     summarizer = RecordingSummarizer()
     condenser = LLMSummarizingCondenser(summarizer, max_size=6, keep_first=1, keep_last=2)
@@ -166,7 +166,7 @@ async def test_llm_condenser_summarises_the_middle() -> None:
     assert ids(apply_events(items, events)) == [1, summary_id(forgotten), 6, 7]
 
 
-@pytest.mark.asyncio(loop_scope="session")
+@pytest.mark.asyncio
 async def test_llm_condenser_folds_previous_summary_into_the_next() -> None:
     summarizer = RecordingSummarizer()
     condenser = LLMSummarizingCondenser(summarizer, max_size=4, keep_first=1, keep_last=2)
@@ -202,7 +202,7 @@ def test_summary_messages_carry_every_item() -> None:
 # -- pipelines ----------------------------------------------------------------------
 
 
-@pytest.mark.asyncio(loop_scope="session")
+@pytest.mark.asyncio
 async def test_pipeline_runs_stages_on_the_previous_view_and_replays_exactly() -> None:
     summarizer = RecordingSummarizer()
     pipeline = CondenserPipeline(
@@ -220,7 +220,7 @@ async def test_pipeline_runs_stages_on_the_previous_view_and_replays_exactly() -
     assert apply_events(apply_events(items, events[:1]), events[1:]) == view
 
 
-@pytest.mark.asyncio(loop_scope="session")
+@pytest.mark.asyncio
 async def test_pipelines_nest_and_empty_pipeline_is_a_no_op() -> None:
     inner = CondenserPipeline(RollingWindowCondenser(keep_first=0, keep_last=6))
     outer = CondenserPipeline(inner, RollingWindowCondenser(keep_first=1, keep_last=2))
@@ -230,7 +230,7 @@ async def test_pipelines_nest_and_empty_pipeline_is_a_no_op() -> None:
     assert await CondenserPipeline().condense(items) == []
 
 
-@pytest.mark.asyncio(loop_scope="session")
+@pytest.mark.asyncio
 async def test_condensed_history_events_round_trip_through_json() -> None:
     log = CondensedHistory(
         LLMSummarizingCondenser(RecordingSummarizer(), max_size=3, keep_first=1, keep_last=1)
@@ -246,7 +246,7 @@ async def test_condensed_history_events_round_trip_through_json() -> None:
 _steps = st.lists(st.integers(0, 4), min_size=1, max_size=25)
 
 
-@pytest.mark.asyncio(loop_scope="session")
+@pytest.mark.asyncio
 @settings(max_examples=60, deadline=None)
 @given(
     growth=_steps,
@@ -311,7 +311,7 @@ def test_consolidation_requests_are_built_purely() -> None:
     }
 
 
-@pytest.mark.asyncio(loop_scope="session")
+@pytest.mark.asyncio
 async def test_consolidate_calls_async_and_sync_remember() -> None:
     calls: list[tuple[str, dict[str, Any]]] = []
 

@@ -15,7 +15,7 @@ from blackboard.protocol import codec
 from blackboard.protocol.subjects import MEMORY_STREAM
 from blackboard.settings import Settings
 
-pytestmark = pytest.mark.asyncio(loop_scope="session")
+pytestmark = pytest.mark.asyncio
 
 
 async def _records(agent: Agent, board: str) -> list[dict[str, object]]:

@@ -32,7 +32,7 @@ def numbered_summary(messages: list[dict[str, Any]]) -> str:
     return f"condensed {user.count('[step ')} steps"
 
 
-@pytest.mark.asyncio(loop_scope="session")
+@pytest.mark.asyncio
 async def test_summary_from_the_server_lands_in_the_event(openai_fake: OpenAIFake) -> None:
     openai_fake.chat = numbered_summary
     mem = ShortTermMemory()
@@ -64,7 +64,7 @@ async def test_summary_from_the_server_lands_in_the_event(openai_fake: OpenAIFak
     assert isinstance(view[1], Summary) and view[1].text == "condensed 5 steps"
 
 
-@pytest.mark.asyncio(loop_scope="session")
+@pytest.mark.asyncio
 async def test_next_condensation_sends_the_previous_summary(openai_fake: OpenAIFake) -> None:
     summaries = iter(["first summary", "second summary"])
     openai_fake.chat = lambda messages: next(summaries)
@@ -83,7 +83,7 @@ async def test_next_condensation_sends_the_previous_summary(openai_fake: OpenAIF
     assert [i.text for i in view if isinstance(i, Summary)] == ["second summary"]
 
 
-@pytest.mark.asyncio(loop_scope="session")
+@pytest.mark.asyncio
 async def test_server_errors_and_empty_answers_raise_llm_error(openai_fake: OpenAIFake) -> None:
     mem = ShortTermMemory()
     items = [mem.add(action="x") for _ in range(3)]
