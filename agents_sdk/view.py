@@ -173,8 +173,11 @@ class View:
         for cb in self._callbacks:
             try:
                 result = cb(change)
-                if inspect.isawaitable(result) and self._tasks is not None and self._tasks.running:
-                    self._tasks.spawn(self._callback(result))
+                if inspect.isawaitable(result):
+                    if self._tasks is not None and self._tasks.running:
+                        self._tasks.spawn(self._callback(result))
+                    elif inspect.iscoroutine(result):
+                        result.close()  # the view is closing: its callbacks no longer run
             except Exception:
                 log.exception("view change callback failed")
 
