@@ -104,32 +104,77 @@ class SearchService:
                  status: Callable[[], Awaitable[dict[str, Any]]] | None = None) -> None:
         self._settings = settings
         self._provider = provider
-        self._pool_cm: contextlib.AbstractAsyncContextManager[AsyncConnectionPool] | None = None
         self._pool: AsyncConnectionPool | None = None
         self.engine: SearchEngine | None = None
         self._nc = nc
         self._status = status
         self._service: Service | None = None
         self._sem = asyncio.Semaphore(max(1, settings.postgres.pool_max - 1))
-        self._inflight: set[asyncio.Task[None]] = set()
-        self._flusher: asyncio.Task[None] | None = None
+        #: Holds the pool and the task group of the flusher and the requests in flight.
+        self._host: asyncio.Task[None] | None = None
+        self._group: asyncio.TaskGroup | None = None
+        self._closing = asyncio.Event()
 
     async def start(self) -> None:
-        """Open the service's pool, register the service and its endpoints.
+        """Open the service's pool, register the service and its endpoints; returns once it serves.
+
+        The pool, the flusher and the requests in flight belong to a host task
+        of the service's own (a task group inside ``async with`` the pool), so
+        the service is either fully up when this returns, or it raised having
+        closed what it opened.
 
         Raises:
             StorageError: PostgreSQL is not reachable.
         """
-        s = self._settings
-        self._pool_cm = open_pool(s.postgres, name=f"blackboard-{s.worker.name}-search", min_size=1,
-                                  check=False, autocommit=True, session=search_session(s))
-        self._pool = await self._pool_cm.__aenter__()
-        self.engine = SearchEngine(self._pool, self._provider, s.search)
+        if self._host is not None and not self._host.done():
+            return
+        self._closing.clear()
+        ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._host = asyncio.create_task(self._serve(ready), name="blackboard search service")
         try:
-            await self._register()
+            await ready
         except BaseException:
             await self.stop()
             raise
+
+    async def _serve(self, ready: asyncio.Future[None]) -> None:
+        s = self._settings
+        try:
+            async with open_pool(s.postgres, name=f"blackboard-{s.worker.name}-search", min_size=1,
+                                 check=False, autocommit=True, session=search_session(s)) as pool:
+                self._pool = pool
+                self.engine = SearchEngine(pool, self._provider, s.search)
+                # Leaving the group waits for the requests in flight (the
+                # endpoints are stopped first); only the flusher is cancelled.
+                async with asyncio.TaskGroup() as group:
+                    self._group = group
+                    await self._register()
+                    flusher = group.create_task(self._flush_loop(), name="search flusher")
+                    if not ready.done():
+                        ready.set_result(None)
+                    try:
+                        await self._closing.wait()
+                    finally:
+                        flusher.cancel()
+                        await self._unregister()
+        except BaseException as exc:
+            if ready.done():
+                raise
+            if isinstance(exc, asyncio.CancelledError):
+                ready.cancel()
+                raise
+            while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+                exc = exc.exceptions[0]
+            ready.set_exception(exc)
+        finally:
+            self._group = None
+            self._pool = None
+
+    async def _unregister(self) -> None:
+        if self._service is not None:
+            service, self._service = self._service, None
+            with contextlib.suppress(Exception):
+                await service.stop()
 
     async def _register(self) -> None:
         assert self.engine is not None
@@ -147,22 +192,20 @@ class SearchService:
         for name, (model, fn) in routes.items():
             await svc.add_endpoint(name=name, subject=Subjects.search(name), handler=self._handler(model, fn))
         self._service = svc
-        self._flusher = asyncio.create_task(self._flush_loop())
 
     async def stop(self) -> None:
-        if self._flusher is not None:
-            self._flusher.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._flusher
-        if self._service is not None:
-            await self._service.stop()
-            self._service = None
-        if self._inflight:
-            await asyncio.gather(*self._inflight, return_exceptions=True)
-        if self._pool_cm is not None:
-            with contextlib.suppress(Exception):
-                await self._pool_cm.__aexit__(None, None, None)
-            self._pool_cm = self._pool = None
+        """Stop the endpoints, let the requests in flight finish, close the pool (idempotent)."""
+        self._closing.set()
+        host, self._host = self._host, None
+        if host is not None:
+            await asyncio.wait([host])
+
+    async def __aenter__(self) -> SearchService:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.stop()
 
     async def _search_messages(self, req: MessageSearchRequest) -> MessageSearchResponse:
         from blackboard.worker.messages import search_messages
@@ -178,9 +221,9 @@ class SearchService:
         async def handle(request: Request) -> None:
             # nats-py runs a subscription's callbacks one at a time: answer in a
             # task so slow queries do not queue the fast ones behind them.
-            task = asyncio.create_task(self._answer(request, model, fn))
-            self._inflight.add(task)
-            task.add_done_callback(self._inflight.discard)
+            if self._group is None:
+                return  # stopping: the endpoints are going away
+            self._group.create_task(self._answer(request, model, fn))
 
         return handle
 

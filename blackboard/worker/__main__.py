@@ -13,25 +13,17 @@ import sys
 
 from blackboard.protocol.errors import BlackboardError
 from blackboard.settings import Settings
-from blackboard.worker.runner import run_worker
+from blackboard.worker.runner import Worker
 
 
 async def _main(settings: Settings) -> None:
     stop = asyncio.Event()
-    ready = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-
-    async def announce() -> None:
-        await ready.wait()
+    async with Worker(settings):  # fully up here, or it raised
         print("ready", flush=True)
-
-    announcer = asyncio.create_task(announce())
-    try:
-        await run_worker(settings, ready=ready, stop=stop)
-    finally:
-        announcer.cancel()
+        await stop.wait()
 
 
 def main() -> int:

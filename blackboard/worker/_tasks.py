@@ -1,31 +1,39 @@
-"""Running a worker stage's tasks until it is told to stop."""
+"""Running a worker stage's tasks, as one task group, until it is told to stop."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import Sequence
+from collections.abc import Coroutine, Mapping
+from typing import Any
 
 __all__ = ["run_until_stopped"]
 
 
-async def run_until_stopped(stop: asyncio.Event, tasks: Sequence[asyncio.Task[None]]) -> None:
-    """Wait until ``stop`` is set or a task fails; then cancel and await them all.
+class _Stopped(Exception):
+    """Raised in the group's body when ``stop`` is set: the group then cancels its tasks."""
+
+
+async def run_until_stopped(stop: asyncio.Event, work: Mapping[str, Coroutine[Any, Any, None]]) -> None:
+    """Run ``work`` (task name -> coroutine) in a task group until ``stop`` is set or a task fails.
+
+    Either way every task is cancelled and awaited before this returns.
 
     Raises:
-        the first task's exception, if a task failed.
+        the failed task's exception (the first one, if several failed at once).
     """
-    stopped = asyncio.create_task(stop.wait())
     try:
-        done, _ = await asyncio.wait([stopped, *tasks], return_when=asyncio.FIRST_COMPLETED)
-        for task in done:
-            if task is not stopped and not task.cancelled():
-                error = task.exception()
-                if error is not None:
-                    raise error
-    finally:
-        for task in (stopped, *tasks):
-            task.cancel()
-        for task in (stopped, *tasks):
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        async with asyncio.TaskGroup() as group:
+            for name, coro in work.items():
+                group.create_task(coro, name=name)
+            await stop.wait()
+            raise _Stopped
+    except BaseExceptionGroup as group_error:
+        _, errors = group_error.split(_Stopped)
+        if errors is not None:
+            raise _first_leaf(errors) from None
+
+
+def _first_leaf(error: BaseException) -> BaseException:
+    while isinstance(error, BaseExceptionGroup) and error.exceptions:
+        error = error.exceptions[0]
+    return error

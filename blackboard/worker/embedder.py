@@ -201,13 +201,12 @@ class Embedder:
             await self.setup()
         loaded: asyncio.Queue[_Batch] = asyncio.Queue(maxsize=1)
         embedded: asyncio.Queue[_Batch] = asyncio.Queue(maxsize=self._writers)
-        tasks = [asyncio.create_task(self._feed(stop, loaded), name="embed feed"),
-                 *(asyncio.create_task(self._model(stop, loaded, embedded), name=f"embed model {i}")
-                   for i in range(self._model_batches))]
-        tasks += [asyncio.create_task(self._write_loop(stop, embedded), name=f"embed write {i}")
-                  for i in range(self._writers)]
         try:
-            await run_until_stopped(stop, tasks)
+            await run_until_stopped(stop, {
+                "embed feed": self._feed(stop, loaded),
+                **{f"embed model {i}": self._model(stop, loaded, embedded) for i in range(self._model_batches)},
+                **{f"embed write {i}": self._write_loop(stop, embedded) for i in range(self._writers)},
+            })
         finally:
             # The owner cancels this task right after setting ``stop``: finish
             # giving the leases back before ending (then honour the cancel).

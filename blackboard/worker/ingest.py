@@ -311,10 +311,10 @@ class IngestLoop:
         if self._fetcher is None:
             await self.setup()
         queue: asyncio.Queue[list[Msg]] = asyncio.Queue(maxsize=1)
-        tasks = [asyncio.create_task(self._fetch_loop(stop, queue), name=f"{self.durable} fetch")]
-        tasks += [asyncio.create_task(self._write_loop(stop, queue), name=f"{self.durable} write {i}")
-                  for i in range(self.writers)]
-        await run_until_stopped(stop, tasks)
+        await run_until_stopped(stop, {
+            f"{self.durable} fetch": self._fetch_loop(stop, queue),
+            **{f"{self.durable} write {i}": self._write_loop(stop, queue) for i in range(self.writers)},
+        })
 
     def decode(self, msgs: Sequence[Msg]) -> tuple[list[tuple[Msg, Any]], list[DeadLetter]]:
         """Decode a batch (pure): rows to write, and dead letters."""

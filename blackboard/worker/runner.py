@@ -2,9 +2,12 @@
 
 ``Worker(settings)`` is an async context manager: on entry it migrates the
 schema, makes sure the JetStream assets exist, opens the Postgres pool and
-starts everything; it is fully up when ``__aenter__`` returns (or it raised).
-Each loop runs under a supervisor that logs an unexpected crash and restarts
-it after a back-off, so one bad day of a component never stops the worker.
+starts everything; it is fully up when ``__aenter__`` returns (or it raised,
+having closed what it opened). Its loops are children of one
+:class:`asyncio.TaskGroup`, held by a host task with the connections it opened
+(``async with``, closed in reverse on the way out). Each loop runs under a
+supervisor that logs an unexpected crash and restarts it after a back-off, so
+one bad day of a component never stops the worker.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from types import TracebackType
 from typing import Any
 
 from nats.aio.client import Client as NATS
+from nats.js import JetStreamContext
 from psycopg_pool import AsyncConnectionPool
 
 from blackboard.client.connection import connect_nats
@@ -58,9 +62,10 @@ class Worker:
         self._query_provider = query_provider or provider
         self._serve_search = settings.worker.serve_search if serve_search is None else serve_search
         self._stop = asyncio.Event()
-        self._tasks: list[asyncio.Task[None]] = []
+        #: Runs the worker's task group (see start()).
+        self._host: asyncio.Task[None] | None = None
+        self._components: set[asyncio.Task[None]] = set()
         self._nc: NATS | None = None
-        self._pool_cm: contextlib.AbstractAsyncContextManager[AsyncConnectionPool] | None = None
         self.pool: AsyncConnectionPool | None = None
         self.loops: list[IngestLoop] = []
         self.embedder: Embedder | None = None
@@ -70,100 +75,146 @@ class Worker:
         #: Closes expired proposals and finishes vote commits (docs/voting.md).
         self.votes: VoteCloser | None = None
         self.started_at = 0.0
-        self._owned_provider: EmbeddingProvider | None = None
-        self._owned_query_provider: EmbeddingProvider | None = None
 
     # -- lifecycle ---------------------------------------------------------
     async def start(self) -> None:
-        """Migrate, connect, create consumers and start every loop.
+        """Migrate, connect, create consumers and start every loop; returns once all is up.
+
+        Everything runs in one task group held by a host task of the worker's
+        own (so ``start`` and ``stop`` may be called from different tasks).
+        The worker is either fully up when this returns, or it raised, having
+        closed whatever it had opened. Idempotent while running.
 
         Raises:
             StorageError, MigrationError: PostgreSQL unreachable or schema broken.
             NotConnectedError: NATS unreachable.
         """
-        s = self.settings
-        await migrate(s)
-        self._nc = await connect_nats(s.nats, name=f"blackboard-{s.worker.name}")
+        if self._host is not None and not self._host.done():
+            return
+        self._stop.clear()
+        ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._host = asyncio.create_task(self._serve(ready), name=f"blackboard worker {self.settings.worker.name}")
+        self._host.add_done_callback(_log_crash)
         try:
-            js = self._nc.jetstream(timeout=s.nats.request_timeout)
-            await ensure_streams(js, s)
-            self._pool_cm = open_pool(s.postgres, name=f"blackboard-{s.worker.name}")
-            self.pool = await self._pool_cm.__aenter__()
-            if s.worker.embed:
-                provider = self._provider
-                if provider is None:
-                    provider = self._owned_provider = load_provider(s)
-                self.embedder = Embedder(self.pool, provider, s)
-                await self.embedder.setup()
-                self._spawn("embedder", self.embedder.run)
-                self.inbox = EmbedInbox(self.pool, s, on_moved=self.embedder.wake)
-                self._spawn("embedding inbox", self.inbox.run)
-            wake = self.inbox.wake if self.inbox else None
-            for handler in self._handlers or default_handlers(s):
-                loop = IngestLoop(handler, js, self.pool, s, on_written=wake)
-                await loop.setup()
-                self.loops.append(loop)
-                self._spawn(f"ingest {handler.name}", loop.run)
-            self.votes = VoteCloser(self._nc, s)
-            await self.votes.setup()
-            self._spawn("vote closer", self.votes.run)
-            if self._serve_search:
-                from blackboard.search.service import SearchService
-
-                query_provider = self._query_provider
-                if query_provider is None:
-                    # An instance of its own: the local model runs one call at
-                    # a time, so queries would otherwise wait behind the
-                    # embedder's batches (a batch of 64 takes ~0.3 s here);
-                    # also lets a worker that does not embed answer semantic
-                    # queries. The model loads in the background now (the
-                    # local provider's quantised copy is made on first use,
-                    # a few seconds), not on the first query.
-                    try:
-                        query_provider = self._owned_query_provider = load_provider(s, queries=True)
-                    except ConfigurationError as exc:
-                        if self.embedder is not None:
-                            raise
-                        log.warning("search: no embedding provider (%s): semantic and hybrid search "
-                                    "unavailable in this worker", exc)
-                    else:
-                        load = getattr(query_provider, "load", None)  # a local model (an API has nothing to load)
-                        if load is not None:
-                            self._spawn("query model load", self._load_in_background(load))
-                self.search = SearchService(self._nc, s, provider=query_provider, status=self.status)
-                await self.search.start()
-            self._spawn("lag reporter", self._report_lag)
-            self.started_at = time.time()
-            log.info("worker %s ready: %s", s.worker.name, ", ".join(lp.durable for lp in self.loops))
+            await ready
         except BaseException:
             await self.stop()
             raise
 
-    async def stop(self) -> None:
-        """Stop every loop (unacknowledged work is redelivered later) and close connections."""
-        self._stop.set()
-        if self.search is not None:
-            with contextlib.suppress(Exception):
-                await self.search.stop()
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
-        self._tasks.clear()
-        for owned in (self._owned_provider, self._owned_query_provider):
-            if owned is not None:
-                with contextlib.suppress(Exception):
-                    await owned.aclose()
-        self._owned_provider = self._owned_query_provider = None
-        if self._pool_cm is not None:
-            with contextlib.suppress(Exception):
-                await self._pool_cm.__aexit__(None, None, None)
-            self._pool_cm = None
-        if self._nc is not None:
-            with contextlib.suppress(Exception):
-                await self._nc.close()
+    async def _serve(self, ready: asyncio.Future[None]) -> None:
+        """The host task: opens what the worker holds, runs its task group, closes all in reverse."""
+        try:
+            async with contextlib.AsyncExitStack() as held:
+                js = await self._open(held)
+                async with asyncio.TaskGroup() as group:
+                    self._start_components(group, js)
+                    async with contextlib.AsyncExitStack() as services:
+                        await self._start_search(group, services)
+                        self._spawn(group, "lag reporter", self._report_lag)
+                        self.started_at = time.time()
+                        log.info("worker %s ready: %s", self.settings.worker.name,
+                                 ", ".join(lp.durable for lp in self.loops))
+                        if not ready.done():
+                            ready.set_result(None)
+                        # Until stop() cancels this task: the search service
+                        # stops first, then the group cancels every loop.
+                        await asyncio.Future()
+        except BaseException as exc:
+            if ready.done():
+                raise
+            if isinstance(exc, asyncio.CancelledError):
+                ready.cancel()
+                raise
+            ready.set_exception(_first_error(exc))  # start() raises it; the host ends quietly
+        finally:
             self._nc = None
+            self.pool = None
+
+    async def _open(self, held: contextlib.AsyncExitStack) -> JetStreamContext:
+        """Migrate, connect to NATS and PostgreSQL, set every component up (no task yet)."""
+        s = self.settings
+        await migrate(s)
+        self._nc = nc = await connect_nats(s.nats, name=f"blackboard-{s.worker.name}")
+        held.push_async_callback(_quietly, nc.close)
+        js = nc.jetstream(timeout=s.nats.request_timeout)
+        await ensure_streams(js, s)
+        self.pool = await held.enter_async_context(open_pool(s.postgres, name=f"blackboard-{s.worker.name}"))
+        if s.worker.embed:
+            provider = self._provider
+            if provider is None:
+                provider = load_provider(s)
+                held.push_async_callback(_quietly, provider.aclose)
+            self.embedder = Embedder(self.pool, provider, s)
+            await self.embedder.setup()
+            self.inbox = EmbedInbox(self.pool, s, on_moved=self.embedder.wake)
+        wake = self.inbox.wake if self.inbox else None
+        self.loops = []
+        for handler in self._handlers or default_handlers(s):
+            loop = IngestLoop(handler, js, self.pool, s, on_written=wake)
+            await loop.setup()
+            self.loops.append(loop)
+        self.votes = VoteCloser(nc, s)
+        await self.votes.setup()
+        return js
+
+    def _start_components(self, group: asyncio.TaskGroup, js: JetStreamContext) -> None:
+        if self.embedder is not None:
+            self._spawn(group, "embedder", self.embedder.run)
+        if self.inbox is not None:
+            self._spawn(group, "embedding inbox", self.inbox.run)
+        for loop in self.loops:
+            self._spawn(group, f"ingest {loop.handler.name}", loop.run)
+        if self.votes is not None:
+            self._spawn(group, "vote closer", self.votes.run)
+
+    async def _start_search(self, group: asyncio.TaskGroup, services: contextlib.AsyncExitStack) -> None:
+        if not self._serve_search:
+            return
+        from blackboard.search.service import SearchService
+
+        s = self.settings
+        query_provider = self._query_provider
+        if query_provider is None:
+            # An instance of its own: the local model runs one call at
+            # a time, so queries would otherwise wait behind the
+            # embedder's batches (a batch of 64 takes ~0.3 s here);
+            # also lets a worker that does not embed answer semantic
+            # queries. The model loads in the background now (the
+            # local provider's quantised copy is made on first use,
+            # a few seconds), not on the first query.
+            try:
+                query_provider = load_provider(s, queries=True)
+            except ConfigurationError as exc:
+                if self.embedder is not None:
+                    raise
+                log.warning("search: no embedding provider (%s): semantic and hybrid search "
+                            "unavailable in this worker", exc)
+            else:
+                services.push_async_callback(_quietly, query_provider.aclose)
+                load = getattr(query_provider, "load", None)  # a local model (an API has nothing to load)
+                if load is not None:
+                    self._spawn(group, "query model load", self._load_in_background(load))
+        assert self._nc is not None
+        self.search = await services.enter_async_context(
+            SearchService(self._nc, s, provider=query_provider, status=self.status))
+
+    async def stop(self) -> None:
+        """Stop every loop (unacknowledged work is redelivered later) and close connections.
+
+        Cancels the host task: the search service stops, the task group
+        cancels and awaits every loop, then the pool and NATS close.
+        """
+        self._stop.set()
+        host, self._host = self._host, None
+        if host is None:
+            return
+        host.cancel()
+        await asyncio.wait([host])
+
+    @property
+    def tasks(self) -> tuple[asyncio.Task[None], ...]:
+        """The running components' tasks (children of the worker's task group)."""
+        return tuple(self._components)
 
     async def __aenter__(self) -> Worker:
         await self.start()
@@ -184,21 +235,22 @@ class Worker:
 
         return run
 
-    def _spawn(self, what: str, fn: Callable[[asyncio.Event], Awaitable[None]]) -> None:
+    def _spawn(self, group: asyncio.TaskGroup, what: str, fn: Callable[[asyncio.Event], Awaitable[None]]) -> None:
+        """Run ``fn(stop)`` in the group under a supervisor that restarts it after a crash."""
         async def supervise() -> None:
             delay = backoff_delays(0.5, self.settings.worker.max_backoff)
             while not self._stop.is_set():
                 try:
                     await fn(self._stop)
-                except asyncio.CancelledError:
-                    raise
                 except Exception:
                     wait = delay()
                     log.exception("%s crashed; restarting in %.1fs", what, wait)
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(self._stop.wait(), wait)
 
-        self._tasks.append(asyncio.create_task(supervise(), name=f"blackboard {what}"))
+        task = group.create_task(supervise(), name=f"blackboard {what}")
+        self._components.add(task)
+        task.add_done_callback(self._components.discard)
 
     # -- status --------------------------------------------------------------
     async def lag(self) -> list[ConsumerLag]:
@@ -262,6 +314,26 @@ class Worker:
                     inbox = await self.inbox.size() if self.inbox is not None else 0
                     parts.append(f"embedding backlog {await self.embedder.backlog()} (+{inbox} handed over)")
             log.info("lag: %s", "; ".join(parts))
+
+
+async def _quietly(close: Callable[[], Awaitable[object]]) -> None:
+    """Close something on the way out; a failure to close must not hide why we are closing."""
+    try:
+        await close()
+    except Exception as exc:
+        log.debug("closing %r failed: %r", close, exc)
+
+
+def _first_error(exc: BaseException) -> BaseException:
+    """The error a task group failed with (its first leaf), as start() reports it."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    return exc
+
+
+def _log_crash(host: asyncio.Task[None]) -> None:
+    if not host.cancelled() and (exc := host.exception()) is not None:
+        log.error("worker stopped by an error", exc_info=exc)
 
 
 async def run_worker(settings: Settings, *, ready: asyncio.Event | None = None,

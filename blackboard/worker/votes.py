@@ -218,7 +218,9 @@ class VoteCloser:
         self.stats = CloserStats()
         self._logs: dict[tuple[str, str], ProposalLog] = {}
         self._done: set[tuple[str, str]] = set()
-        self._tasks: dict[tuple[str, str], asyncio.Task[None]] = {}
+        #: Commits in flight, one per proposal (children of run()'s task group).
+        self._commits: dict[tuple[str, str], asyncio.Task[None]] = {}
+        self._group: asyncio.TaskGroup | None = None
         self._retry_at: dict[tuple[str, str], float] = {}
         self._asked: dict[tuple[str, str], float] = {}
         self._wake = asyncio.Event()
@@ -258,22 +260,28 @@ class VoteCloser:
             self._wake.set()
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Check every ``deadline_interval`` (and on every decision) until ``stop`` is set."""
+        """Check every ``deadline_interval`` (and on every decision) until ``stop`` is set.
+
+        Commits run in a task group: stopping cancels and awaits them, and an
+        unexpected error in one ends the run (the worker's supervisor restarts it).
+        """
         await self.setup()
         interval = self.settings.worker.deadline_interval
         try:
-            while not stop.is_set():
-                self._wake.clear()
-                await self._check()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(_first(stop, self._wake), interval)
+            async with asyncio.TaskGroup() as group:
+                self._group = group
+                try:
+                    while not stop.is_set():
+                        self._wake.clear()
+                        await self._check()
+                        with contextlib.suppress(TimeoutError):
+                            await asyncio.wait_for(_first(stop, self._wake), interval)
+                finally:
+                    self._group = None
+                    for task in self._commits.values():
+                        task.cancel()
         finally:
-            for task in list(self._tasks.values()):
-                task.cancel()
-            for task in list(self._tasks.values()):
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await task
-            self._tasks.clear()
+            self._commits.clear()
             await self._follower.stop()
             await self.store.close()
 
@@ -283,7 +291,7 @@ class VoteCloser:
         grace = timedelta(seconds=self.settings.worker.vote_commit_grace)
         interval = self.settings.worker.deadline_interval
         for key, plog in list(self._logs.items()):
-            if key in self._tasks or self._retry_at.get(key, 0.0) > mono or plog.proposal is None:
+            if key in self._commits or self._retry_at.get(key, 0.0) > mono or plog.proposal is None:
                 continue
             recorded, decided = plog.recorded, plog.decided
             if recorded is not None:
@@ -316,10 +324,11 @@ class VoteCloser:
             except BlackboardError as exc:
                 self._failed(key, exc)
             finally:
-                self._tasks.pop(key, None)
+                self._commits.pop(key, None)
                 self._wake.set()
 
-        self._tasks[key] = asyncio.create_task(commit(), name=f"commit {key[0]}.{key[1]}")
+        assert self._group is not None, "commits are spawned by run()"
+        self._commits[key] = self._group.create_task(commit(), name=f"commit {key[0]}.{key[1]}")
 
     def _failed(self, key: tuple[str, str], exc: BaseException) -> None:
         self.stats.errors += 1

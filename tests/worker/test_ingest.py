@@ -181,7 +181,7 @@ async def test_garbage_goes_to_dead_letters_and_worker_keeps_going(pg_settings: 
         # still running: a later message is stored
         later = await put_entry(js, subj, unique, "junk", "after", "still alive")
         await w.wait_caught_up(30)
-        assert all(t.done() is False for t in w._tasks)
+        assert w.tasks and all(t.done() is False for t in w.tasks)
     assert {r[0] for r in _rows(s, "SELECT seq FROM bb_entry_revisions WHERE board = %s", unique)} == {good, later}
     assert _rows(s, "SELECT seq FROM bb_memories WHERE board = %s", unique) == [(good_mem,)]
     raw = _rows(s, "SELECT data FROM bb_dead_letters WHERE seq = %s AND subject = %s", seqs["random"], entry)
