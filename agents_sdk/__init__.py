@@ -35,7 +35,7 @@ from blackboard.protocol.errors import (
     VoteError,
 )
 from blackboard.protocol.schemas import Ballot, Outcome, Policy, Proposal, TallyCounts
-from blackboard.protocol.schemas.search import EntryHit, EntryRevision, MemoryHit
+from blackboard.protocol.schemas.search import EntryHit, EntryRevision, MemoryHit, SearchFilters
 from blackboard.settings import Settings
 
 __all__ = [
@@ -83,6 +83,7 @@ __all__ = [
     "RequestTimeoutError",
     "SearchClient",
     "SearchError",
+    "SearchFilters",
     "Sent",
     "Settings",
     "Subscriptions",

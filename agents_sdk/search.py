@@ -1,21 +1,29 @@
 """SDK client of the search micro service: recall memories, search entries, history, as-of.
 
 ``Agent.recall(...)`` and ``Board.search(...)`` delegate to :class:`SearchClient`.
+The filters are keyword arguments (:class:`RecallArgs`, :class:`EntrySearchArgs`:
+one typed declaration serves every signature) and/or a
+:class:`~blackboard.protocol.schemas.search.SearchFilters` value; keywords given
+replace the fields of ``filters``, and ``board``/``kind``/``section`` add one
+board, kind or section in front of the list.
+
 Errors come back typed: ``NotFoundError`` for a missing key or revision,
 ``SearchError`` for everything else (service not running, timeout, failure),
-``InvalidPayloadError`` for a request the service refused.
+``InvalidPayloadError`` for a request the service (or the client) refused.
+:func:`search_request` is the one request path of every search endpoint (the
+messenger's message search uses it too).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import Any, TypedDict, TypeVar, Unpack, overload
 
 from nats.aio.client import Client as NATS
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
 from blackboard.protocol import codec
 from blackboard.protocol.errors import InvalidPayloadError, NotFoundError, SearchError
@@ -33,21 +41,89 @@ from blackboard.protocol.schemas.search import (
     MemoryHit,
     MemorySearchRequest,
     MemorySearchResponse,
+    SearchFilters,
     SearchMode,
 )
 from blackboard.protocol.subjects import Header, Subjects
 from blackboard.settings import Settings
 
-__all__ = ["SearchClient", "raise_for_error"]
+__all__ = ["EntrySearchArgs", "RecallArgs", "SearchArgs", "SearchClient", "SearchFilters", "raise_for_error",
+           "search_filters", "search_request"]
 
 R = TypeVar("R", bound=WireModel)
+_Request = TypeVar("_Request", MemorySearchRequest, EntrySearchRequest)
 
 
-def _names(one: str | None, many: Sequence[str] | None) -> list[str]:
-    out = list(many or [])
-    if one is not None:
-        out.insert(0, one)
-    return out
+class SearchArgs(TypedDict, total=False):
+    """The keyword arguments of every search: the filters both targets have, and the ranking.
+
+    ``board`` is one more board in front of ``boards``; ``top_k`` defaults to
+    ``settings.search.default_top_k``; ``mode`` to ``"hybrid"``.
+    """
+
+    board: str | None
+    boards: Sequence[str] | None
+    author: str | None
+    tags_any: Sequence[str]
+    tags_all: Sequence[str]
+    since: datetime | None
+    until: datetime | None
+    metadata: Mapping[str, Any] | None
+    top_k: int | None
+    min_score: float | None
+    mode: SearchMode
+
+
+class RecallArgs(SearchArgs, total=False):
+    """The keyword arguments of a memory search (``kind``: one more in front of ``kinds``)."""
+
+    kind: MemoryKind | None
+    kinds: Sequence[MemoryKind] | None
+
+
+class EntrySearchArgs(SearchArgs, total=False):
+    """The keyword arguments of an entry search (``section``: one more in front of ``sections``)."""
+
+    section: str | None
+    sections: Sequence[str] | None
+
+
+#: A single value and the list it goes in front of.
+_ONE_OF = {"board": "boards", "kind": "kinds", "section": "sections"}
+_RANKING = ("top_k", "min_score", "mode")
+
+
+def search_filters(filters: SearchFilters | None, args: Mapping[str, Any]) -> SearchFilters:
+    """``filters`` (default: none) with the filter keywords of ``args`` applied: each keyword
+    given replaces that field, and ``board``/``kind``/``section`` go in front of their list
+    (``None`` leaves a field as it was). The ranking keywords (``top_k``, ``min_score``,
+    ``mode``) are ignored here.
+
+    Raises:
+        TypeError: a keyword that is not a filter.
+        InvalidPayloadError: an invalid value (a board name that is not a token, an unknown kind).
+    """
+    update: dict[str, Any] = {}
+    for name, value in args.items():
+        if name in _RANKING or name in _ONE_OF or value is None:
+            continue
+        if name not in SearchFilters.model_fields:
+            raise TypeError(f"unexpected search filter {name!r}")
+        if name == "metadata":
+            value = dict(value)
+        elif name not in ("author", "since", "until"):
+            value = list(value)
+        update[name] = value
+    for one, many in _ONE_OF.items():
+        if args.get(one) is not None:
+            rest = update[many] if many in update else getattr(filters, many) if filters is not None else []
+            update[many] = [args[one], *rest]
+    try:
+        if filters is None:
+            return SearchFilters(**update)
+        return SearchFilters.model_validate({**filters.model_dump(), **update}) if update else filters
+    except ValidationError as exc:
+        raise InvalidPayloadError(f"invalid search filters: {exc.errors()[0]['msg']}") from exc
 
 
 def raise_for_error(headers: Mapping[str, str] | None, data: bytes) -> None:
@@ -63,12 +139,44 @@ def raise_for_error(headers: Mapping[str, str] | None, data: bytes) -> None:
         err = validate_wire(ErrorReply, codec.decode(data, codec.encoding_of(headers)))
         message, key = err.message, err.key
     except InvalidPayloadError:
-        message, key = headers.get(Header.SERVICE_ERROR.value, name), None
+        message, key = headers.get("Nats-Service-Error", name), None
     if name == "NotFoundError":
         raise NotFoundError(key or "", message)
     if name in ("InvalidPayloadError", "InvalidKeyError"):
         raise InvalidPayloadError(message)
     raise SearchError(message)
+
+
+@overload
+async def search_request(nc: NATS, endpoint: str, request: BaseModel | None, reply: type[R], *,
+                         timeout: float) -> R: ...
+
+
+@overload
+async def search_request(nc: NATS, endpoint: str, request: BaseModel | None, reply: None, *,
+                         timeout: float) -> Any: ...
+
+
+async def search_request(nc: NATS, endpoint: str, request: BaseModel | None, reply: type[R] | None, *,
+                         timeout: float) -> R | Any:
+    """Ask the search service's ``endpoint`` (``bb.search.<endpoint>``): the request encoded
+    without its None fields, the reply validated as ``reply`` (None: the decoded reply as it is).
+
+    Raises:
+        SearchError: the service is not running, did not answer within ``timeout`` seconds, or
+            failed.
+        NotFoundError, InvalidPayloadError: the service said so.
+    """
+    data = codec.encode(request.model_dump(exclude_none=True)) if request is not None else b""
+    try:
+        msg = await nc.request(Subjects.search(endpoint), data, timeout=timeout)
+    except NoRespondersError as exc:
+        raise SearchError("the search service is not running (start a worker)") from exc
+    except (NatsTimeoutError, TimeoutError) as exc:
+        raise SearchError(f"the search service did not answer within {timeout:g}s") from exc
+    raise_for_error(msg.headers, msg.data)
+    decoded = codec.decode(msg.data, codec.encoding_of(msg.headers))
+    return decoded if reply is None else validate_wire(reply, decoded)
 
 
 class SearchClient:
@@ -84,53 +192,59 @@ class SearchClient:
         self._settings = settings
 
     async def _call(self, endpoint: str, request: BaseModel | None, reply: type[R]) -> R:
-        data = codec.encode(request.model_dump(exclude_none=True)) if request is not None else b""
-        try:
-            msg = await self._nc.request(Subjects.search(endpoint), data, timeout=self._settings.search.timeout)
-        except NoRespondersError as exc:
-            raise SearchError("the search service is not running (start a worker)") from exc
-        except (NatsTimeoutError, TimeoutError) as exc:
-            raise SearchError(f"the search service did not answer within {self._settings.search.timeout:g}s") from exc
-        raise_for_error(msg.headers, msg.data)
-        return validate_wire(reply, codec.decode(msg.data, codec.encoding_of(msg.headers)))
+        return await search_request(self._nc, endpoint, request, reply, timeout=self._settings.search.timeout)
 
-    async def recall(self, query: str, *, board: str | None = None, boards: Sequence[str] | None = None,
-                     kind: MemoryKind | None = None, kinds: Sequence[MemoryKind] | None = None,
-                     tags_any: Sequence[str] = (), tags_all: Sequence[str] = (), author: str | None = None,
-                     since: datetime | None = None, until: datetime | None = None,
-                     metadata: Mapping[str, Any] | None = None, top_k: int | None = None,
-                     min_score: float | None = None, mode: SearchMode = "hybrid") -> list[MemoryHit]:
+    def _request(self, cls: type[_Request], query: str, filters: SearchFilters | None,
+                 args: Mapping[str, Any]) -> _Request:
+        """The request of a search: ``filters`` with the keywords of ``args`` applied
+        (:func:`search_filters`), and the ranking keywords."""
+        try:
+            return cls.of(query, search_filters(filters, args), mode=args.get("mode") or "hybrid",
+                          top_k=args.get("top_k") or self._settings.search.default_top_k,
+                          min_score=args.get("min_score"))
+        except InvalidPayloadError:
+            raise
+        except ValueError as exc:  # pydantic's ValidationError too
+            raise InvalidPayloadError(f"invalid {cls.target} search: {exc}") from exc
+
+    async def recall(self, query: str, *, filters: SearchFilters | None = None,
+                     **args: Unpack[RecallArgs]) -> list[MemoryHit]:
         """Search long-term memories, best first.
 
+        Args:
+            query: what to look for, in words.
+            filters: the filters as one value (:class:`SearchFilters`; its ``sections`` are
+                refused); the keyword filters of :class:`RecallArgs` replace its fields.
+            **args: :class:`RecallArgs`: ``board``/``boards``, ``kind``/``kinds``,
+                ``author``, ``tags_any``, ``tags_all``, ``since``, ``until``, ``metadata``,
+                ``top_k``, ``min_score``, ``mode``.
+
         Raises:
             SearchError: the service is not running, timed out or failed.
             InvalidPayloadError: the request is invalid.
+            TypeError: a keyword that is not a memory search filter.
         """
-        req = MemorySearchRequest(
-            query=query, mode=mode, top_k=top_k or self._settings.search.default_top_k, min_score=min_score,
-            boards=_names(board, boards), kinds=_names(kind, kinds), author=author,
-            tags_any=list(tags_any), tags_all=list(tags_all), since=since, until=until,
-            metadata=dict(metadata or {}))
+        req = self._request(MemorySearchRequest, query, filters, _only(args, RecallArgs))
         return (await self._call("memories", req, MemorySearchResponse)).hits
 
-    async def search_entries(self, query: str, *, board: str | None = None, boards: Sequence[str] | None = None,
-                             section: str | None = None, sections: Sequence[str] | None = None,
-                             tags_any: Sequence[str] = (), tags_all: Sequence[str] = (),
-                             author: str | None = None, since: datetime | None = None,
-                             until: datetime | None = None, metadata: Mapping[str, Any] | None = None,
-                             top_k: int | None = None, min_score: float | None = None,
-                             mode: SearchMode = "hybrid") -> list[EntryHit]:
+    async def search_entries(self, query: str, *, filters: SearchFilters | None = None,
+                             **args: Unpack[EntrySearchArgs]) -> list[EntryHit]:
         """Search current board entries, best first.
+
+        Args:
+            query: what to look for, in words.
+            filters: the filters as one value (:class:`SearchFilters`; its ``kinds`` are
+                refused); the keyword filters of :class:`EntrySearchArgs` replace its fields.
+            **args: :class:`EntrySearchArgs`: ``board``/``boards``, ``section``/``sections``,
+                ``author``, ``tags_any``, ``tags_all``, ``since``, ``until``, ``metadata``,
+                ``top_k``, ``min_score``, ``mode``.
 
         Raises:
             SearchError: the service is not running, timed out or failed.
             InvalidPayloadError: the request is invalid.
+            TypeError: a keyword that is not an entry search filter.
         """
-        req = EntrySearchRequest(
-            query=query, mode=mode, top_k=top_k or self._settings.search.default_top_k, min_score=min_score,
-            boards=_names(board, boards), sections=_names(section, sections), author=author,
-            tags_any=list(tags_any), tags_all=list(tags_all), since=since, until=until,
-            metadata=dict(metadata or {}))
+        req = self._request(EntrySearchRequest, query, filters, _only(args, EntrySearchArgs))
         return (await self._call("entries", req, EntrySearchResponse)).hits
 
     async def history(self, board: str, section: str, key: str, *, limit: int | None = None) -> list[EntryRevision]:
@@ -159,13 +273,24 @@ class SearchClient:
         return await self._call("as_of", req, EntryRevision)
 
     async def status(self) -> dict[str, Any]:
-        """A worker's status: consumer lag, counters, embedding backlog."""
-        try:
-            msg = await self._nc.request(Subjects.search("status"), b"", timeout=self._settings.search.timeout)
-        except NoRespondersError as exc:
-            raise SearchError("the search service is not running (start a worker)") from exc
-        except (NatsTimeoutError, TimeoutError) as exc:
-            raise SearchError("the search service did not answer") from exc
-        raise_for_error(msg.headers, msg.data)
-        result: dict[str, Any] = codec.decode(msg.data, codec.encoding_of(msg.headers))
+        """A worker's status: consumer lag, counters, embedding backlog.
+
+        Raises:
+            SearchError: the service is not running, timed out or failed.
+        """
+        result: dict[str, Any] = await search_request(self._nc, "status", None, None,
+                                                      timeout=self._settings.search.timeout)
         return result
+
+
+def _only(args: Mapping[str, Any], allowed: type[SearchArgs]) -> Mapping[str, Any]:
+    """``args``, checked to be keywords of ``allowed`` (a keyword function would have refused
+    the others).
+
+    Raises:
+        TypeError: another keyword.
+    """
+    unknown = set(args) - allowed.__annotations__.keys()  # (a TypedDict's: its bases' keys too)
+    if unknown:
+        raise TypeError(f"unexpected keyword argument {sorted(unknown)[0]!r}")
+    return args

@@ -30,14 +30,16 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Sequence
-from typing import Any, Literal
+from collections.abc import Callable, Sequence
+from datetime import datetime
+from typing import Any, NamedTuple, TypeVar
 
-from psycopg import sql
+from psycopg import ProgrammingError, sql
+from psycopg.rows import RowMaker
 from psycopg.types.json import Jsonb
 
 from blackboard.db.spaces import Space, ann_order
-from blackboard.protocol.schemas.search import EntrySearchRequest, MemorySearchRequest
+from blackboard.protocol.schemas.search import SearchFilters, SearchTarget
 
 __all__ = [
     "AS_OF_AT",
@@ -47,10 +49,14 @@ __all__ = [
     "SET_SCAN_SESSION",
     "TOUCH_MEMORIES",
     "WORD_LEXEMES",
+    "EntryRow",
+    "MemoryRow",
+    "RevisionRow",
     "analyze_statements",
     "board_stats_query",
     "filters",
     "keyword_query",
+    "named_rows",
     "or_query",
     "query_words",
     "semantic_query",
@@ -60,17 +66,102 @@ __all__ = [
     "with_rows",
 ]
 
-Target = Literal["memory", "entry"]
+Target = SearchTarget
 #: The table of each target's items.
 _ITEM_TABLE: dict[str, str] = {"memory": "bb_memories", "entry": "bb_entries"}
 _WORD_RE = re.compile(r"\w+", re.UNICODE)
 
+
+class MemoryRow(NamedTuple):
+    """A memory candidate as a retriever's statement returns it (:func:`with_rows`): the
+    retriever's ``(item, score, flag)``, the memory's row, and with ``linked`` its
+    neighbours on its board. ``metadata`` is JSON text (parsed for the results only)."""
+
+    item: int
+    score: float
+    #: semantic: true (one of the nearest); keyword: the cosine, None without a vector.
+    flag: Any
+    mid: int
+    id: str
+    board: str
+    agent: str
+    kind: str
+    text: str
+    tags: list[str]
+    metadata: str | None
+    importance: float
+    source: str | None
+    created_at: datetime
+    updated_at: datetime
+    revision: int
+    prev: int | None = None
+    next: int | None = None
+
+
+class EntryRow(NamedTuple):
+    """An entry candidate as a retriever's statement returns it (:func:`with_rows`); ``value``
+    and ``metadata`` are JSON text, ``value_raw`` the msgpack of a value JSON cannot hold."""
+
+    item: int
+    score: float
+    flag: Any
+    eid: int
+    board: str
+    section: str
+    key: str
+    revision: int
+    value: str | None
+    value_raw: bytes | None
+    content_type: str | None
+    tags: list[str]
+    metadata: str | None
+    author: str | None
+    created_at: datetime | None
+    updated_at: datetime
+
+
+_NT = TypeVar("_NT", bound=tuple[Any, ...])
+
+
+def named_rows(cls: type[_NT]) -> Callable[[Any], RowMaker[_NT]]:
+    """A psycopg row factory making ``cls`` (a ``NamedTuple``) of each row, by column name.
+
+    The columns must be ``cls``'s fields, in order; trailing fields with a default may be
+    missing. They are checked once per statement (a wrong statement raises
+    ``ProgrammingError`` at its first row); each row is then made at C speed (psycopg's
+    ``class_row`` builds a dict per row: ~10x slower, on up to 200 candidates a search).
+    """
+    fields: tuple[str, ...] = cls._fields  # type: ignore[attr-defined]
+    make: Callable[[Sequence[Any]], _NT] = cls._make  # type: ignore[attr-defined]
+    defaults: dict[str, Any] = cls._field_defaults  # type: ignore[attr-defined]
+
+    def factory(cursor: Any) -> RowMaker[_NT]:
+        names = tuple(c.name for c in cursor.description or ())
+        missing = fields[len(names):]
+        if names != fields[:len(names)] or any(f not in defaults for f in missing):
+            raise ProgrammingError(f"{cls.__name__} rows need the columns {fields}, got {names}")
+        if not missing:
+            return make
+        pad = tuple(defaults[f] for f in missing)
+        return lambda values: make((*values, *pad))
+
+    return factory
+
+
+def _select_list(row: type[tuple[Any, ...]], alias: str, first: str, last: int,
+                 exprs: dict[str, str]) -> str:
+    """The columns of ``row``'s fields from ``first`` on, but for the ``last`` ones, read from
+    ``alias`` (``exprs``: the expressions of the fields that are not a plain column): built
+    from the row type, so the two cannot drift apart."""
+    fields: tuple[str, ...] = row._fields  # type: ignore[attr-defined]
+    names = fields[fields.index(first):len(fields) - last]
+    return ", ".join(f"{exprs[n]} AS {n}" if n in exprs else f"{alias}.{n}" for n in names)
+
+
 # The JSON columns come as text: a search reads every candidate's row and parses only the
 # results' (psycopg's jsonb loader parses each value: ~2 µs a row of LoCoMo metadata).
-_MEMORY_COLS = ("m.id, m.board, m.agent, m.kind, m.text, m.tags, m.metadata::text, m.importance, m.source, "
-                "m.created_at, m.updated_at, m.seq")
-_ENTRY_COLS = ("e.board, e.section, e.key, e.revision, e.value::text, e.value_raw, e.content_type, e.tags, "
-               "e.metadata::text, e.author, e.created_at, e.updated_at")
+_MEMORY_COLS = _select_list(MemoryRow, "m", "mid", 2, {"metadata": "m.metadata::text", "revision": "m.seq"})
+_ENTRY_COLS = _select_list(EntryRow, "e", "eid", 0, {"value": "e.value::text", "metadata": "e.metadata::text"})
 
 #: The previous and the next memory on ``m``'s board, in ``(created_at, mid)`` order (scalar
 #: subqueries, one probe of the ``(board, created_at, mid)`` index each).
@@ -80,14 +171,35 @@ _NEIGHBOURS = (
     "(SELECT n.mid FROM bb_memories n WHERE n.board = m.board AND (n.created_at, n.mid) > (m.created_at, m.mid) "
     "ORDER BY n.created_at, n.mid LIMIT 1)")
 
-REVISION_COLS = ("board, section, key, seq, op, value, value_raw, content_type, tags, metadata, author, "
-                 "created_at, stored_at")
+
+
+class RevisionRow(NamedTuple):
+    """One stored revision of a key (:data:`HISTORY`, :data:`AS_OF_REVISION`; :data:`AS_OF_AT`
+    adds the revision's expiry)."""
+
+    board: str
+    section: str
+    key: str
+    revision: int
+    op: str
+    value: Any
+    value_raw: bytes | None
+    content_type: str | None
+    tags: list[str]
+    metadata: dict[str, Any]
+    author: str | None
+    created_at: datetime | None
+    stored_at: datetime
+    expires_at: datetime | None = None
+
+
+REVISION_COLS = _select_list(RevisionRow, "r", "board", 1, {"revision": "r.seq"})
 HISTORY = f"SELECT {REVISION_COLS} FROM (SELECT * FROM bb_entry_revisions WHERE board = %s AND section = %s " \
-          "AND key = %s ORDER BY seq DESC LIMIT %s) r ORDER BY seq"
-AS_OF_REVISION = f"SELECT {REVISION_COLS} FROM bb_entry_revisions WHERE board = %s AND section = %s " \
+          "AND key = %s ORDER BY seq DESC LIMIT %s) r ORDER BY r.seq"
+AS_OF_REVISION = f"SELECT {REVISION_COLS} FROM bb_entry_revisions r WHERE board = %s AND section = %s " \
                  "AND key = %s AND seq <= %s ORDER BY seq DESC LIMIT 1"
 #: (The revision's expiry last: a revision past it at that time had expired.)
-AS_OF_AT = f"SELECT {REVISION_COLS}, expires_at FROM bb_entry_revisions WHERE board = %s AND section = %s " \
+AS_OF_AT = f"SELECT {REVISION_COLS}, r.expires_at FROM bb_entry_revisions r WHERE board = %s AND section = %s " \
            "AND key = %s AND stored_at <= %s ORDER BY seq DESC LIMIT 1"
 #: Session HNSW settings: ef_search, and iterative scans so that filters applied
 #: after the index scan still fill the limit (the search engine sets them once per
@@ -123,11 +235,13 @@ def or_query(text: str, max_words: int = 64) -> str:
     return " or ".join(w for w in words if w.lower() != "or")
 
 
-def filters(req: MemorySearchRequest | EntrySearchRequest, *, boards: bool = True
-            ) -> tuple[list[str], list[Any]]:
-    """WHERE conditions (ANDed SQL texts) of a request's filters, on alias ``m`` or ``e``
-    (without the board filter if not ``boards``), and their parameters."""
-    memory = isinstance(req, MemorySearchRequest)
+def filters(target: Target, f: SearchFilters, *, boards: bool = True) -> tuple[list[str], list[Any]]:
+    """WHERE conditions (ANDed SQL texts) of the filters ``f`` of a ``target`` search, on alias
+    ``m`` or ``e`` (without the board filter if not ``boards``), and their parameters.
+
+    ``kinds`` filter memories only and ``sections`` entries only (a search request never
+    carries the other target's)."""
+    memory = target == "memory"
     a = "m" if memory else "e"
     conds: list[str] = []
     params: list[Any] = []
@@ -139,29 +253,29 @@ def filters(req: MemorySearchRequest | EntrySearchRequest, *, boards: bool = Tru
     if not memory:
         # Deleted, or expired by its TTL (whether or not the server's delete marker was read).
         conds.append("NOT e.deleted AND (e.expires_at IS NULL OR e.expires_at > now())")
-    if req.boards and boards:
-        add("{a}.board = ANY(%s)", list(req.boards))
-    if isinstance(req, MemorySearchRequest):
-        if req.kinds:
-            add("m.kind = ANY(%s)", list(req.kinds))
-        if req.author:
-            add("m.agent = %s", req.author)
+    if f.boards and boards:
+        add("{a}.board = ANY(%s)", list(f.boards))
+    if memory:
+        if f.kinds:
+            add("m.kind = ANY(%s)", list(f.kinds))
+        if f.author:
+            add("m.agent = %s", f.author)
     else:
-        if req.sections:
-            add("e.section = ANY(%s)", list(req.sections))
-        if req.author:
-            add("e.author = %s", req.author)
-    if req.tags_any:
-        add("{a}.tags && %s::text[]", list(req.tags_any))
-    if req.tags_all:
-        add("{a}.tags @> %s::text[]", list(req.tags_all))
+        if f.sections:
+            add("e.section = ANY(%s)", list(f.sections))
+        if f.author:
+            add("e.author = %s", f.author)
+    if f.tags_any:
+        add("{a}.tags && %s::text[]", list(f.tags_any))
+    if f.tags_all:
+        add("{a}.tags @> %s::text[]", list(f.tags_all))
     when = "created_at" if memory else "updated_at"
-    if req.since:
-        add(f"{{a}}.{when} >= %s", req.since)
-    if req.until:
-        add(f"{{a}}.{when} < %s", req.until)
-    if req.metadata:
-        add("{a}.metadata @> %s", Jsonb(req.metadata))
+    if f.since:
+        add(f"{{a}}.{when} >= %s", f.since)
+    if f.until:
+        add(f"{{a}}.{when} < %s", f.until)
+    if f.metadata:
+        add("{a}.metadata @> %s", Jsonb(f.metadata))
     return conds, params
 
 
@@ -169,7 +283,7 @@ def _where(conds: Sequence[str]) -> sql.Composable:
     return sql.SQL(" WHERE " + " AND ".join(conds)) if conds else sql.SQL("")
 
 
-def semantic_query(space: Space, req: MemorySearchRequest | EntrySearchRequest, vector: Any, limit: int,
+def semantic_query(space: Space, target: Target, f: SearchFilters, vector: Any, limit: int,
                    *, exact: bool = False) -> tuple[str, list[Any]]:
     """Rows ``(item, cosine similarity, true)`` of the nearest items passing the filters (the
     third column keeps the rows' shape that :func:`with_rows` wraps).
@@ -185,13 +299,12 @@ def semantic_query(space: Space, req: MemorySearchRequest | EntrySearchRequest, 
             scan of the rows passing the filters (with a board filter, an
             index-only scan of the covering board index).
     """
-    memory = isinstance(req, MemorySearchRequest)
-    conds, fparams = filters(req, boards=False)
-    boards = list(req.boards or [])
+    memory = target == "memory"
+    conds, fparams = filters(target, f, boards=False)
+    boards = list(f.boards)
     vparams: list[Any] = [boards] if boards else []
     oparams: list[Any] = [vector]  # the order's (the select list's distance is the exact one)
-    text = _semantic_sql(memory, tuple(conds), space.table_name("memory" if memory else "entry"), bool(boards), exact,
-                         space.dims)
+    text = _semantic_sql(memory, tuple(conds), space.table_name(target), bool(boards), exact, space.dims)
     if memory and not conds:
         return text, [vector, *vparams, *oparams, limit]
     return text, [vector, *vparams, *([boards] if boards else []), *fparams, *oparams, limit]
@@ -241,11 +354,13 @@ def analyze_statements(target: Target, space: Space | None) -> list[str]:
 
 def board_stats_query(target: Target) -> tuple[str, list[Any]]:
     """ANALYZE's statistics of the ``board`` column of ``bb_memories`` or ``bb_entries``: most
-    common boards, their frequencies, the distinct count and the table's estimated row count
-    (one row; the column statistics NULL before the first ANALYZE). The vector tables hold a
-    row for (almost) every item, so this sizes their boards too."""
+    common boards (``boards``), their frequencies (``freqs``), the distinct count
+    (``n_distinct``) and the table's estimated row count (``reltuples``): one row, the column
+    statistics NULL before the first ANALYZE. The vector tables hold a row for (almost) every
+    item, so this sizes their boards too."""
     table = _ITEM_TABLE[target]
-    return ("SELECT s.most_common_vals::text::text[], s.most_common_freqs, s.n_distinct, c.reltuples "
+    return ("SELECT s.most_common_vals::text::text[] AS boards, s.most_common_freqs AS freqs, s.n_distinct, "
+            "c.reltuples "
             "FROM pg_class c LEFT JOIN pg_stats s ON s.schemaname = current_schema() "
             "AND s.tablename = c.relname AND s.attname = 'board' "
             "WHERE c.oid = to_regclass(%s)", [table])
@@ -263,25 +378,26 @@ def tsquery_literal(lexemes: Sequence[str]) -> str:
 
 
 def term_stats_query(target: Target) -> tuple[str, list[Any]]:
-    """The ``tsv`` column's most common lexemes with their frequencies (from ANALYZE),
-    and the table's estimated row count: one row, arrays NULL before the first ANALYZE."""
+    """The ``tsv`` column's most common lexemes (``lexemes``) with their frequencies
+    (``freqs``, from ANALYZE), and the table's estimated row count (``reltuples``): one row,
+    arrays NULL before the first ANALYZE."""
     table = _ITEM_TABLE[target]
-    return ("SELECT s.most_common_elems::text::text[], s.most_common_elem_freqs, c.reltuples "
+    return ("SELECT s.most_common_elems::text::text[] AS lexemes, s.most_common_elem_freqs AS freqs, c.reltuples "
             "FROM pg_class c LEFT JOIN pg_stats s ON s.schemaname = current_schema() "
             "AND s.tablename = c.relname AND s.attname = 'tsv' "
             "WHERE c.oid = to_regclass(%s)", [table])
 
 
-def keyword_query(req: MemorySearchRequest | EntrySearchRequest, lexemes: Sequence[str],
+def keyword_query(target: Target, f: SearchFilters, lexemes: Sequence[str],
                   candidate_lexemes: Sequence[str], limit: int, *, max_candidates: int,
                   k1: float = 1.2, b: float = 0.75, space: Space | None = None,
                   vector: Any = None) -> tuple[str, list[Any]]:
-    """Rows ``(id, BM25 score, cosine)`` of the items matching any of ``candidate_lexemes``
-    and the filters, best first.
+    """Rows ``(id, BM25 score, cosine)`` of the ``target`` items matching any of
+    ``candidate_lexemes`` and the filters ``f``, best first.
 
     Every lexeme of ``lexemes`` (the query's) counts in the score; candidates
     are generated from ``candidate_lexemes`` only (a subset without the very
-    frequent ones, see :func:`blackboard.search.engine.candidate_lexemes`). Document
+    frequent ones, see :func:`blackboard.search.planning.candidate_lexemes`). Document
     frequency, candidate count and mean length are taken over the candidates
     (at most ``max_candidates`` of them), so the inverse document frequency is
     that of the filtered scope. Term frequency is binary.
@@ -290,11 +406,11 @@ def keyword_query(req: MemorySearchRequest | EntrySearchRequest, lexemes: Sequen
         space, vector: when both are given, the cosine similarity of each
             result's vector to ``vector`` (NULL without a vector); otherwise NULL.
     """
-    memory = isinstance(req, MemorySearchRequest)
-    conds, fparams = filters(req)
+    memory = target == "memory"
+    conds, fparams = filters(target, f)
     terms = list(lexemes)[:MAX_QUERY_LEXEMES]
     with_vector = space is not None and vector is not None
-    vector_table = space.table_name("memory" if memory else "entry") if with_vector and space is not None else None
+    vector_table = space.table_name(target) if with_vector and space is not None else None
     text = _keyword_sql(memory, tuple(conds), len(terms), float(k1), float(b), vector_table)
     params: list[Any] = [vector] if with_vector else []
     params += [tsquery_literal([t]) for t in terms]
@@ -341,13 +457,14 @@ def _keyword_sql(memory: bool, conds: tuple[str, ...], n_terms: int, k1: float, 
 
 
 def vector_scores(space: Space, target: Target, items: Sequence[int], vector: Any) -> tuple[str, list[Any]]:
-    """Cosine similarity of the query to the given items (those that have a vector)."""
+    """Rows ``(item, cosine)``: the cosine similarity of the query to the given items (those
+    that have a vector)."""
     return _vector_scores_sql(space.table_name(target)), [vector, list(items)]
 
 
 @functools.lru_cache(maxsize=64)
 def _vector_scores_sql(table_name: str) -> str:
-    return sql.SQL("SELECT item, 1 - (embedding <=> %s::vector) FROM {t} WHERE item = ANY(%s)").format(
+    return sql.SQL("SELECT item, 1 - (embedding <=> %s::vector) AS cosine FROM {t} WHERE item = ANY(%s)").format(
         t=sql.Identifier(table_name)).as_string()
 
 
@@ -355,21 +472,21 @@ def _vector_scores_sql(table_name: str) -> str:
 def with_rows(query: str, target: Target, *, linked: int = 0) -> str:
     """``query``'s three columns ``(item, score, flag)`` followed by the item's full row, for
     the items still there: a search gets its candidates' rows in the retrievers' statements
-    (in no particular order). The row: ``mid`` and :data:`_MEMORY_COLS`, or ``eid`` and
-    :data:`_ENTRY_COLS` (JSON columns as text).
+    (in no particular order). The rows are :class:`MemoryRow` or :class:`EntryRow` (JSON
+    columns as text; read them with :func:`named_rows`).
 
     Args:
         linked: for memories, the rows of the ``linked`` best-scoring items end with the
             previous and the next memory on their board (:data:`_NEIGHBOURS`); the other rows
             end with two NULLs (the neighbour probes cost ~13 µs each).
     """
-    cols, table, key = (("m.mid, " + _MEMORY_COLS, "bb_memories m", "m.mid") if target == "memory"
-                        else ("e.eid, " + _ENTRY_COLS, "bb_entries e", "e.eid"))
+    cols, table, key = ((_MEMORY_COLS, "bb_memories m", "m.mid") if target == "memory"
+                        else (_ENTRY_COLS, "bb_entries e", "e.eid"))
     if linked <= 0 or target != "memory":
         return f"SELECT r.item, r.score, r.flag, {cols} FROM ({query}) AS r(item, score, flag) JOIN {table} ON {key} = r.item"
     prev, nxt = _NEIGHBOURS
     lead = int(linked)
-    return (f"SELECT r.item, r.score, r.flag, {cols}, CASE WHEN r.n <= {lead} THEN {prev} END, "
-            f"CASE WHEN r.n <= {lead} THEN {nxt} END "
+    return (f"SELECT r.item, r.score, r.flag, {cols}, CASE WHEN r.n <= {lead} THEN {prev} END AS prev, "
+            f"CASE WHEN r.n <= {lead} THEN {nxt} END AS next "
             f"FROM (SELECT k.*, row_number() OVER (ORDER BY k.score DESC, k.item) AS n "
             f"FROM ({query}) AS k(item, score, flag)) r JOIN {table} ON {key} = r.item")

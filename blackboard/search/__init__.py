@@ -1,5 +1,58 @@
-"""Search over what the worker stored: the engine, its pure fusion, and the search service.
+"""Search over what the worker stored, served by the search micro service (``bb.search.*``).
 
-Server side: runs in the worker next to PostgreSQL. Agents reach it through
-the search micro service (``bb.search.*``).
+Server side: runs in the worker next to PostgreSQL; agents reach it through the
+service. One module per concept:
+
+* :mod:`~blackboard.search.fusion`: rank fusion and the result cut (pure);
+* :mod:`~blackboard.search.planning`: query planning from table statistics (pure);
+* :mod:`~blackboard.search.hits`: rows to wire hits (pure);
+* :mod:`~blackboard.search.engine`: :class:`SearchEngine`, semantic, keyword and
+  hybrid search of memories and entries, and its caches;
+* :mod:`~blackboard.search.maintenance`: the upkeep searches leave (last access, ANALYZE);
+* :mod:`~blackboard.search.history`: :class:`EntryHistory`, history and as-of reads (not search);
+* :mod:`~blackboard.search.messages`: message search;
+* :mod:`~blackboard.search.pool`: reads through the search pool (one retry on a broken connection);
+* :mod:`~blackboard.search.service`: :class:`SearchService`, the NATS micro service.
 """
+
+from blackboard.search.engine import SearchEngine
+from blackboard.search.fusion import (
+    Fused,
+    cut,
+    fuse_convex,
+    fuse_hybrid,
+    neighbour_map,
+    rrf,
+    smooth_neighbours,
+)
+from blackboard.search.history import EntryHistory
+from blackboard.search.maintenance import Upkeep
+from blackboard.search.messages import search_messages
+from blackboard.search.planning import (
+    BoardStats,
+    TermStats,
+    board_rows,
+    candidate_lexemes,
+    exact_scan,
+)
+from blackboard.search.service import SearchService
+
+__all__ = [
+    "BoardStats",
+    "EntryHistory",
+    "Fused",
+    "SearchEngine",
+    "SearchService",
+    "TermStats",
+    "Upkeep",
+    "board_rows",
+    "candidate_lexemes",
+    "cut",
+    "exact_scan",
+    "fuse_convex",
+    "fuse_hybrid",
+    "neighbour_map",
+    "rrf",
+    "search_messages",
+    "smooth_neighbours",
+]

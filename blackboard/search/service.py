@@ -56,6 +56,8 @@ from blackboard.protocol.schemas.search import (
 )
 from blackboard.protocol.subjects import SEARCH_SERVICE, Header, Subjects
 from blackboard.search.engine import SearchEngine
+from blackboard.search.history import EntryHistory
+from blackboard.search.messages import search_messages
 from blackboard.settings import Settings
 
 __all__ = ["SEARCH_SESSION", "SEARCH_VERSION", "SearchService", "error_reply", "search_session"]
@@ -97,7 +99,7 @@ def error_reply(exc: BaseException, encoding: codec.Encoding) -> tuple[bytes, di
 
 
 class SearchService:
-    """Serves :class:`SearchEngine` over NATS."""
+    """Serves :class:`SearchEngine`, :class:`EntryHistory` and message search over NATS."""
 
     def __init__(self, nc: NATS, settings: Settings, *,
                  provider: EmbeddingProvider | None,
@@ -178,14 +180,15 @@ class SearchService:
 
     async def _register(self) -> None:
         assert self.engine is not None
+        history = EntryHistory(self.engine.pool)
         svc = await add_service(self._nc, name=SEARCH_SERVICE, version=SEARCH_VERSION,
                                 description="blackboard search: memories, entries, history, as-of",
                                 queue_group=SEARCH_SERVICE)
         routes: dict[str, tuple[type[BaseModel] | None, Callable[[Any], Awaitable[Any]]]] = {
             "memories": (MemorySearchRequest, self.engine.search_memories),
             "entries": (EntrySearchRequest, self.engine.search_entries),
-            "history": (HistoryRequest, self.engine.history),
-            "as_of": (AsOfRequest, self.engine.as_of),
+            "history": (HistoryRequest, history.history),
+            "as_of": (AsOfRequest, history.as_of),
             "status": (None, self._get_status),
             "messages": (MessageSearchRequest, self._search_messages),
         }
@@ -208,8 +211,6 @@ class SearchService:
         await self.stop()
 
     async def _search_messages(self, req: MessageSearchRequest) -> MessageSearchResponse:
-        from blackboard.worker.messages import search_messages
-
         assert self._pool is not None
         return await search_messages(self._pool, req)
 

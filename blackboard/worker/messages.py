@@ -1,32 +1,25 @@
-"""Persistence and search of agent messages (stream ``BB_MSG``).
+"""Persistence of agent messages (stream ``BB_MSG``).
 
 :func:`message_handler` is the worker's :class:`StreamHandler` for the stream:
 :func:`decode_message` (pure) validates the envelope and binds it to its
 subject, :func:`write_messages` stores a batch idempotently (one row per
 stream message: a direct message to three agents is three rows with one id).
-:func:`search_messages` answers ``bb.search.messages``.
+Message search (``bb.search.messages``) is :mod:`blackboard.search.messages`.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from psycopg.types.json import Jsonb
-from psycopg_pool import AsyncConnectionPool
 
 from blackboard.db import messages_sql as q
 from blackboard.protocol import codec
 from blackboard.protocol.errors import InvalidKeyError, InvalidPayloadError
 from blackboard.protocol.schemas import MessageEnvelope, validate_wire
-from blackboard.protocol.schemas.message_search import (
-    MessageHit,
-    MessageSearchRequest,
-    MessageSearchResponse,
-)
 from blackboard.protocol.subjects import MESSAGE_STREAM, Subjects
 from blackboard.settings import Settings
 from blackboard.worker.decode import RawMessage, entry_search_text, is_json_safe
@@ -37,7 +30,6 @@ __all__ = [
     "decode_message",
     "message_handler",
     "message_search_text",
-    "search_messages",
     "write_messages",
 ]
 
@@ -130,22 +122,3 @@ def message_handler(settings: Settings) -> StreamHandler:
 
     return StreamHandler("messages", MESSAGE_STREAM, Subjects.messages_all(), decode, write_messages)
 
-
-def _hit(row: tuple[Any, ...]) -> MessageHit:
-    (mid, seq, sender, recipients, kind, board, topic, type_, body, body_raw, correlation_id, reply_to,
-     metadata, created_at, stored_at, score) = row
-    if body_raw is not None:
-        body = codec.decode(bytes(body_raw))
-    return MessageHit(id=mid, seq=seq, sender=sender, recipients=list(recipients or []), kind=kind, board=board,
-                      topic=topic, type=type_, body=body, correlation_id=correlation_id, reply_to=reply_to,
-                      metadata=metadata or {}, created_at=created_at, stored_at=stored_at, score=float(score))
-
-
-async def search_messages(pool: AsyncConnectionPool, req: MessageSearchRequest) -> MessageSearchResponse:
-    """Run a message search (keyword ranked, or listed by time) against PostgreSQL."""
-    started = time.perf_counter()
-    query, params = q.message_search(req)
-    async with pool.connection() as conn, conn.cursor() as cur:
-        await cur.execute(query, params)
-        rows = await cur.fetchall()
-    return MessageSearchResponse(hits=[_hit(r) for r in rows], took_ms=(time.perf_counter() - started) * 1000)

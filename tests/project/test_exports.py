@@ -7,6 +7,7 @@ import agents_sdk.memory
 import agents_sdk.messaging
 import blackboard
 import blackboard.protocol.errors
+import blackboard.search
 
 AGENTS_SDK = {
     "Agent", "Ballot", "BallotReceipt", "BlackboardError", "Board", "BoardPipeline", "Change",
@@ -16,7 +17,7 @@ AGENTS_SDK = {
     "NotConnectedError", "NotFoundError", "ObjectRef", "ObjectStore", "Operation", "OperationTimeoutError",
     "Outcome", "OutcomeTimeoutError", "PayloadTooLargeError", "Policy", "Proposal", "ProposalClosedError",
     "ProposalHandle", "ProposalNotFoundError", "RemoteError", "RequestTimeoutError", "SearchClient",
-    "SearchError", "Sent", "Settings", "Subscriptions", "TallyCounts", "View", "VoteError", "VoteEvent",
+    "SearchError", "SearchFilters", "Sent", "Settings", "Subscriptions", "TallyCounts", "View", "VoteError", "VoteEvent",
     "VoteWatch", "Voting", "Watch", "WriteOp",
 }
 
@@ -30,6 +31,12 @@ BLACKBOARD = {
 MESSAGING = {
     "Handler", "Inbox", "InboxConsumer", "Message", "Messenger", "Requester", "Responder", "Sender", "Sent",
     "Subscriptions", "decode_envelope", "encode_envelope", "error_body", "new_envelope", "reply_envelope",
+}
+
+SEARCH = {
+    "BoardStats", "EntryHistory", "Fused", "SearchEngine", "SearchService", "TermStats", "Upkeep", "board_rows",
+    "candidate_lexemes", "cut", "exact_scan", "fuse_convex", "fuse_hybrid", "neighbour_map", "rrf",
+    "search_messages", "smooth_neighbours",
 }
 
 
@@ -66,3 +73,9 @@ def test_messaging_package_exports() -> None:
         assert hasattr(agents_sdk.messaging, name), name
     for name in ("Handler", "Inbox", "Message", "Messenger", "Sent", "Subscriptions"):
         assert getattr(agents_sdk, name) is getattr(agents_sdk.messaging, name), name
+
+
+def test_search_package_exports() -> None:
+    assert set(blackboard.search.__all__) == SEARCH
+    for name in blackboard.search.__all__:
+        assert hasattr(blackboard.search, name), name

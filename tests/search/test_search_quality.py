@@ -25,18 +25,10 @@ from blackboard.db import search_sql as q
 from blackboard.db.spaces import find_space
 from blackboard.devstack import EmbeddedNats, EmbeddedPostgres
 from blackboard.protocol.errors import EmbeddingError
-from blackboard.protocol.schemas.search import MemorySearchRequest
-from blackboard.search.engine import (
-    BoardStats,
-    Fused,
-    SearchEngine,
-    TermStats,
-    board_rows,
-    candidate_lexemes,
-    fuse_convex,
-    neighbour_map,
-    smooth_neighbours,
-)
+from blackboard.protocol.schemas.search import MemorySearchRequest, SearchFilters
+from blackboard.search.engine import SearchEngine
+from blackboard.search.fusion import Fused, fuse_convex, neighbour_map, smooth_neighbours
+from blackboard.search.planning import BoardStats, TermStats, board_rows, candidate_lexemes
 from blackboard.settings import Settings
 from blackboard.worker.embedder import memory_embed_text
 from tests._worker_helpers import (
@@ -204,7 +196,7 @@ async def test_the_exact_board_scan_reads_only_the_covering_board_index(stack: S
         await conn.execute(sql.SQL("VACUUM ANALYZE {}").format(space.table("memory")))
         await conn.set_autocommit(False)
         await conn.execute("SET enable_seqscan = off")  # the test boards are small next to the shared table
-        query, params = q.semantic_query(space, MemorySearchRequest(query="x", boards=[stack.boards[0]]),
+        query, params = q.semantic_query(space, "memory", SearchFilters(boards=[stack.boards[0]]),
                                          stack.provider.vector("alpha bravo"), 10, exact=True)
         plan = "\n".join(r[0] for r in await (await conn.execute(
             "EXPLAIN " + query, params)).fetchall())
@@ -231,7 +223,7 @@ async def test_the_index_scan_orders_by_the_hnsw_indexs_halfvec_expression(stack
         # Whatever the test tables' sizes: no plan that sorts the vectors if an index gives the order.
         await conn.execute("SET enable_seqscan = off")
         await conn.execute("SET enable_sort = off")
-        query, params = q.semantic_query(space, req, stack.provider.vector("alpha bravo"), 10)
+        query, params = q.semantic_query(space, req.target, req.filters, stack.provider.vector("alpha bravo"), 10)
         plan = "\n".join(r[0] for r in await (await conn.execute("EXPLAIN " + query, params)).fetchall())
         await conn.rollback()
     assert f"Index Scan using {space.table_name('memory')}_hnsw" in plan, plan
@@ -582,7 +574,7 @@ def test_tsquery_literal_quotes_lexemes() -> None:
 
 def test_keyword_query_binds_one_value_per_placeholder() -> None:
     req = MemorySearchRequest(query="x y", boards=["b"], tags_any=["t"], metadata={"k": 1})
-    query, params = q.keyword_query(req, ["x", "y", "z"], ["x", "y"], 50, max_candidates=100)
+    query, params = q.keyword_query(req.target, req.filters, ["x", "y", "z"], ["x", "y"], 50, max_candidates=100)
     text = query
     assert text.count("%s") == len(params) == 3 + 1 + 3 + 2
     assert params[-2:] == [100, 50] and params[3] == "'x' | 'y'"

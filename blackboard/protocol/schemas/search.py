@@ -12,14 +12,20 @@ combination of both, each min-max normalised over the candidates, with the
 neighbour context of memories (0..1; 1.0: best of both retrievers), or
 normalised reciprocal-rank fusion when the service is configured for it.
 ``min_score`` applies to the score of the requested mode.
+
+The filters of a request (which boards, kinds or sections, author, tags, time,
+metadata) travel flat on the wire; :class:`SearchFilters` is the same set as one
+typed value, which the SDK builds from its keyword arguments and the SQL
+builders take (``request.filters``).
 """
 
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Literal
+from functools import cached_property
+from typing import Any, ClassVar, Literal, Self
 
-from pydantic import Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
 from blackboard.protocol.schemas._base import Name, Timestamp, WireModel
 from blackboard.protocol.schemas.memory import MemoryKind
@@ -36,18 +42,20 @@ __all__ = [
     "MemoryHit",
     "MemorySearchRequest",
     "MemorySearchResponse",
+    "SearchFilters",
     "SearchMode",
+    "SearchTarget",
 ]
 
 SearchMode = Literal["semantic", "keyword", "hybrid"]
+#: What a search looks through: long-term memories or current board entries.
+SearchTarget = Literal["memory", "entry"]
 
 
-class _Filters(WireModel):
-    v: Literal[1] = Field(1, description="Schema version.")
-    query: str = Field(min_length=1, max_length=10_000, description="What to look for, in words.")
-    mode: SearchMode = "hybrid"
-    top_k: int = Field(10, ge=1, le=1000)
-    min_score: float | None = Field(None, description="Drop hits scoring below this (mode's score).")
+class _Scope(WireModel):
+    """The filters of every search target, declared once (:class:`SearchFilters` and both
+    search requests inherit them)."""
+
     boards: list[Name] = Field(default_factory=list, description="Only these boards (all when empty).")
     author: str | None = Field(None, description="Only items written by this agent.")
     tags_any: list[str] = Field(default_factory=list, description="Items with at least one of these tags.")
@@ -57,16 +65,85 @@ class _Filters(WireModel):
     metadata: dict[str, Any] = Field(default_factory=dict, description="JSON containment (@>) on metadata.")
 
 
-class MemorySearchRequest(_Filters):
-    """``bb.search.memories``: search long-term memories."""
-
+class _Kinds(WireModel):
     kinds: list[MemoryKind] = Field(default_factory=list, description="Only these kinds (all when empty).")
 
 
-class EntrySearchRequest(_Filters):
+class _Sections(WireModel):
+    sections: list[Name] = Field(default_factory=list, description="Only these sections (all when empty).")
+
+
+class SearchFilters(_Sections, _Kinds, _Scope):
+    """Which items a search may return: a frozen value object that carries the filters from
+    the SDK's signatures through the search request to the SQL that applies them.
+
+    The filters are ANDed; an empty list or None leaves its field free. ``kinds``
+    apply to memories only and ``sections`` to entries only (a request for the other
+    target refuses them). Unknown fields are refused: a misspelt filter would
+    otherwise widen the search without a word.
+
+    Raises:
+        pydantic.ValidationError: a wrong type, an invalid board or section name, an
+            unknown field.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class _Query(WireModel):
+    v: Literal[1] = Field(1, description="Schema version.")
+    query: str = Field(min_length=1, max_length=10_000, description="What to look for, in words.")
+    mode: SearchMode = "hybrid"
+    top_k: int = Field(10, ge=1, le=1000)
+    min_score: float | None = Field(None, description="Drop hits scoring below this (mode's score).")
+
+
+class _SearchRequest(_Scope, _Query):
+    """A search request: the query, how to rank, and the filters (flat on the wire:
+    ``query``, ``mode``, ``top_k``, ``min_score``, then the filters; :attr:`filters`
+    gathers them)."""
+
+    #: The target searched, and the filter of the other target this request refuses.
+    target: ClassVar[SearchTarget]
+    _foreign: ClassVar[str]
+
+    @classmethod
+    def of(cls, query: str, filters: SearchFilters, *, mode: SearchMode = "hybrid", top_k: int = 10,
+           min_score: float | None = None) -> Self:
+        """The request for ``query`` under ``filters``.
+
+        Raises:
+            ValueError: ``filters`` sets the other target's filter (``sections`` for
+                memories, ``kinds`` for entries); pydantic's ``ValidationError`` (a
+                ``ValueError``) for an invalid query or option.
+        """
+        fields = filters.model_dump(exclude={cls._foreign})
+        if getattr(filters, cls._foreign):
+            raise ValueError(f"{cls._foreign} do not filter {cls.target} searches")
+        return cls(query=query, mode=mode, top_k=top_k, min_score=min_score, **fields)
+
+    @cached_property
+    def filters(self) -> SearchFilters:
+        """The request's filters (built once; its fields were validated with the request)."""
+        return SearchFilters.model_construct(**{name: getattr(self, name) for name in _FILTER_FIELDS
+                                                if name in type(self).model_fields})
+
+
+class MemorySearchRequest(_Kinds, _SearchRequest):
+    """``bb.search.memories``: search long-term memories."""
+
+    target: ClassVar[SearchTarget] = "memory"
+    _foreign: ClassVar[str] = "sections"
+
+
+class EntrySearchRequest(_Sections, _SearchRequest):
     """``bb.search.entries``: search the current (not deleted) board entries."""
 
-    sections: list[Name] = Field(default_factory=list, description="Only these sections (all when empty).")
+    target: ClassVar[SearchTarget] = "entry"
+    _foreign: ClassVar[str] = "kinds"
+
+
+_FILTER_FIELDS = tuple(SearchFilters.model_fields)
 
 
 class MemoryHit(WireModel):
