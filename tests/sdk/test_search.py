@@ -3,10 +3,15 @@ stored history and as-of reads."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
-from agents_sdk import Agent
-from blackboard.protocol.errors import NotFoundError
+from agents_sdk import Agent, Board, SearchClient, SearchFilters
+from blackboard.protocol import codec
+from blackboard.protocol.errors import InvalidPayloadError, NotFoundError
+from blackboard.protocol.schemas.search import EntrySearchRequest, MemorySearchRequest
+from blackboard.protocol.subjects import Subjects
 from blackboard.settings import Settings
 from tests._worker_helpers import HashProvider, running_worker, worker_settings
 
@@ -49,3 +54,53 @@ async def test_remember_then_recall_and_board_search(pg_settings: Settings, uniq
             assert (await board.as_of("facts", "db", revision=r1)).value == "postgres with pgvector"
             with pytest.raises(NotFoundError):
                 await board.stored_history("facts", "nothing-here")
+
+
+class _RecordingNats:
+    """Answers every search request with no hits, keeping what was sent."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, bytes]] = []
+
+    async def request(self, subject: str, data: bytes, timeout: float) -> SimpleNamespace:
+        self.sent.append((subject, data))
+        return SimpleNamespace(headers=None, data=codec.encode({"v": 1, "hits": []}))
+
+
+def _wire(req: MemorySearchRequest | EntrySearchRequest) -> bytes:
+    return codec.encode(req.model_dump(exclude_none=True))
+
+
+async def test_filters_travel_as_keywords_or_one_value_and_encode_alike() -> None:
+    """The keyword filters and a SearchFilters value build the same request bytes, through the
+    client and a board handle alike; a board's own name goes first."""
+    nc = _RecordingNats()
+    client = SearchClient(nc, Settings())  # type: ignore[arg-type]
+    await client.recall("disk", board="ops", kinds=["episodic"], top_k=3)
+    await client.recall("disk", filters=SearchFilters(boards=["ops"], kinds=["episodic"]), top_k=3)
+    assert nc.sent[0] == nc.sent[1] == (Subjects.search("memories"), _wire(MemorySearchRequest(
+        query="disk", boards=["ops"], kinds=["episodic"], top_k=3)))
+    await client.search_entries("x", filters=SearchFilters(sections=["notes"], author="ann"), section="facts",
+                                mode="keyword")
+    assert nc.sent[-1] == (Subjects.search("entries"), _wire(EntrySearchRequest(
+        query="x", sections=["facts", "notes"], author="ann", mode="keyword",
+        top_k=Settings().search.default_top_k)))
+
+    owner = SimpleNamespace(id="alice", context=SimpleNamespace(store=None), search=client)
+    board = Board(owner, "b1")
+    await board.search("x", section="notes", boards=["b2"])
+    assert nc.sent[-1][1] == _wire(EntrySearchRequest(query="x", boards=["b1", "b2"], sections=["notes"],
+                                                      top_k=Settings().search.default_top_k))
+    await board.recall("x", filters=SearchFilters(tags_all=["t"]), top_k=2)
+    assert nc.sent[-1][1] == _wire(MemorySearchRequest(query="x", boards=["b1"], tags_all=["t"], top_k=2))
+
+    sent = len(nc.sent)
+    with pytest.raises(TypeError, match="kind"):
+        await client.search_entries("x", kind="episodic")  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match="board"):
+        await board.search("x", board="b3")
+    with pytest.raises(InvalidPayloadError, match="kinds"):
+        await client.search_entries("x", filters=SearchFilters(kinds=["episodic"]))
+    with pytest.raises(InvalidPayloadError):
+        await client.recall("x", board="not a token!")
+    assert len(nc.sent) == sent  # refused before anything was sent
