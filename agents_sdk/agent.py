@@ -2,30 +2,32 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Collection, Generator, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Unpack
+from datetime import datetime
+from typing import Any
 
 from nats.aio.client import Client as NATS
 
 from agents_sdk.board import Board
 from agents_sdk.consensus import Voting
+from agents_sdk.context import AgentContext
 from agents_sdk.memory.longterm import LongTermMemory, MemoryInput
 from agents_sdk.messaging.inbox import Inbox
-from agents_sdk.messaging.messenger import Handler, Messenger, Sent, Subscriptions
+from agents_sdk.messaging.messenger import Messenger, Subscriptions
+from agents_sdk.messaging.rpc import Handler
+from agents_sdk.messaging.send import Sent
 from agents_sdk.objects import ObjectStore
-from agents_sdk.search import RecallArgs, SearchClient
+from agents_sdk.search import SearchClient
 from blackboard.client.board_store import BoardStore
 from blackboard.client.connection import connect_nats
 from blackboard.client.streams import ensure_streams
 from blackboard.protocol import codec
 from blackboard.protocol.schemas.memory import MemoryKind
 from blackboard.protocol.schemas.message_search import MessageHit
-from blackboard.protocol.schemas.search import MemoryHit, SearchFilters
+from blackboard.protocol.schemas.search import MemoryHit, SearchMode
 from blackboard.protocol.subjects import validate_name
 from blackboard.settings import Settings
-
-if TYPE_CHECKING:
-    from agents_sdk.view import View
 
 __all__ = ["Agent"]
 
@@ -44,15 +46,17 @@ class Agent:
         self.id = validate_name(agent_id, "agent id")
         self.settings = settings
         self.nc = nc
-        self._store = BoardStore(nc, settings)
+        #: What this agent's parts share (store, publisher, live views); handed to
+        #: the boards, views, voting and memory instead of the agent itself.
+        self.context = AgentContext.build(self.id, nc, settings)
         self._boards: dict[str, Board] = {}
-        self._views: dict[str, list[View]] = {}
         self._longterm: LongTermMemory | None = None
         self._search: SearchClient | None = None
         self._messenger: Messenger | None = None
         self._voting: Voting | None = None
+        self._closed = False
         #: Large binaries (JetStream object store).
-        self.objects = ObjectStore(self._store._js, settings.board.objects_bucket)
+        self.objects = ObjectStore(self.context.js, settings.board.objects_bucket)
 
     @classmethod
     def connect(cls, agent_id: str, *, nats_url: str | None = None, settings: Settings | None = None,
@@ -87,7 +91,7 @@ class Agent:
     @property
     def longterm(self) -> LongTermMemory:
         if self._longterm is None:
-            self._longterm = LongTermMemory(self)
+            self._longterm = LongTermMemory(self.context)
         return self._longterm
 
     async def remember(self, text: str, *, kind: MemoryKind = "episodic", tags: Sequence[str] = (),
@@ -115,24 +119,29 @@ class Agent:
             self._search = SearchClient(self.nc, self.settings)
         return self._search
 
-    async def recall(self, query: str, *, filters: SearchFilters | None = None,
-                     **args: Unpack[RecallArgs]) -> list[MemoryHit]:
+    async def recall(self, query: str, *, board: str | None = None, boards: Sequence[str] | None = None,
+                     kind: MemoryKind | None = None, kinds: Sequence[MemoryKind] | None = None,
+                     tags_any: Sequence[str] = (), tags_all: Sequence[str] = (), author: str | None = None,
+                     since: datetime | None = None, until: datetime | None = None,
+                     metadata: Mapping[str, Any] | None = None, top_k: int | None = None,
+                     min_score: float | None = None, mode: SearchMode = "hybrid") -> list[MemoryHit]:
         """Search the shared long-term memory, best first.
 
         ``mode`` is ``"hybrid"`` (default: keyword and semantic fused),
-        ``"semantic"`` or ``"keyword"``. Filters (:class:`~agents_sdk.search.RecallArgs`,
-        and/or one :class:`SearchFilters` value as ``filters``, whose fields the
-        keywords replace): ``board``/``boards``, ``kind``/``kinds``,
-        ``tags_any``/``tags_all``, ``author``, a time range (``since``/``until``)
-        and ``metadata`` containment; ``min_score`` drops weak hits. Each hit
-        carries its score and provenance (memory id, agent, board). A memory is
-        found once a worker has embedded it.
+        ``"semantic"`` or ``"keyword"``. Filters: ``board``/``boards``,
+        ``kind``/``kinds``, ``tags_any``/``tags_all``, ``author``, a time range
+        (``since``/``until``) and ``metadata`` containment; ``min_score`` drops
+        weak hits. Each hit carries its score and provenance (memory id, agent,
+        board). A memory is found once a worker has embedded it.
 
         Raises:
             SearchError: no worker is serving search, or it failed / timed out.
             InvalidPayloadError: invalid filters.
         """
-        return await self.search.recall(query, filters=filters, **args)
+        return await self.search.recall(query, board=board, boards=boards, kind=kind, kinds=kinds,
+                                        tags_any=tags_any, tags_all=tags_all, author=author, since=since,
+                                        until=until, metadata=metadata, top_k=top_k, min_score=min_score,
+                                        mode=mode)
 
     async def forget(self, ids: Sequence[str], *, board: str | None = None) -> None:
         """Delete long-term memories by id (the workers apply it)."""
@@ -155,7 +164,7 @@ class Agent:
         """This agent's consensus voting (see :mod:`agents_sdk.consensus`); ``Board.propose``,
         ``Board.vote`` and ``Board.proposal`` delegate to it."""
         if self._voting is None:
-            self._voting = Voting(self)
+            self._voting = Voting(self.context)
         return self._voting
 
     async def send(self, to: str | Sequence[str], type: str, body: Any = None, *, board: str | None = None,
@@ -217,28 +226,29 @@ class Agent:
         """Search stored messages by keyword and/or filters (see :meth:`Messenger.search`)."""
         return await self.messaging.search(query, **filters)
 
-    def _register_view(self, view: View) -> None:
-        self._views.setdefault(view.board.name, []).append(view)
-
-    def _unregister_view(self, view: View) -> None:
-        views = self._views.get(view.board.name)
-        if views and view in views:
-            views.remove(view)
-
     @property
     def store(self) -> BoardStore:
         """The underlying board store (all boards)."""
-        return self._store
+        return self.context.store
 
     async def close(self) -> None:
-        """Close the views, flush pending writes and close the connection."""
-        for views in list(self._views.values()):
-            for view in list(views):
-                await view.close()
-        if self._messenger is not None:
-            await self._messenger.close()
-        if self._voting is not None:
-            await self._voting.close()
+        """Close the views, messaging and voting, flush pending writes and close the connection.
+
+        Everything is closed even when a part fails to; the first failure is
+        raised afterwards. Closing twice does nothing.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        async with contextlib.AsyncExitStack() as stack:  # closes in reverse order of the pushes
+            stack.push_async_callback(self._drain)  # also ends the shared publisher's ack subscription
+            if self._voting is not None:
+                stack.push_async_callback(self._voting.close)
+            if self._messenger is not None:
+                stack.push_async_callback(self._messenger.close)
+            stack.push_async_callback(self.context.views.close_all)
+
+    async def _drain(self) -> None:
         if not self.nc.is_closed:
             await self.nc.drain()
 

@@ -3,10 +3,22 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Literal, TypeVar, Unpack
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-from agents_sdk.consensus import NO_VALUE, BallotReceipt, DeadlineSpec, ProposalHandle, VoteWatch
+from agents_sdk.consensus import (
+    NO_VALUE,
+    BallotReceipt,
+    DeadlineSpec,
+    ProposalHandle,
+    VoteWatch,
+    Voting,
+)
+from agents_sdk.context import AgentContext
+from agents_sdk.objects import ObjectStore, object_name
+from agents_sdk.view import View
 from blackboard.client.board_store import BoardStore, Pipeline, Watch, WatchStart, WriteOp
 from blackboard.protocol.codec import Encoding
 from blackboard.protocol.entries import Entry, Operation, default_content_type
@@ -15,15 +27,42 @@ from blackboard.protocol.schemas import Policy, PolicyKind
 from blackboard.protocol.subjects import validate_name
 
 if TYPE_CHECKING:
-    from datetime import datetime
+    from agents_sdk.memory.longterm import LongTermMemory
+    from agents_sdk.messaging.messenger import Messenger
+    from agents_sdk.messaging.send import Sent
+    from agents_sdk.search import SearchClient
+    from blackboard.protocol.schemas.search import EntryHit, EntryRevision, MemoryHit
 
-    from agents_sdk.agent import Agent
-    from agents_sdk.messaging.messenger import Sent
-    from agents_sdk.search import EntrySearchArgs, RecallArgs
-    from agents_sdk.view import View
-    from blackboard.protocol.schemas.search import EntryHit, EntryRevision, MemoryHit, SearchFilters
+__all__ = ["Board", "BoardOwner", "BoardPipeline"]
 
-__all__ = ["Board"]
+
+class BoardOwner(Protocol):
+    """What a board handle uses of its agent (:class:`agents_sdk.agent.Agent` is one).
+
+    A Protocol, so this module depends on the parts (context, search,
+    messaging, voting, memory), not on the ``Agent`` that assembles them.
+    """
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def context(self) -> AgentContext: ...
+
+    @property
+    def objects(self) -> ObjectStore: ...
+
+    @property
+    def search(self) -> SearchClient: ...
+
+    @property
+    def longterm(self) -> LongTermMemory: ...
+
+    @property
+    def messaging(self) -> Messenger: ...
+
+    @property
+    def voting(self) -> Voting: ...
 
 
 class Board:
@@ -33,10 +72,12 @@ class Board:
     (``[A-Za-z0-9_-]``), the key any non-empty string (URLs, paths, text).
     """
 
-    def __init__(self, agent: Agent, name: str) -> None:
+    def __init__(self, agent: BoardOwner, name: str) -> None:
         self.name = validate_name(name, "board")
         self.agent = agent
-        self._store: BoardStore = agent._store
+        #: The agent's shared state (store, settings, live views).
+        self.context = agent.context
+        self._store: BoardStore = self.context.store
 
     def __repr__(self) -> str:
         return f"Board({self.name!r}, agent={self.agent.id!r})"
@@ -158,18 +199,15 @@ class Board:
                  tags: Sequence[str], metadata: Mapping[str, Any] | None,
                  operation: Operation = Operation.PUT) -> None:
         """Show an acknowledged write in this agent's views at once (read-your-own-writes)."""
-        views = self.agent._views.get(self.name)
-        if not views:
+        views = self.context.views
+        if not views.watching(self.name):
             return
-        from datetime import UTC, datetime
-
         entry = Entry(self.name, section, key, revision,
                       value=value if operation is Operation.PUT else None,
                       content_type=content_type or default_content_type(value), author=self.agent.id,
                       tags=tuple(tags), metadata=dict(metadata or {}), created_at=datetime.now(UTC),
                       operation=operation)
-        for view in list(views):
-            view._own_write(entry)
+        views.written(entry)
 
     # ------------------------------------------------------------------- reads
     async def get(self, section: str, key: str, *, revision: int | None = None) -> Entry:
@@ -198,10 +236,6 @@ class Board:
         :class:`~agents_sdk.objects.ObjectRef` (``{"$object": {...}}``).
         Returns the entry's revision.
         """
-        import hashlib
-
-        from agents_sdk.objects import object_name
-
         name = object_name(self.name, section, key, hashlib.sha256(data).hexdigest())
         ref = await self.agent.objects.put(name, data, content_type=content_type)
         return await self.put(section, key, ref.to_value(), content_type=content_type, tags=tags,
@@ -211,34 +245,23 @@ class Board:
         """The bytes of an entry: the referenced object, or the entry's own bytes value."""
         return await self.agent.objects.resolve(await self.get(section, key, revision=revision))
 
-    async def search(self, query: str, *, filters: SearchFilters | None = None,
-                     **args: Unpack[EntrySearchArgs]) -> list[EntryHit]:
+    async def search(self, query: str, **filters: Any) -> list[EntryHit]:
         """Search this board's current entries (semantic, keyword or hybrid), best first.
 
         Takes the filters of :meth:`agents_sdk.search.SearchClient.search_entries`
-        (:class:`~agents_sdk.search.EntrySearchArgs`: ``section``/``sections``,
-        ``tags_any``, ``tags_all``, ``author``, ``since``, ``until``, ``metadata``,
-        ``top_k``, ``min_score``, ``mode``; ``boards`` adds other boards), and/or
-        one :class:`SearchFilters` value as ``filters``. Entries are found once
-        the worker has stored (and, for semantic search, embedded) them.
+        (``section``/``sections``, ``tags_any``, ``tags_all``, ``author``,
+        ``since``, ``until``, ``metadata``, ``top_k``, ``min_score``, ``mode``).
+        Entries are found once the worker has stored (and, for semantic
+        search, embedded) them.
 
         Raises:
             SearchError: no worker is serving search, or it failed.
-            InvalidPayloadError: invalid filters.
-            TypeError: ``board`` (this board is searched) or a keyword that is not a filter.
         """
-        return await self.agent.search.search_entries(query, filters=filters, **_on_board(self.name, args))
+        return await self.agent.search.search_entries(query, board=self.name, **filters)
 
-    async def recall(self, query: str, *, filters: SearchFilters | None = None,
-                     **args: Unpack[RecallArgs]) -> list[MemoryHit]:
-        """``agent.recall(query, board=<this board>, ...)``.
-
-        Raises:
-            SearchError: no worker is serving search, or it failed.
-            InvalidPayloadError: invalid filters.
-            TypeError: ``board`` (this board is searched) or a keyword that is not a filter.
-        """
-        return await self.agent.recall(query, filters=filters, **_on_board(self.name, args))
+    async def recall(self, query: str, **filters: Any) -> list[MemoryHit]:
+        """``agent.recall(query, board=<this board>, ...)``."""
+        return await self.agent.search.recall(query, board=self.name, **filters)
 
     async def stored_history(self, section: str, key: str, *, limit: int | None = None) -> list[EntryRevision]:
         """Every revision of a key ever written, from PostgreSQL (JetStream keeps
@@ -262,7 +285,7 @@ class Board:
 
     async def remember(self, text: str, **kwargs: Any) -> str:
         """``agent.remember(text, board=<this board>, ...)``."""
-        return await self.agent.remember(text, board=self.name, **kwargs)
+        return await self.agent.longterm.remember(text, board=self.name, **kwargs)
 
     async def broadcast(self, type: str, body: Any = None, **kwargs: Any) -> Sent:
         """Send a message to every agent that joined this board (see ``agent.join``)."""
@@ -303,8 +326,6 @@ class Board:
         ``view = await board.view("tasks")`` returns once the snapshot is
         loaded; ``async with board.view("tasks") as view`` also closes it.
         """
-        from agents_sdk.view import View
-
         return View(self, section, key)
 
     def watch(self, section: str | None = None, key: str | None = None, *, start: WatchStart = "new",
@@ -336,17 +357,3 @@ class BoardPipeline:
 
     async def flush(self) -> list[int]:
         return await self._p.flush()
-
-
-_SearchArgsT = TypeVar("_SearchArgsT", "EntrySearchArgs", "RecallArgs")
-
-
-def _on_board(board: str, args: _SearchArgsT) -> _SearchArgsT:
-    """The search keywords of a board handle: ``args`` with ``board`` set to its own.
-
-    Raises:
-        TypeError: ``args`` names a ``board`` (a keyword function would have refused it twice).
-    """
-    if "board" in args:
-        raise TypeError("a board's search takes no 'board' (it searches its own; boards= adds others)")
-    return {**args, "board": board}

@@ -41,6 +41,7 @@ from blackboard.consensus.tally import choice_for, rejection_error
 from blackboard.protocol.errors import (
     InvalidBallotError,
     InvalidPayloadError,
+    NotConnectedError,
     OperationTimeoutError,
     OutcomeTimeoutError,
     ProposalNotFoundError,
@@ -57,7 +58,7 @@ from blackboard.protocol.schemas import (
 from blackboard.protocol.subjects import Subjects, validate_name
 
 if TYPE_CHECKING:
-    from agents_sdk.agent import Agent
+    from agents_sdk.context import AgentContext
 
 __all__ = ["NO_VALUE", "BallotReceipt", "ProposalHandle", "VoteEvent", "VoteWatch", "Voting"]
 
@@ -196,11 +197,14 @@ class ProposalHandle:
 class Voting:
     """The voting side of one agent (``agent.voting``); ``Board`` methods delegate here."""
 
-    def __init__(self, agent: Agent) -> None:
-        self.agent = agent
-        self.store = VoteStore(agent.nc, agent.settings, name=agent.id)
+    def __init__(self, context: AgentContext) -> None:
+        #: The agent's shared state (its id is the proposer and voter).
+        self.context = context
+        self.store = VoteStore(context.nc, context.settings, name=context.agent_id)
         self._followers: collections.OrderedDict[tuple[str, str], ProposalFollower] = collections.OrderedDict()
-        self._starting: dict[tuple[str, str], asyncio.Task[ProposalFollower]] = {}
+        #: One lock per proposal whose follower is being started (callers wait for one start).
+        self._starting: dict[tuple[str, str], asyncio.Lock] = {}
+        self._closed = False
         self._proposals: dict[tuple[str, str], tuple[Proposal, int]] = {}
         self._watches: set[VoteWatch] = set()
         #: Seconds ``outcome()`` waits for another committer before committing itself.
@@ -236,7 +240,7 @@ class Voting:
                 id=proposal_id or uuid.uuid4().hex, board=board, section=section, key=key, question=question,
                 candidates=[value] if candidates is None else list(candidates),
                 policy=policy if isinstance(policy, Policy) else Policy(kind=policy),
-                voters=None if voters is None else list(voters), proposer=self.agent.id,
+                voters=None if voters is None else list(voters), proposer=self.context.agent_id,
                 created_at=datetime.now(UTC), deadline=_deadline(deadline))
         except ValidationError as exc:
             first = exc.errors()[0]
@@ -291,7 +295,7 @@ class Voting:
         found = await self._proposal(board, proposal_id)
         wire = _wire_choice(found[0] if found else None, choice, index)
         try:
-            ballot = Ballot(id=ballot_id or uuid.uuid4().hex, proposal_id=proposal_id, voter=self.agent.id,
+            ballot = Ballot(id=ballot_id or uuid.uuid4().hex, proposal_id=proposal_id, voter=self.context.agent_id,
                             choice=wire, reason=reason, created_at=datetime.now(UTC))
         except ValidationError as exc:
             raise InvalidBallotError(proposal_id, str(exc.errors()[0]["msg"])) from exc
@@ -319,7 +323,7 @@ class Voting:
     async def _read_to(self, follower: ProposalFollower, sequence: int) -> None:
         """Read the proposal's stream up to ``sequence`` (a stored message of it)."""
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.agent.settings.nats.write_timeout
+        deadline = loop.time() + self.context.settings.nats.write_timeout
         delay = 0.01
         while True:
             await follower.catch_up(up_to=sequence)
@@ -339,18 +343,23 @@ class Voting:
         if follower is not None:
             self._followers.move_to_end(key)
             return follower
-        task = self._starting.get(key)
-        if task is None:
-            task = self._starting[key] = asyncio.ensure_future(self._start_follower(key))
-        try:
-            return await asyncio.shield(task)
-        finally:
-            if task.done():
-                self._starting.pop(key, None)
+        lock = self._starting.setdefault(key, asyncio.Lock())
+        async with lock:  # concurrent callers share one start; a failed start is tried again by the next
+            follower = self._followers.get(key)
+            if follower is None:
+                follower = await self._start_follower(key)
+        if self._starting.get(key) is lock and not lock.locked():
+            del self._starting[key]
+        return follower
 
     async def _start_follower(self, key: tuple[str, str]) -> ProposalFollower:
+        if self._closed:
+            raise NotConnectedError("the agent is closed")
         follower = ProposalFollower(self.store, *key)
         await follower.start()
+        if self._closed:  # closed while starting: close() did not see this follower
+            await follower.stop()
+            raise NotConnectedError("the agent is closed")
         self._followers[key] = follower
         if len(self._followers) > _MAX_FOLLOWED:
             for old_key, old in list(self._followers.items()):
@@ -441,8 +450,7 @@ class Voting:
 
     async def close(self) -> None:
         """Stop following proposals and end the watches."""
-        for task in list(self._starting.values()):
-            task.cancel()
+        self._closed = True
         followers, self._followers = list(self._followers.values()), collections.OrderedDict()
         for follower in followers:
             await follower.stop()

@@ -13,14 +13,14 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from blackboard.client.publisher import RETRYABLE, Ack, Publisher
+from blackboard.client.publisher import RETRYABLE, Ack
 from blackboard.protocol import codec
 from blackboard.protocol.errors import InvalidPayloadError, PayloadTooLargeError
 from blackboard.protocol.schemas.memory import MemoryKind
 from blackboard.protocol.subjects import Header, Subjects
 
 if TYPE_CHECKING:
-    from agents_sdk.agent import Agent
+    from agents_sdk.context import AgentContext
 
 __all__ = ["DEFAULT_MEMORY_BOARD", "LongTermMemory", "MemoryInput"]
 
@@ -46,10 +46,11 @@ class MemoryInput:
 class LongTermMemory:
     """Publishes :class:`~blackboard.protocol.schemas.MemoryRecord` messages for one agent."""
 
-    def __init__(self, agent: Agent) -> None:
-        self._agent = agent
-        self._publisher = Publisher(agent.nc, agent._store._js, agent.settings.nats)
-        self._max = agent.settings.board.max_value_size
+    def __init__(self, context: AgentContext) -> None:
+        self._context = context
+        self._agent_id = context.agent_id
+        self._publisher = context.publisher
+        self._max = context.settings.board.max_value_size
 
     def _prepare(self, m: MemoryInput) -> tuple[str, str, bytes, dict[str, str]]:
         if not isinstance(m.text, str) or not m.text.strip():
@@ -59,10 +60,10 @@ class LongTermMemory:
         if not 0.0 <= m.importance <= 1.0:
             raise InvalidPayloadError("importance must be between 0 and 1")
         board = m.board or DEFAULT_MEMORY_BOARD
-        subject = Subjects.memory(board, self._agent.id)
-        memory_id = m.id or f"{self._agent.id}-{self._publisher.msg_id()}"
+        subject = Subjects.memory(board, self._agent_id)
+        memory_id = m.id or f"{self._agent_id}-{self._publisher.msg_id()}"
         record = {
-            "v": 1, "id": memory_id, "board": board, "agent": self._agent.id, "kind": m.kind,
+            "v": 1, "id": memory_id, "board": board, "agent": self._agent_id, "kind": m.kind,
             "text": m.text, "tags": list(m.tags), "metadata": dict(m.metadata),
             "importance": float(m.importance), "source": m.source, "read_only": m.read_only,
             "created_at": datetime.now(UTC).isoformat(),
@@ -98,10 +99,10 @@ class LongTermMemory:
         if not ids:
             raise InvalidPayloadError("forget needs at least one memory id")
         board = board or DEFAULT_MEMORY_BOARD
-        subject = Subjects.memory(board, self._agent.id)
+        subject = Subjects.memory(board, self._agent_id)
         msg_id = self._publisher.msg_id()
         for start in range(0, len(ids), 1000):
-            record = {"v": 1, "op": "forget", "board": board, "agent": self._agent.id,
+            record = {"v": 1, "op": "forget", "board": board, "agent": self._agent_id,
                       "ids": ids[start:start + 1000], "created_at": datetime.now(UTC).isoformat()}
             await self._publisher.publish(subject, codec.encode(record), {Header.MSG_ID.value: f"{msg_id}-{start}"},
                                           what=f"forget of {len(ids)} memories")
@@ -112,7 +113,7 @@ class LongTermMemory:
         Raises:
             the first error of :meth:`remember` (the other memories are still stored).
         """
-        timeout = self._agent.settings.nats.request_timeout
+        timeout = self._context.settings.nats.request_timeout
         sent: list[tuple[str, str, bytes, dict[str, str], asyncio.Future[Ack] | None]] = []
         for m in memories:
             memory_id, subject, payload, headers = self._prepare(m)
