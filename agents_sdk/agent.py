@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Collection, Generator, Iterable, Mapping, Sequence
-from datetime import datetime
-from typing import Any
+from typing import Any, Unpack
 
 from nats.aio.client import Client as NATS
 
@@ -18,14 +17,14 @@ from agents_sdk.messaging.messenger import Messenger, Subscriptions
 from agents_sdk.messaging.rpc import Handler
 from agents_sdk.messaging.send import Sent
 from agents_sdk.objects import ObjectStore
-from agents_sdk.search import SearchClient
+from agents_sdk.search import RecallArgs, SearchClient
 from blackboard.client.board_store import BoardStore
 from blackboard.client.connection import connect_nats
 from blackboard.client.streams import ensure_streams
 from blackboard.protocol import codec
 from blackboard.protocol.schemas.memory import MemoryKind
 from blackboard.protocol.schemas.message_search import MessageHit
-from blackboard.protocol.schemas.search import MemoryHit, SearchMode
+from blackboard.protocol.schemas.search import MemoryHit, SearchFilters
 from blackboard.protocol.subjects import validate_name
 from blackboard.settings import Settings
 
@@ -119,29 +118,24 @@ class Agent:
             self._search = SearchClient(self.nc, self.settings)
         return self._search
 
-    async def recall(self, query: str, *, board: str | None = None, boards: Sequence[str] | None = None,
-                     kind: MemoryKind | None = None, kinds: Sequence[MemoryKind] | None = None,
-                     tags_any: Sequence[str] = (), tags_all: Sequence[str] = (), author: str | None = None,
-                     since: datetime | None = None, until: datetime | None = None,
-                     metadata: Mapping[str, Any] | None = None, top_k: int | None = None,
-                     min_score: float | None = None, mode: SearchMode = "hybrid") -> list[MemoryHit]:
+    async def recall(self, query: str, *, filters: SearchFilters | None = None,
+                     **args: Unpack[RecallArgs]) -> list[MemoryHit]:
         """Search the shared long-term memory, best first.
 
         ``mode`` is ``"hybrid"`` (default: keyword and semantic fused),
-        ``"semantic"`` or ``"keyword"``. Filters: ``board``/``boards``,
-        ``kind``/``kinds``, ``tags_any``/``tags_all``, ``author``, a time range
-        (``since``/``until``) and ``metadata`` containment; ``min_score`` drops
-        weak hits. Each hit carries its score and provenance (memory id, agent,
-        board). A memory is found once a worker has embedded it.
+        ``"semantic"`` or ``"keyword"``. Filters (:class:`~agents_sdk.search.RecallArgs`,
+        and/or one :class:`SearchFilters` value as ``filters``, whose fields the
+        keywords replace): ``board``/``boards``, ``kind``/``kinds``,
+        ``tags_any``/``tags_all``, ``author``, a time range (``since``/``until``)
+        and ``metadata`` containment; ``min_score`` drops weak hits. Each hit
+        carries its score and provenance (memory id, agent, board). A memory is
+        found once a worker has embedded it.
 
         Raises:
             SearchError: no worker is serving search, or it failed / timed out.
             InvalidPayloadError: invalid filters.
         """
-        return await self.search.recall(query, board=board, boards=boards, kind=kind, kinds=kinds,
-                                        tags_any=tags_any, tags_all=tags_all, author=author, since=since,
-                                        until=until, metadata=metadata, top_k=top_k, min_score=min_score,
-                                        mode=mode)
+        return await self.search.recall(query, filters=filters, **args)
 
     async def forget(self, ids: Sequence[str], *, board: str | None = None) -> None:
         """Delete long-term memories by id (the workers apply it)."""

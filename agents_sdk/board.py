@@ -6,7 +6,7 @@ import asyncio
 import hashlib
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar, Unpack
 
 from agents_sdk.consensus import (
     NO_VALUE,
@@ -30,8 +30,8 @@ if TYPE_CHECKING:
     from agents_sdk.memory.longterm import LongTermMemory
     from agents_sdk.messaging.messenger import Messenger
     from agents_sdk.messaging.send import Sent
-    from agents_sdk.search import SearchClient
-    from blackboard.protocol.schemas.search import EntryHit, EntryRevision, MemoryHit
+    from agents_sdk.search import EntrySearchArgs, RecallArgs, SearchClient
+    from blackboard.protocol.schemas.search import EntryHit, EntryRevision, MemoryHit, SearchFilters
 
 __all__ = ["Board", "BoardOwner", "BoardPipeline"]
 
@@ -245,23 +245,34 @@ class Board:
         """The bytes of an entry: the referenced object, or the entry's own bytes value."""
         return await self.agent.objects.resolve(await self.get(section, key, revision=revision))
 
-    async def search(self, query: str, **filters: Any) -> list[EntryHit]:
+    async def search(self, query: str, *, filters: SearchFilters | None = None,
+                     **args: Unpack[EntrySearchArgs]) -> list[EntryHit]:
         """Search this board's current entries (semantic, keyword or hybrid), best first.
 
         Takes the filters of :meth:`agents_sdk.search.SearchClient.search_entries`
-        (``section``/``sections``, ``tags_any``, ``tags_all``, ``author``,
-        ``since``, ``until``, ``metadata``, ``top_k``, ``min_score``, ``mode``).
-        Entries are found once the worker has stored (and, for semantic
-        search, embedded) them.
+        (:class:`~agents_sdk.search.EntrySearchArgs`: ``section``/``sections``,
+        ``tags_any``, ``tags_all``, ``author``, ``since``, ``until``, ``metadata``,
+        ``top_k``, ``min_score``, ``mode``; ``boards`` adds other boards), and/or
+        one :class:`SearchFilters` value as ``filters``. Entries are found once
+        the worker has stored (and, for semantic search, embedded) them.
 
         Raises:
             SearchError: no worker is serving search, or it failed.
+            InvalidPayloadError: invalid filters.
+            TypeError: ``board`` (this board is searched) or a keyword that is not a filter.
         """
-        return await self.agent.search.search_entries(query, board=self.name, **filters)
+        return await self.agent.search.search_entries(query, filters=filters, **_on_board(self.name, args))
 
-    async def recall(self, query: str, **filters: Any) -> list[MemoryHit]:
-        """``agent.recall(query, board=<this board>, ...)``."""
-        return await self.agent.search.recall(query, board=self.name, **filters)
+    async def recall(self, query: str, *, filters: SearchFilters | None = None,
+                     **args: Unpack[RecallArgs]) -> list[MemoryHit]:
+        """``agent.recall(query, board=<this board>, ...)``.
+
+        Raises:
+            SearchError: no worker is serving search, or it failed.
+            InvalidPayloadError: invalid filters.
+            TypeError: ``board`` (this board is searched) or a keyword that is not a filter.
+        """
+        return await self.agent.search.recall(query, filters=filters, **_on_board(self.name, args))
 
     async def stored_history(self, section: str, key: str, *, limit: int | None = None) -> list[EntryRevision]:
         """Every revision of a key ever written, from PostgreSQL (JetStream keeps
@@ -357,3 +368,17 @@ class BoardPipeline:
 
     async def flush(self) -> list[int]:
         return await self._p.flush()
+
+
+_SearchArgsT = TypeVar("_SearchArgsT", "EntrySearchArgs", "RecallArgs")
+
+
+def _on_board(board: str, args: _SearchArgsT) -> _SearchArgsT:
+    """The search keywords of a board handle: ``args`` with ``board`` set to its own.
+
+    Raises:
+        TypeError: ``args`` names a ``board`` (a keyword function would have refused it twice).
+    """
+    if "board" in args:
+        raise TypeError("a board's search takes no 'board' (it searches its own; boards= adds others)")
+    return {**args, "board": board}

@@ -23,16 +23,15 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
-import nats.errors
 from nats.aio.client import Client as NATS
 
 from agents_sdk.messaging.inbox import Inbox, InboxConsumer, with_grant, without_grant
 from agents_sdk.messaging.rpc import Handler, Requester, Responder
 from agents_sdk.messaging.send import Sender, Sent
-from agents_sdk.search import raise_for_error
+from agents_sdk.search import search_request
 from blackboard.protocol import codec
-from blackboard.protocol.errors import InvalidPayloadError, NotConnectedError, SearchError
-from blackboard.protocol.schemas import MessageKind, validate_wire
+from blackboard.protocol.errors import InvalidPayloadError, NotConnectedError
+from blackboard.protocol.schemas import MessageKind
 from blackboard.protocol.schemas.message_search import (
     MessageHit,
     MessageSearchRequest,
@@ -216,16 +215,9 @@ class Messenger:
                                        until=until, top_k=top_k, order=order)
         except ValueError as exc:
             raise InvalidPayloadError(f"invalid message search: {exc}") from exc
-        timeout = self._settings.search.timeout
-        try:
-            msg = await self._nc.request(Subjects.search("messages"), codec.encode(req.model_dump(exclude_none=True)),
-                                         timeout=timeout)
-        except nats.errors.NoRespondersError as exc:
-            raise SearchError("the search service is not running (start a worker)") from exc
-        except TimeoutError as exc:
-            raise SearchError(f"the search service did not answer within {timeout:g}s") from exc
-        raise_for_error(msg.headers, msg.data)
-        return validate_wire(MessageSearchResponse, codec.decode(msg.data, codec.encoding_of(msg.headers))).hits
+        reply = await search_request(self._nc, "messages", req, MessageSearchResponse,
+                                     timeout=self._settings.search.timeout)
+        return reply.hits
 
     # ------------------------------------------------------------ lifecycle
     async def __aenter__(self) -> Messenger:
