@@ -9,8 +9,24 @@ from pathlib import Path
 import msgpack
 import pytest
 
+from blackboard.protocol import codec
 from blackboard.protocol.entries import encode_entry
-from blackboard.protocol.schemas import json_schemas
+from blackboard.protocol.schemas import (
+    Ballot,
+    BallotRejection,
+    CountedBallot,
+    EntryEnvelope,
+    MemoryForget,
+    MemoryRecord,
+    MessageEnvelope,
+    Outcome,
+    Policy,
+    Proposal,
+    TallyCounts,
+    WireModel,
+    json_schemas,
+    validate_wire,
+)
 from blackboard.protocol.schemas.__main__ import (
     BEGIN_MARKER,
     END_MARKER,
@@ -91,3 +107,30 @@ def test_every_header_is_documented(doc: str) -> None:
     table = doc[doc.index("## 3. Headers"):doc.index("## 4. The entry envelope")]
     for header in Header:
         assert f"| `{header.value}` |" in table, header.value
+
+
+def _canonical_table(doc: str) -> dict[str, list[str]]:
+    start = doc.index("### 13.2 Fields per record")
+    table = doc[start:doc.index("### 13.3", start)]
+    rows = re.findall(r"^\| `(\w+)` \| [^|]+ \| ([^|]+) \| [^|]+ \|$", table, re.MULTILINE)
+    return {name: re.findall(r"`(\w+)`", fields) for name, fields in rows}
+
+
+def test_canonical_field_table_matches_the_schemas(doc: str) -> None:
+    table = _canonical_table(doc)
+    records: list[type[WireModel]] = [EntryEnvelope, MemoryRecord, MemoryForget, MessageEnvelope, Proposal,
+                                      Policy, Ballot, Outcome, TallyCounts, CountedBallot, BallotRejection]
+    assert set(table) == {m.__name__ for m in records}
+    for model in records:
+        assert table[model.__name__] == list(model.model_fields), model.__name__
+
+
+def test_canonical_example_matches_the_encoder(doc: str) -> None:
+    section = doc[doc.index("### 13.3 Example"):doc.index("### 13.4")]
+    wire = re.search(r"```json\n(.+)\n```", section)
+    hex_dump = re.search(r"\((\d+) bytes\).*?```\n([0-9a-f \n]+)```", section, re.DOTALL)
+    assert wire is not None and hex_dump is not None
+    record = validate_wire(MemoryRecord, codec.decode(wire.group(1).encode(), "json"))
+    expected = bytes.fromhex(hex_dump.group(2).replace("\n", " "))
+    assert len(expected) == int(hex_dump.group(1))
+    assert record.canonical_bytes() == expected

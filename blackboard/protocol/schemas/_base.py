@@ -12,6 +12,7 @@ from pydantic import (
     ValidationError,
 )
 
+from blackboard.protocol.canonical import canonical_bytes
 from blackboard.protocol.errors import InvalidPayloadError
 from blackboard.protocol.subjects import validate_name
 
@@ -52,6 +53,16 @@ class WireModel(BaseModel):
     """Base of every wire schema: versioned, tolerant of unknown fields."""
 
     model_config = ConfigDict(extra="ignore", frozen=True)
+
+    def canonical_bytes(self) -> bytes:
+        """The record's canonical encoding: what a signature covers (``docs/protocol.md``,
+        "Canonical encoding"). Equal records give equal bytes, whatever encoding,
+        map order or number form their writer used.
+
+        Raises:
+            InvalidPayloadError: the record holds a value with no canonical encoding.
+        """
+        return canonical_bytes(self)
 
 
 def validate_wire(model: type[M], data: Any, *, strict: bool = False) -> M:
