@@ -200,7 +200,7 @@ class Voting:
     def __init__(self, context: AgentContext) -> None:
         #: The agent's shared state (its id is the proposer and voter).
         self.context = context
-        self.store = VoteStore(context.nc, context.settings, name=context.agent_id)
+        self.store = VoteStore(context.nc, context.settings, name=context.agent_id, board=context.store)
         self._followers: collections.OrderedDict[tuple[str, str], ProposalFollower] = collections.OrderedDict()
         #: One lock per proposal whose follower is being started (callers wait for one start).
         self._starting: dict[tuple[str, str], asyncio.Lock] = {}

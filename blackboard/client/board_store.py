@@ -14,17 +14,17 @@ import logging
 import math
 import re
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any
 
 import nats.errors
 import nats.js.errors
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
-from nats.js import api
 
+from blackboard.client.follower import OrderedFollower, StartPosition
 from blackboard.client.publisher import RETRYABLE, Publisher
 from blackboard.protocol import codec
 from blackboard.protocol.entries import (
@@ -57,7 +57,8 @@ _PIPELINE_RETRYABLE: tuple[type[BaseException], ...] = RETRYABLE
 
 log = logging.getLogger("blackboard.client.board_store")
 
-WatchStart = Literal["new", "current", "all"]
+#: Where a watch starts: only new changes, the current value of every key, or all history.
+WatchStart = StartPosition
 
 _WRONG_LAST_SEQ = 10071
 _MSG_TOO_BIG = 10054
@@ -125,13 +126,14 @@ class BoardStore:
         expected_revision: int | None,
         ttl: float | None,
         encoding: codec.Encoding,
+        msg_id: str | None = None,
     ) -> _Prepared:
         subject = self.subjects.entry(board, section, key)
         payload = encode_entry(value, author=author, content_type=content_type, tags=tuple(tags),
                                metadata=metadata, encoding=encoding)
         if len(payload) > self._max:
             raise PayloadTooLargeError(len(payload), self._max)
-        headers = {Header.MSG_ID.value: self._msg_id()}
+        headers = {Header.MSG_ID.value: msg_id or self._msg_id()}
         if encoding == "json":
             headers[Header.ENCODING.value] = "json"
         if expected_revision is not None:
@@ -179,11 +181,17 @@ class BoardStore:
         expected_revision: int | None = None,
         ttl: float | None = None,
         encoding: codec.Encoding = "msgpack",
+        msg_id: str | None = None,
     ) -> int:
         """Write a value; with ``expected_revision`` only if the key is at that revision.
 
+        ``msg_id`` (default: a fresh one) is the write's ``Nats-Msg-Id``:
+        writers that send the same id within the stream's duplicate window
+        make one write, and each gets its revision (a vote's application uses
+        this to turn racing appliers into one write).
+
         Returns:
-            The new revision.
+            The new revision (the first write's, for a duplicate ``msg_id``).
 
         Raises:
             ConflictError: ``expected_revision`` did not match.
@@ -191,7 +199,8 @@ class BoardStore:
             NotConnectedError, OperationTimeoutError: not acknowledged in time.
         """
         prep = self._prepare(board, section, key, value, author=author, content_type=content_type, tags=tags,
-                             metadata=metadata, expected_revision=expected_revision, ttl=ttl, encoding=encoding)
+                             metadata=metadata, expected_revision=expected_revision, ttl=ttl, encoding=encoding,
+                             msg_id=msg_id)
         return await self._publish(prep)
 
     async def create(self, board: str, section: str, key: str, value: Any, *, author: str,
@@ -251,6 +260,10 @@ class BoardStore:
                 await pipe.delete(parts.board, parts.section, parts.key, purge=True)
         return len(keys)
 
+    async def close(self) -> None:
+        """Drop the write acknowledgement subscription (made again on the next write)."""
+        await self._publisher.close()
+
     def pipeline(self, *, author: str = "") -> Pipeline:
         """A pipelined write path: many writes in flight, each still acknowledged.
 
@@ -278,13 +291,19 @@ class BoardStore:
                 self._decoded.popitem(last=False)
         return entry
 
-    def _entry_from_direct(self, msg: Msg, what: str) -> Entry:
+    @staticmethod
+    def _check_direct(msg: Msg, what: str) -> None:
+        """Raise for a direct get's status reply (404 or an error)."""
         headers = msg.headers or {}
         status = headers.get(Header.STATUS.value)
         if status:
             if status == "404":
                 raise NotFoundError(what)
             raise TransportError(f"direct get of {what!r} failed: {status} {headers.get('Description', '')}")
+
+    def _entry_from_direct(self, msg: Msg, what: str) -> Entry:
+        self._check_direct(msg, what)
+        headers = msg.headers or {}
         subject = headers[Header.SUBJECT.value]
         parts = self.subjects.parse_entry(subject)
         return decode_entry(parts, int(headers[Header.SEQUENCE.value]), msg.data, headers,
@@ -294,6 +313,34 @@ class BoardStore:
         subject = self.subjects.entry(board, section, key)
         msg = await self._request(Subjects.direct_get(self.subjects.kv_stream, subject), b"", f"{board}.{section}.{key}")
         return self._entry_from_direct(msg, f"{board}.{section}.{key}")
+
+    async def latest_revision(self, board: str, section: str, key: str) -> int:
+        """The revision of the key's last write (a delete included), 0 if it has none."""
+        subject = self.subjects.entry(board, section, key)
+        what = f"{board}.{section}.{key}"
+        msg = await self._request(Subjects.direct_get(self.subjects.kv_stream, subject), b"", what)
+        headers = msg.headers or {}
+        if headers.get(Header.STATUS.value) == "404":
+            return 0
+        self._check_direct(msg, what)
+        return int(headers[Header.SEQUENCE.value])
+
+    async def next_revision(self, board: str, section: str, key: str, after: int) -> tuple[int, Entry | None] | None:
+        """The key's first revision after ``after`` and its entry (``None`` when that
+        message is not a readable entry), or ``None`` if the key has no later revision."""
+        subject = self.subjects.entry(board, section, key)
+        what = f"{board}.{section}.{key}"
+        msg = await self._request(Subjects.direct_get(self.subjects.kv_stream),
+                                  codec.encode({"seq": max(1, after + 1), "next_by_subj": subject}, "json"), what)
+        headers = msg.headers or {}
+        if headers.get(Header.STATUS.value) == "404":
+            return None
+        self._check_direct(msg, what)
+        revision = int(headers[Header.SEQUENCE.value])
+        try:
+            return revision, self._entry_from_direct(msg, what)
+        except (KeyError, InvalidKeyError, InvalidPayloadError):
+            return revision, None
 
     async def get(self, board: str, section: str, key: str, *, revision: int | None = None) -> Entry:
         """The latest value of a key, or the value at ``revision``.
@@ -346,6 +393,23 @@ class BoardStore:
         """Boards that hold at least one live key, sorted."""
         return sorted({p.board for p in await self._scan_keys(self.subjects.entry_filter())})
 
+    def follow(
+        self,
+        filter_subject: str,
+        on_message: Callable[[Msg], None],
+        *,
+        start: WatchStart = "all",
+        from_revision: int | None = None,
+        headers_only: bool = False,
+        on_ready: Callable[[], None] | None = None,
+        what: str | None = None,
+    ) -> OrderedFollower:
+        """An ordered follower of the board bucket's messages matching ``filter_subject``
+        (raw messages, in revision order; :class:`Watch` decodes them into changes)."""
+        return OrderedFollower(self._js, self.subjects.kv_stream, filter_subject, on_message, start=start,
+                               from_sequence=from_revision, headers_only=headers_only, on_ready=on_ready,
+                               what=what)
+
     def watch(
         self,
         board: str | None = None,
@@ -369,14 +433,15 @@ class BoardStore:
 
 
 class Watch:
-    """An async iterator of :class:`Change` over an ordered consumer.
+    """An async iterator of :class:`Change` over an ordered follower.
 
     Use as ``async with store.watch(...) as w: async for change in w: ...``.
     ``ready`` is set once the changes that existed when the watch started
     (current values, history or replay) have been received from the server;
-    ``caught_up`` once the iterating consumer has also taken all of them. The ordered
-    consumer recreates itself after a disconnect or a server restart, resuming
-    after the last delivered revision: no gaps, no duplicates.
+    ``caught_up`` once the iterating consumer has also taken all of them. The
+    follower (:class:`~blackboard.client.follower.OrderedFollower`) recreates
+    its consumer after a disconnect or a server restart, resuming after the
+    last delivered revision: no gaps, no duplicates.
     """
 
     def __init__(
@@ -392,21 +457,24 @@ class Watch:
     ) -> None:
         self._store = store
         self._filter = filter_subject
-        self._start = start
-        self._from = from_revision
         self._include_deletes = include_deletes
         self._headers_only = headers_only
         self._stop_when_caught_up = stop_when_caught_up
         self._queue: asyncio.Queue[Change | BaseException | None] = asyncio.Queue()
-        self._sub: Any = None
-        self.ready = asyncio.Event()
+        self._follower = store.follow(filter_subject, self._on_msg, start=start, from_revision=from_revision,
+                                      headers_only=headers_only, on_ready=self._on_ready,
+                                      what=f"start a watch on {filter_subject}")
+        self.ready = self._follower.ready
         self.caught_up = asyncio.Event()
         self._enqueued = 0
         self._dequeued = 0
         self._ready_mark = 0
-        self.last_revision = 0
-        self._seen = 0
         self._closed = False
+
+    @property
+    def last_revision(self) -> int:
+        """The revision of the last change delivered (filtered ones included), 0 before any."""
+        return self._follower.last_sequence
 
     async def __aenter__(self) -> Watch:
         await self.start()
@@ -416,50 +484,25 @@ class Watch:
         await self.stop()
 
     async def start(self) -> None:
-        """Create the consumer. Raises ``NotConnectedError`` when NATS is unreachable."""
-        if self._sub is not None:
-            return
-        if self._from is not None:
-            policy, start_seq = api.DeliverPolicy.BY_START_SEQUENCE, max(1, self._from)
-        else:
-            policy = {"new": api.DeliverPolicy.NEW, "current": api.DeliverPolicy.LAST_PER_SUBJECT,
-                      "all": api.DeliverPolicy.ALL}[self._start]
-            start_seq = None
-        config = api.ConsumerConfig(deliver_policy=policy, opt_start_seq=start_seq,
-                                    headers_only=self._headers_only or None)
-        try:
-            self._sub = await self._store._js.subscribe(
-                self._filter, stream=self._store.subjects.kv_stream, cb=self._on_msg, ordered_consumer=True,
-                config=config, idle_heartbeat=1.0, pending_msgs_limit=1_000_000,
-                pending_bytes_limit=1024 * 1024 * 1024,
-            )
-            info = await self._sub.consumer_info()
-        except nats.errors.ConnectionClosedError as exc:
-            raise NotConnectedError("the NATS connection is closed") from exc
-        except (nats.errors.TimeoutError, nats.errors.NoRespondersError,
-                nats.js.errors.NoStreamResponseError) as exc:
-            raise NotConnectedError(f"cannot start a watch on {self._filter}: {exc!r}") from exc
-        # Caught up already when nothing is pending and every delivered message
-        # has been through the callback (which marks ready on pending == 0).
-        if policy is api.DeliverPolicy.NEW or (
-                info.num_pending == 0 and (info.delivered.consumer_seq or 0) <= self._seen):
-            self._mark_ready()
+        """Create the consumer (idempotent).
 
-    def _mark_ready(self) -> None:
-        if not self.ready.is_set():
-            self.ready.set()
-            self._ready_mark = self._enqueued
-            if self._dequeued >= self._ready_mark:
-                self.caught_up.set()
-            if self._stop_when_caught_up:
-                self._queue.put_nowait(None)
+        Raises:
+            NotConnectedError: NATS is unreachable.
+            ConfigurationError: the board bucket's stream does not exist.
+        """
+        await self._follower.start()
 
-    async def _on_msg(self, msg: Msg) -> None:
-        self._seen += 1
+    def _on_ready(self) -> None:
+        self._ready_mark = self._enqueued
+        if self._dequeued >= self._ready_mark:
+            self.caught_up.set()
+        if self._stop_when_caught_up:
+            self._queue.put_nowait(None)
+
+    def _on_msg(self, msg: Msg) -> None:
+        md = msg.metadata
+        seq = md.sequence.stream
         try:
-            md = msg.metadata
-            seq = md.sequence.stream
-            pending = md.num_pending
             if self._headers_only:
                 entry = decode_entry(self._store.subjects.parse_entry(msg.subject), seq, None, msg.headers,
                                      md.timestamp)
@@ -467,16 +510,10 @@ class Watch:
                 entry = self._store._decode_shared(seq, msg, md.timestamp)
         except (InvalidPayloadError, InvalidKeyError) as exc:
             log.warning("skipping undecodable board message %s: %s", msg.subject, exc)
-            self.last_revision = max(self.last_revision, msg.metadata.sequence.stream)
-            if msg.metadata.num_pending == 0:
-                self._mark_ready()
             return
-        self.last_revision = seq
         if entry.operation is Operation.PUT or self._include_deletes:
-            self._queue.put_nowait(Change(entry, pending))
+            self._queue.put_nowait(Change(entry, md.num_pending))
             self._enqueued += 1
-        if pending == 0:
-            self._mark_ready()
 
     def __aiter__(self) -> AsyncIterator[Change]:
         return self
@@ -508,12 +545,7 @@ class Watch:
 
     async def stop(self) -> None:
         """Delete the consumer and end the iteration."""
-        if self._sub is not None:
-            sub, self._sub = self._sub, None
-            try:
-                await sub.unsubscribe()
-            except (TimeoutError, nats.errors.Error):  # connection gone: nothing to clean up
-                pass
+        await self._follower.stop()
         if not self._closed:
             self._closed = True
             self._queue.put_nowait(None)

@@ -11,8 +11,10 @@ the worker (``blackboard.worker.votes``). The commit protocol, in short
    target entry's revision at that moment (``Bb-Base-Revision``).
 2. **apply** (accepted outcomes): the first write to the target entry after
    the base revision that carries the proposal's marker is *the* application.
-   The applier writes the value with compare-and-set on the base revision
-   (and a ``Nats-Msg-Id`` derived from the proposal); on a conflict it scans
+   The applier writes the value through the board store
+   (:class:`~blackboard.client.board_store.BoardStore`, the one writer of
+   board entries) with compare-and-set on the base revision (and a
+   ``Nats-Msg-Id`` derived from the proposal); on a conflict it scans
    the entry's later revisions for the marker, and writes again on the last
    one if there is none. So it is applied once, whoever races.
 3. **mark applied**: the outcome with its ``revision`` is published on
@@ -37,8 +39,9 @@ import nats.errors
 import nats.js.errors
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
-from nats.js import api
 
+from blackboard.client.board_store import BoardStore
+from blackboard.client.follower import OrderedFollower
 from blackboard.client.publisher import RETRYABLE, Ack, Publisher
 from blackboard.consensus.log import (
     ProposalLog,
@@ -50,7 +53,7 @@ from blackboard.consensus.log import (
     same_outcome,
 )
 from blackboard.protocol import codec
-from blackboard.protocol.entries import Operation, decode_entry, encode_entry, parse_server_time
+from blackboard.protocol.entries import Entry, Operation, parse_server_time
 from blackboard.protocol.errors import (
     BlackboardError,
     ConflictError,
@@ -58,7 +61,6 @@ from blackboard.protocol.errors import (
     InvalidPayloadError,
     NotConnectedError,
     OperationTimeoutError,
-    PayloadTooLargeError,
     TransportError,
 )
 from blackboard.protocol.schemas import Ballot, Outcome, Proposal
@@ -112,14 +114,19 @@ class VoteStore:
         settings: the deployment's settings.
         name: who acts (an agent id or a worker name): the author of the
             board writes this store commits.
+        board: the board store that applies accepted outcomes to board
+            entries (an agent passes its own); by default one of its own.
     """
 
-    def __init__(self, nc: NATS, settings: Settings, *, name: str) -> None:
+    def __init__(self, nc: NATS, settings: Settings, *, name: str, board: BoardStore | None = None) -> None:
         self.nc = nc
         self.settings = settings
         self.name = name
         self.js = nc.jetstream(timeout=settings.nats.request_timeout)
         self.subjects = Subjects(settings.board.bucket)
+        self._owns_board = board is None
+        #: the one writer of board entries: outcomes are applied through it
+        self.board = board if board is not None else BoardStore(nc, settings)
         self._publisher = Publisher(nc, self.js, settings.nats)
         self._inbox: str | None = None
         self._inbox_sub: Any = None
@@ -142,8 +149,10 @@ class VoteStore:
                                              stream=stream)
 
     async def close(self) -> None:
-        """Release the reply and ack subscriptions."""
+        """Release the reply and ack subscriptions (and the board store's, if it is this store's own)."""
         await self._publisher.close()
+        if self._owns_board:
+            await self.board.close()
         if self._inbox_sub is not None:
             sub, self._inbox_sub, self._inbox = self._inbox_sub, None, None
             try:
@@ -188,15 +197,8 @@ class VoteStore:
     async def _request(self, subject: str, payload: bytes, what: str) -> Msg:
         return await self._publisher.request(subject, payload, what=what)
 
-    async def _direct(self, stream: str, what: str, *, last_by_subject: str | None = None,
-                      next_by_subject: tuple[str, int] | None = None) -> Msg | None:
-        if next_by_subject is not None:
-            subject, seq = next_by_subject
-            msg = await self._request(Subjects.direct_get(stream),
-                                      codec.encode({"seq": max(1, seq), "next_by_subj": subject}, "json"),
-                                      what)
-        else:
-            msg = await self._request(Subjects.direct_get(stream, last_by_subject), b"", what)
+    async def _direct(self, stream: str, what: str, *, last_by_subject: str) -> Msg | None:
+        msg = await self._request(Subjects.direct_get(stream, last_by_subject), b"", what)
         status = (msg.headers or {}).get(Header.STATUS.value)
         if status == "404":
             return None
@@ -244,10 +246,6 @@ class VoteStore:
             probe.feed(msg)
         return probe.applied
 
-    async def _latest_revision(self, subject: str) -> int:
-        msg = await self._direct(self.subjects.kv_stream, subject, last_by_subject=subject)
-        return 0 if msg is None else int((msg.headers or {})[Header.SEQUENCE.value])
-
     # -------------------------------------------------------------- commit
     async def commit(self, outcome: Outcome, *, known: ProposalLog | None = None) -> Outcome:
         """Commit an outcome exactly once (record, apply, mark applied); idempotent.
@@ -275,7 +273,7 @@ class VoteStore:
     async def record(self, outcome: Outcome) -> RecordedOutcome:
         """Step 1: publish the outcome with expected sequence 0, or read the winner's."""
         subject = Subjects.vote(outcome.board, outcome.proposal_id, "outcome")
-        base = await self._latest_revision(self.subjects.entry(outcome.board, outcome.section, outcome.key))
+        base = await self.board.latest_revision(outcome.board, outcome.section, outcome.key)
         body = outcome.model_copy(update={"revision": None})
         headers = {Header.BASE_REVISION.value: str(base)}
         try:
@@ -293,34 +291,24 @@ class VoteStore:
                         outcome.board, outcome.proposal_id, self.name)
         return recorded
 
-    def _is_application(self, msg: Msg, outcome: Outcome) -> bool:
-        headers = msg.headers or {}
-        try:
-            parts = self.subjects.parse_entry(headers[Header.SUBJECT.value])
-            entry = decode_entry(parts, int(headers[Header.SEQUENCE.value]), msg.data, headers)
-        except (KeyError, ValueError, InvalidKeyError, InvalidPayloadError):
-            return False
-        if entry.operation is not Operation.PUT:
+    @staticmethod
+    def _is_application(entry: Entry | None, outcome: Outcome) -> bool:
+        if entry is None or entry.operation is not Operation.PUT:
             return False
         marker = entry.metadata.get(CONSENSUS_METADATA)
         return isinstance(marker, dict) and marker.get("proposal_id") == outcome.proposal_id
 
     async def apply(self, recorded: RecordedOutcome) -> int:
         """Step 2: the revision that applies an accepted outcome (writing it if
-        nobody has). Idempotent; see the module docstring.
+        nobody has, through the board store). Idempotent; see the module docstring.
 
         Raises:
             ConflictError: the entry changed under every one of many attempts.
             PayloadTooLargeError: the value does not fit the bucket.
         """
         o = recorded.outcome
-        subject = self.subjects.entry(o.board, o.section, o.key)
-        what = f"{o.board}.{o.section}.{o.key}"
         last_seen = recorded.base_revision
-        payload = encode_entry(o.value, author=self.name, metadata={
-            CONSENSUS_METADATA: {"proposal_id": o.proposal_id, "outcome_sequence": recorded.sequence}})
-        if len(payload) > self.settings.board.max_value_size:
-            raise PayloadTooLargeError(len(payload), self.settings.board.max_value_size)
+        marker = {CONSENSUS_METADATA: {"proposal_id": o.proposal_id, "outcome_sequence": recorded.sequence}}
         conflict: ConflictError | None = None
         for _ in range(_MAX_APPLY_ROUNDS):
             # Writing at the last revision seen is safe: no application can
@@ -328,22 +316,20 @@ class VoteStore:
             # scan below found none after it. The Msg-Id turns racing appliers
             # into one write within the duplicate window; the CAS is exact
             # beyond it. So the common case is one write, no scan.
-            headers = {Header.MSG_ID.value: Subjects.apply_msg_id(o.board, o.proposal_id)}
             try:
-                ack = await self._publish(subject, payload, headers, f"application to {what!r}", what, last_seen,
-                                          self.subjects.kv_stream)
-                return int(ack.seq)
+                return await self.board.put(o.board, o.section, o.key, o.value, author=self.name, metadata=marker,
+                                            expected_revision=last_seen,
+                                            msg_id=Subjects.apply_msg_id(o.board, o.proposal_id))
             except ConflictError as exc:
                 conflict = exc
                 if 0 <= exc.current_revision < last_seen:  # later messages expired or were purged
                     last_seen = exc.current_revision
                     continue
-            while (msg := await self._direct(self.subjects.kv_stream, what,
-                                             next_by_subject=(subject, last_seen + 1))) is not None:
-                seq = int((msg.headers or {})[Header.SEQUENCE.value])
-                if self._is_application(msg, o):
-                    return seq
-                last_seen = seq
+            while (found := await self.board.next_revision(o.board, o.section, o.key, last_seen)) is not None:
+                revision, entry = found
+                if self._is_application(entry, o):
+                    return revision
+                last_seen = revision
         assert conflict is not None
         raise conflict
 
@@ -444,73 +430,21 @@ class VoteStore:
         return VoteFollower(self, filter_subject, on_message, start=start)
 
 
-class VoteFollower:
+class VoteFollower(OrderedFollower):
     """Feeds every message of a vote subject filter, in stream order, to a callback.
 
-    An ordered consumer: after a disconnect or a server restart it resumes
-    after the last delivered message, without gaps or repeats. ``ready`` is
-    set once the messages stored before it started have been delivered.
+    An :class:`~blackboard.client.follower.OrderedFollower` of ``BB_VOTE``
+    handing each message on as a :class:`VoteMessage`: after a disconnect or a
+    server restart it resumes after the last delivered message, without gaps
+    or repeats. ``ready`` is set once the messages stored before it started
+    have been delivered; ``error`` keeps the last callback error (that message
+    is skipped, the follower goes on).
     """
 
     def __init__(self, store: VoteStore, filter_subject: str, on_message: Callable[[VoteMessage], None],
                  *, start: Literal["all", "new"] = "all") -> None:
-        self._store = store
-        self.filter_subject = filter_subject
-        self._on_message = on_message
-        self._start = start
-        self._sub: Any = None
-        self._seen = 0
-        self.ready = asyncio.Event()
-        #: The last callback error (the message is skipped, the follower goes on).
-        self.error: BaseException | None = None
-
-    async def __aenter__(self) -> VoteFollower:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.stop()
-
-    async def start(self) -> None:
-        """Create the consumer. Raises ``NotConnectedError`` when NATS is unreachable."""
-        if self._sub is not None:
-            return
-        policy = api.DeliverPolicy.ALL if self._start == "all" else api.DeliverPolicy.NEW
-        try:
-            self._sub = await self._store.js.subscribe(
-                self.filter_subject, stream=VOTE_STREAM, cb=self._on_msg, ordered_consumer=True,
-                config=api.ConsumerConfig(deliver_policy=policy), idle_heartbeat=1.0,
-                pending_msgs_limit=1_000_000, pending_bytes_limit=1024 * 1024 * 1024)
-            info = await self._sub.consumer_info()
-        except nats.errors.ConnectionClosedError as exc:
-            raise NotConnectedError("the NATS connection is closed") from exc
-        except (nats.errors.TimeoutError, nats.errors.NoRespondersError,
-                nats.js.errors.NoStreamResponseError) as exc:
-            raise NotConnectedError(f"cannot follow {self.filter_subject}: {exc!r}") from exc
-        if policy is api.DeliverPolicy.NEW or (
-                info.num_pending == 0 and (info.delivered.consumer_seq or 0) <= self._seen):
-            self.ready.set()
-
-    async def _on_msg(self, msg: Msg) -> None:
-        self._seen += 1
-        try:
-            pending = msg.metadata.num_pending
-            self._on_message(vote_message(msg))
-        except Exception as exc:  # a bad message must not stop the consumer
-            self.error = exc
-            log.warning("%s: skipping message %s: %r", self.filter_subject, msg.subject, exc)
-            pending = 0 if not msg.reply else msg.metadata.num_pending
-        if pending == 0:
-            self.ready.set()
-
-    async def stop(self) -> None:
-        """Delete the consumer."""
-        if self._sub is not None:
-            sub, self._sub = self._sub, None
-            try:
-                await sub.unsubscribe()
-            except (TimeoutError, nats.errors.Error):  # connection gone: nothing to clean up
-                pass
+        super().__init__(store.js, VOTE_STREAM, filter_subject, lambda msg: on_message(vote_message(msg)),
+                         start=start)
 
 
 class ProposalFollower:

@@ -15,6 +15,7 @@ from blackboard.client.connection import connect_nats
 from blackboard.client.consensus import CONSENSUS_METADATA, ProposalFollower, VoteStore
 from blackboard.consensus.log import VoteMessage, same_outcome
 from blackboard.protocol import codec
+from blackboard.protocol.entries import encode_entry
 from blackboard.protocol.errors import (
     ConflictError,
     DeadlinePassedError,
@@ -269,6 +270,30 @@ async def test_applying_again_finds_the_first_application_without_writing(
             await nc.close()
         assert (await writer.board(unique).get("s", "k")).revision == later  # nothing written again
         assert await applications(writer, unique, "s", "k", pid) == [first]
+    await store.nc.close()
+
+
+async def test_the_application_keeps_its_wire_bytes_and_author(settings: Settings, unique: str) -> None:
+    """Applied through the board store, the entry write carries the same headers and
+    envelope as the vote store's own write did: the derived Msg-Id, the CAS on the
+    base revision, no other header of ours, the committer as author and the marker."""
+    store, pid, decided = await _decided_but_uncommitted(settings, unique, "s", "k")
+    recorded = await store.record(decided)
+    revision = await store.apply(recorded)
+    subject = store.subjects.entry(unique, "s", "k")
+    msg = await store.nc.request(Subjects.direct_get(store.subjects.kv_stream, subject), b"", timeout=5)
+    headers = dict(msg.headers or {})
+    assert int(headers["Nats-Sequence"]) == revision
+    assert headers["Nats-Msg-Id"] == f"bb-apply:{unique}.{pid}"
+    assert headers["Nats-Expected-Last-Subject-Sequence"] == str(recorded.base_revision)
+    ours = {k for k in headers if not k.startswith("Nats-")}
+    assert ours == set()  # no Bb-Encoding (msgpack), no TTL, nothing else
+    envelope = codec.decode(msg.data, "msgpack")
+    assert envelope["author"] == "raw"
+    assert envelope["metadata"] == {CONSENSUS_METADATA: {"proposal_id": pid, "outcome_sequence": recorded.sequence}}
+    created_at = datetime.fromisoformat(envelope["created_at"])
+    assert msg.data == encode_entry("y", author="raw", metadata=envelope["metadata"], created_at=created_at)
+    await store.close()
     await store.nc.close()
 
 

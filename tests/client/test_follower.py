@@ -1,0 +1,204 @@
+"""The ordered follower under watches and vote following: start positions,
+readiness, callback errors and the errors of a failed start."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import nats
+import nats.errors
+import nats.js.errors
+import pytest
+import pytest_asyncio
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+from nats.js import api
+
+from blackboard.client.follower import OrderedFollower, deliver_policy, start_error
+from blackboard.client.streams import ensure_streams
+from blackboard.protocol.errors import ConfigurationError, NotConnectedError, TransportError
+from blackboard.protocol.subjects import Subjects
+from blackboard.settings import Settings
+
+
+# ------------------------------------------------------------------- pure
+def test_start_positions_map_to_deliver_policies() -> None:
+    assert deliver_policy("new") == (api.DeliverPolicy.NEW, None)
+    assert deliver_policy("current") == (api.DeliverPolicy.LAST_PER_SUBJECT, None)
+    assert deliver_policy("all") == (api.DeliverPolicy.ALL, None)
+    assert deliver_policy("new", 7) == (api.DeliverPolicy.BY_START_SEQUENCE, 7)
+    assert deliver_policy("all", 0) == (api.DeliverPolicy.BY_START_SEQUENCE, 1)
+    with pytest.raises(ValueError, match="start position"):
+        deliver_policy("latest")  # type: ignore[arg-type]
+
+
+def test_start_errors_map_to_our_error_classes() -> None:
+    closed = start_error(nats.errors.ConnectionClosedError(), "S", "follow x")
+    assert isinstance(closed, NotConnectedError)
+    timeout = start_error(nats.errors.TimeoutError(), "S", "follow x")
+    assert isinstance(timeout, NotConnectedError) and "cannot follow x" in str(timeout)
+    missing = start_error(nats.js.errors.NotFoundError(code=404, err_code=10059, description="stream not found"),
+                          "KV_gone", "follow x")
+    assert isinstance(missing, ConfigurationError) and "KV_gone" in str(missing)
+    refused = start_error(nats.js.errors.BadRequestError(code=400, err_code=10084, description="bad filter"),
+                          "S", "follow x")
+    assert isinstance(refused, TransportError) and not isinstance(refused, NotConnectedError)
+    assert "bad filter" in str(refused) and "10084" in str(refused)
+
+
+# ------------------------------------------------------------ real server
+@pytest_asyncio.fixture
+async def nc(settings: Settings) -> AsyncIterator[NATS]:
+    conn = await nats.connect(settings.nats.url)
+    await ensure_streams(conn.jetstream(), settings)
+    try:
+        yield conn
+    finally:
+        await conn.close()
+
+
+class Seen:
+    """Collects (subject, payload, stream sequence) of delivered messages."""
+
+    def __init__(self, fail_on: bytes | None = None) -> None:
+        self.items: list[tuple[str, bytes, int]] = []
+        self.fail_on = fail_on
+        self.changed = asyncio.Event()
+
+    def __call__(self, msg: Msg) -> None:
+        if msg.data == self.fail_on:
+            raise RuntimeError("bad message")
+        self.items.append((msg.subject, msg.data, msg.metadata.sequence.stream))
+        self.changed.set()
+
+    async def until(self, n: int, timeout: float = 5.0) -> None:
+        async def wait() -> None:
+            while len(self.items) < n:
+                self.changed.clear()
+                await self.changed.wait()
+        await asyncio.wait_for(wait(), timeout)
+
+    @property
+    def payloads(self) -> list[bytes]:
+        return [data for _, data, _ in self.items]
+
+
+async def _write(nc: NATS, subject: str, data: bytes) -> int:
+    return int((await nc.jetstream().publish(subject, data)).seq)
+
+
+def _follower(nc: NATS, settings: Settings, filter_subject: str, seen: Seen, **kwargs: object) -> OrderedFollower:
+    stream = Subjects(settings.board.bucket).kv_stream
+    return OrderedFollower(nc.jetstream(), stream, filter_subject, seen, **kwargs)  # type: ignore[arg-type]
+
+
+@pytest.mark.asyncio
+async def test_all_replays_in_order_and_is_ready_after_the_stored_ones(
+        nc: NATS, settings: Settings, unique: str) -> None:
+    subjects = Subjects(settings.board.bucket)
+    revs = [await _write(nc, subjects.entry(unique, "s", k), v) for k, v in
+            [("a", b"a1"), ("b", b"b1"), ("a", b"a2")]]
+    seen = Seen()
+    readied: list[int] = []
+    follower = _follower(nc, settings, subjects.entry_filter(unique), seen,
+                         on_ready=lambda: readied.append(len(seen.items)))
+    async with follower:
+        assert follower.started
+        await asyncio.wait_for(follower.ready.wait(), 5)
+        # ready (and on_ready, once) only after every stored message went through the callback
+        assert readied == [3]
+        assert seen.payloads == [b"a1", b"b1", b"a2"]
+        assert [seq for *_, seq in seen.items] == revs
+        assert follower.last_sequence == revs[-1]
+        await _write(nc, subjects.entry(unique, "s", "c"), b"c1")
+        await seen.until(4)
+        assert seen.payloads[-1] == b"c1"
+        assert readied == [3]
+    assert not follower.started
+
+
+@pytest.mark.asyncio
+async def test_current_new_and_from_sequence_start_positions(nc: NATS, settings: Settings, unique: str) -> None:
+    subjects = Subjects(settings.board.bucket)
+    scope = subjects.entry_filter(unique)
+    first = await _write(nc, subjects.entry(unique, "s", "a"), b"a1")
+    await _write(nc, subjects.entry(unique, "s", "b"), b"b1")
+    await _write(nc, subjects.entry(unique, "s", "a"), b"a2")
+
+    current = Seen()
+    async with _follower(nc, settings, scope, current, start="current") as f:
+        await asyncio.wait_for(f.ready.wait(), 5)
+        assert sorted(current.payloads) == [b"a2", b"b1"]  # the last of each subject
+
+    replay = Seen()
+    async with _follower(nc, settings, scope, replay, start="new", from_sequence=first + 1) as f:
+        await asyncio.wait_for(f.ready.wait(), 5)
+        assert replay.payloads == [b"b1", b"a2"]  # from_sequence overrides start
+
+    new = Seen()
+    async with _follower(nc, settings, scope, new, start="new") as f:
+        assert f.ready.is_set()  # nothing stored before counts: ready at once
+        await _write(nc, subjects.entry(unique, "s", "b"), b"b2")
+        await new.until(1)
+        assert new.payloads == [b"b2"]
+
+
+@pytest.mark.asyncio
+async def test_empty_scope_is_ready_at_once(nc: NATS, settings: Settings, unique: str) -> None:
+    async with _follower(nc, settings, Subjects(settings.board.bucket).entry_filter(unique), Seen()) as f:
+        await asyncio.wait_for(f.ready.wait(), 5)
+        assert f.last_sequence == 0
+
+
+@pytest.mark.asyncio
+async def test_a_failing_callback_loses_only_its_message(nc: NATS, settings: Settings, unique: str) -> None:
+    subjects = Subjects(settings.board.bucket)
+    for v in (b"1", b"bad", b"3"):
+        await _write(nc, subjects.entry(unique, "s", "k"), v)
+    seen = Seen(fail_on=b"bad")
+    async with _follower(nc, settings, subjects.entry_filter(unique), seen) as f:
+        await asyncio.wait_for(f.ready.wait(), 5)
+        assert seen.payloads == [b"1", b"3"]
+        assert isinstance(f.error, RuntimeError)
+        await _write(nc, subjects.entry(unique, "s", "k"), b"4")
+        await seen.until(3)
+
+
+@pytest.mark.asyncio
+async def test_stop_ends_delivery(nc: NATS, settings: Settings, unique: str) -> None:
+    subjects = Subjects(settings.board.bucket)
+    seen = Seen()
+    follower = _follower(nc, settings, subjects.entry_filter(unique), seen, start="new")
+    await follower.start()
+    await follower.start()  # idempotent: one consumer
+    await _write(nc, subjects.entry(unique, "s", "k"), b"1")
+    await seen.until(1)
+    await follower.stop()
+    await follower.stop()
+    await _write(nc, subjects.entry(unique, "s", "k"), b"2")
+    await nc.flush()
+    await asyncio.sleep(0.2)  # a delivery after stop would have arrived by now
+    assert seen.payloads == [b"1"]
+
+
+@pytest.mark.asyncio
+async def test_missing_stream_raises_configuration_error_and_stays_unstarted(
+        nc: NATS, unique: str) -> None:
+    follower = OrderedFollower(nc.jetstream(), f"NO_{unique}", f"{unique}.>", Seen())
+    for _ in range(2):  # a failed start leaves nothing that makes the next one pass
+        with pytest.raises(ConfigurationError, match=f"NO_{unique}") as info:
+            await follower.start()
+        assert isinstance(info.value.__cause__, nats.js.errors.NotFoundError)
+        assert not follower.started and not follower.ready.is_set()
+
+
+@pytest.mark.asyncio
+async def test_closed_connection_raises_not_connected(settings: Settings, unique: str) -> None:
+    conn = await nats.connect(settings.nats.url)
+    js = conn.jetstream()
+    await conn.close()
+    follower = OrderedFollower(js, Subjects(settings.board.bucket).kv_stream, f"{unique}.>", Seen())
+    with pytest.raises(NotConnectedError):
+        await follower.start()
+    assert not follower.started
