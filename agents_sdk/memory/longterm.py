@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Any
 from blackboard.client.publisher import RETRYABLE, Ack
 from blackboard.protocol import codec
 from blackboard.protocol.errors import InvalidPayloadError, PayloadTooLargeError
+from blackboard.protocol.records import memory_wire
+from blackboard.protocol.schemas import MemoryForget, validate_wire
 from blackboard.protocol.schemas.memory import MemoryKind
 from blackboard.protocol.subjects import Header, Subjects
 
@@ -25,7 +27,6 @@ if TYPE_CHECKING:
 __all__ = ["DEFAULT_MEMORY_BOARD", "LongTermMemory", "MemoryInput"]
 
 DEFAULT_MEMORY_BOARD = "default"
-_KINDS = frozenset({"episodic", "semantic", "procedural", "knowledge", "summary"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,19 +56,15 @@ class LongTermMemory:
     def _prepare(self, m: MemoryInput) -> tuple[str, str, bytes, dict[str, str]]:
         if not isinstance(m.text, str) or not m.text.strip():
             raise InvalidPayloadError("a memory needs non-empty text")
-        if m.kind not in _KINDS:
-            raise InvalidPayloadError(f"unknown memory kind {m.kind!r}; one of {sorted(_KINDS)}")
-        if not 0.0 <= m.importance <= 1.0:
-            raise InvalidPayloadError("importance must be between 0 and 1")
         board = m.board or DEFAULT_MEMORY_BOARD
         subject = Subjects.memory(board, self._agent_id)
         memory_id = m.id or f"{self._agent_id}-{self._publisher.msg_id()}"
-        record = {
-            "v": 1, "id": memory_id, "board": board, "agent": self._agent_id, "kind": m.kind,
-            "text": m.text, "tags": list(m.tags), "metadata": dict(m.metadata),
-            "importance": float(m.importance), "source": m.source, "read_only": m.read_only,
-            "created_at": datetime.now(UTC).isoformat(),
-        }
+        # Through the schema's fast path (blackboard.protocol.records), which refuses what
+        # MemoryRecord refuses: the worker reads exactly what is written here.
+        record = memory_wire(
+            id=memory_id, board=board, agent=self._agent_id, kind=m.kind, text=m.text, tags=m.tags,
+            metadata=m.metadata, importance=m.importance, source=m.source, read_only=m.read_only,
+            created_at=datetime.now(UTC))
         payload = codec.encode(record)
         if len(payload) > self._max:
             raise PayloadTooLargeError(len(payload), self._max)
@@ -102,9 +99,10 @@ class LongTermMemory:
         subject = Subjects.memory(board, self._agent_id)
         msg_id = self._publisher.msg_id()
         for start in range(0, len(ids), 1000):
-            record = {"v": 1, "op": "forget", "board": board, "agent": self._agent_id,
-                      "ids": ids[start:start + 1000], "created_at": datetime.now(UTC).isoformat()}
-            await self._publisher.publish(subject, codec.encode(record), {Header.MSG_ID.value: f"{msg_id}-{start}"},
+            record = validate_wire(MemoryForget, {"board": board, "agent": self._agent_id,
+                                                  "ids": ids[start:start + 1000], "created_at": datetime.now(UTC)})
+            await self._publisher.publish(subject, codec.encode(record.model_dump()),
+                                          {Header.MSG_ID.value: f"{msg_id}-{start}"},
                                           what=f"forget of {len(ids)} memories")
 
     async def remember_many(self, memories: Iterable[MemoryInput]) -> list[str]:

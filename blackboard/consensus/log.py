@@ -16,8 +16,6 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Literal, TypeVar
 
-from pydantic import ValidationError
-
 from blackboard.consensus.tally import StampedBallot, Tally
 from blackboard.protocol import codec
 from blackboard.protocol.errors import InvalidKeyError, InvalidPayloadError
@@ -28,6 +26,7 @@ from blackboard.protocol.schemas import (
     Proposal,
     RejectReason,
     WireModel,
+    validate_wire,
 )
 from blackboard.protocol.subjects import Header, Subjects
 
@@ -74,13 +73,7 @@ def _decode(model: type[M], data: bytes, headers: Mapping[str, str] | None) -> M
     Raises:
         InvalidPayloadError: not a valid message of this model.
     """
-    obj = codec.decode(data, codec.encoding_of(headers))
-    try:
-        return model.model_validate(obj, strict=True)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        loc = ".".join(str(p) for p in first["loc"]) or "<root>"
-        raise InvalidPayloadError(f"{model.__name__}: {loc}: {first['msg']}") from exc
+    return validate_wire(model, codec.decode(data, codec.encoding_of(headers)), coerce=False)
 
 
 def decode_proposal(data: bytes, headers: Mapping[str, str] | None = None) -> Proposal:

@@ -11,6 +11,7 @@ from typing import Any
 
 from blackboard.protocol import codec
 from blackboard.protocol.errors import InvalidPayloadError
+from blackboard.protocol.records import decode_entry_envelope
 from blackboard.protocol.schemas.entry import ENTRY_SCHEMA_VERSION
 from blackboard.protocol.subjects import Header, KeyParts
 
@@ -167,7 +168,8 @@ def decode_entry(
     headers: Mapping[str, str] | None,
     stored_at: datetime | None = None,
 ) -> Entry:
-    """Build an :class:`Entry` from a stored KV message.
+    """Build an :class:`Entry` from a stored KV message (through the envelope's schema:
+    :func:`~blackboard.protocol.records.decode_entry_envelope`).
 
     Raises:
         InvalidPayloadError: the payload is not a valid entry envelope.
@@ -175,29 +177,21 @@ def decode_entry(
     op = _operation(headers)
     if op is not Operation.PUT or not data:
         return Entry(parts.board, parts.section, parts.key, revision, operation=op, stored_at=stored_at)
-    obj = codec.decode(data, codec.encoding_of(headers, data))
-    if not isinstance(obj, dict) or "value" not in obj:
-        raise InvalidPayloadError(f"entry {parts.board}.{parts.section}.{parts.key}@{revision} is not an envelope")
-    created = obj.get("created_at")
-    created_at: datetime | None = None
-    if isinstance(created, str):
-        try:
-            created_at = datetime.fromisoformat(created)
-        except ValueError:
-            created_at = None
-    tags = obj.get("tags") or ()
-    metadata = obj.get("metadata") or {}
+    try:
+        env = decode_entry_envelope(codec.decode(data, codec.encoding_of(headers, data)))
+    except InvalidPayloadError as exc:
+        raise InvalidPayloadError(f"entry {parts.board}.{parts.section}.{parts.key}@{revision}: {exc.reason}") from exc
     return Entry(
         board=parts.board,
         section=parts.section,
         key=parts.key,
         revision=revision,
-        value=obj.get("value"),
-        content_type=str(obj.get("content_type") or "application/json"),
-        author=str(obj.get("author") or ""),
-        tags=tuple(str(t) for t in tags) if isinstance(tags, list) else (),
-        metadata=metadata if isinstance(metadata, dict) else {},
-        created_at=created_at,
+        value=env.value,
+        content_type=env.content_type,
+        author=env.author,
+        tags=tuple(env.tags),
+        metadata=env.metadata,
+        created_at=env.created_at,
         stored_at=stored_at,
         operation=Operation.PUT,
     )

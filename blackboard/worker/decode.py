@@ -2,7 +2,9 @@
 
 Each decoder takes a :class:`RawMessage` and returns a row for its writer, or
 raises :class:`~blackboard.protocol.errors.InvalidPayloadError` with the reason the
-message goes to the dead-letter table. Text that PostgreSQL cannot store (NUL
+message goes to the dead-letter table. Records are read through their schemas and
+the fast paths beside them (:mod:`blackboard.protocol.records`); this module adds
+what is the worker's own: the rows for COPY, and what PostgreSQL can store. Text that PostgreSQL cannot store (NUL
 characters, lone surrogates) and values JSON cannot carry (bytes, NaN,
 non-string keys) are caught here, before they could fail a whole batch.
 """
@@ -15,21 +17,15 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, get_args
+from typing import Any
 
 import msgpack
 import orjson
 
-from blackboard.protocol import codec
+from blackboard.protocol import codec, records
 from blackboard.protocol.errors import InvalidKeyError, InvalidPayloadError
-from blackboard.protocol.schemas import (
-    EntryEnvelope,
-    MemoryForget,
-    MemoryKind,
-    MemoryRecord,
-    validate_wire,
-)
-from blackboard.protocol.subjects import Header, Subjects, validate_name
+from blackboard.protocol.schemas import EntryEnvelope, MemoryForget, MemoryRecord
+from blackboard.protocol.subjects import Header, KeyParts, Subjects, validate_name
 
 __all__ = [
     "DeadLetter",
@@ -50,7 +46,6 @@ __all__ = [
 _MAX_META_VALUE = 200
 #: Deepest nesting stored as jsonb (deeper values are kept as msgpack).
 _MAX_JSON_DEPTH = 200
-_MEMORY_KINDS = frozenset(get_args(MemoryKind))
 _KV_OP = Header.KV_OPERATION.value
 _ENCODING = Header.ENCODING.value
 _MARKER = Header.MARKER_REASON.value
@@ -354,100 +349,45 @@ def _unpack_strict(msg: RawMessage) -> Any:
         return None
 
 
-def _aware(value: Any) -> datetime | None:
-    """An ISO 8601 string with a UTC offset as a datetime (what ``Timestamp`` accepts), else None."""
-    if type(value) is not str:
-        return None
-    try:
-        dt = datetime.fromisoformat(value)
-    except ValueError:
-        return None
-    return dt if dt.tzinfo is not None and dt.utcoffset() is not None else None
+def _tags_ok(tags: list[str]) -> bool:
+    for tag in tags:
+        if "\x00" in tag:
+            return False
+    return True
 
 
-def _str_list(value: Any) -> list[str] | None:
-    if type(value) is not list:
-        return None
-    for v in value:
-        if type(v) is not str or "\x00" in v:
-            return None
-    return value
+def _fast_entry_row(env: EntryEnvelope, msg: RawMessage, parts: KeyParts, index_chars: int) -> EntryRow | None:
+    """The row of an envelope decoded by the fast path, when PostgreSQL can certainly store it unchanged.
 
-
-def _fast_common(obj: dict[str, Any], msg: RawMessage
-                 ) -> tuple[list[str], dict[str, Any], datetime, bytes, bool] | None:
-    """The fields entries and memories share, checked the fast way: tags, metadata, creation
-    time, the metadata's JSON text, and whether the payload may hold floats; None when unsure."""
-    tags = _str_list(obj.get("tags", []))
-    metadata = obj.get("metadata", {})
-    created = _aware(obj.get("created_at"))
-    if tags is None or type(metadata) is not dict or created is None:
+    The payload came from :func:`_unpack_strict` (valid UTF-8 strings). None when
+    unsure (NUL, values needing msgpack storage...): the general path decides and explains.
+    """
+    ctype, author, tags = env.content_type, env.author, env.tags
+    if "\x00" in ctype or "\x00" in author or not _tags_ok(tags):
         return None
     floats = _has_float_marker(msg.data)
-    meta_json = _json_text(metadata, floats)
-    if meta_json is None:
-        return None
-    return tags, metadata, created, meta_json, floats
-
-
-def _fast_entry(obj: Any, msg: RawMessage, parts: Any, index_chars: int) -> EntryRow | None:
-    """The entry row of a well-formed envelope, checked without pydantic; None when unsure.
-
-    Accepts exactly what ``EntryEnvelope`` accepts with the same result, for the
-    common shapes; anything else (missing or odd fields, coercions, values
-    needing msgpack storage checks) returns None for the general path.
-    """
-    if type(obj) is not dict or "value" not in obj:
-        return None
-    v = obj.get("v", 1)
-    if type(v) is not int or v != 1:
-        return None
-    ctype = obj.get("content_type", "application/json")
-    author = obj.get("author")
-    if type(ctype) is not str or type(author) is not str or "\x00" in ctype or "\x00" in author:
-        return None
-    common = _fast_common(obj, msg)
-    if common is None:
-        return None
-    tags, metadata, created, meta_json, floats = common
-    value = obj["value"]
-    value_json = _json_text(value, floats)
+    meta_json = _json_text(env.metadata, floats)
+    value_json = None if meta_json is None else _json_text(env.value, floats)
     if value_json is None:
         return None
-    text = entry_search_text(value, ctype, tags, index_chars)
-    return EntryRow(msg.stream, msg.seq, parts.board, parts.section, parts.key, "PUT", value, None,
-                    ctype, tags, metadata, author, created, msg.timestamp, text, value_json, meta_json)
+    text = entry_search_text(env.value, ctype, tags, index_chars)
+    return EntryRow(msg.stream, msg.seq, parts.board, parts.section, parts.key, "PUT", env.value, None,
+                    ctype, tags, env.metadata, author, env.created_at, msg.timestamp, text, value_json, meta_json)
 
 
-def _fast_memory(obj: Any, msg: RawMessage, board: str, agent: str, index_chars: int) -> MemoryRow | None:
-    """The memory row of a well-formed record, checked without pydantic; None when unsure.
-
-    ``board`` and ``agent`` come from :meth:`Subjects.parse_memory`, which validated them.
-    """
-    if type(obj) is not dict or "op" in obj:
+def _fast_memory_row(rec: MemoryRecord, msg: RawMessage, index_chars: int) -> MemoryRow | None:
+    """The row of a record decoded by the fast path, when PostgreSQL can certainly store it unchanged
+    (see :func:`_fast_entry_row`); None when unsure."""
+    source = rec.source
+    if ("\x00" in rec.id or "\x00" in rec.text or (source is not None and "\x00" in source)
+            or not _tags_ok(rec.tags)):
         return None
-    v = obj.get("v", 1)
-    mid = obj.get("id")
-    text = obj.get("text")
-    kind = obj.get("kind", "episodic")
-    if (type(v) is not int or v != 1 or type(mid) is not str or not 0 < len(mid) <= 128 or "\x00" in mid
-            or type(text) is not str or not text or "\x00" in text or type(kind) is not str
-            or kind not in _MEMORY_KINDS or obj.get("board") != board or obj.get("agent") != agent):
+    meta_json = _json_text(rec.metadata, _has_float_marker(msg.data))
+    if meta_json is None:
         return None
-    importance = obj.get("importance", 0.5)
-    source = obj.get("source")
-    read_only = obj.get("read_only", False)
-    if (type(importance) not in (float, int) or not 0.0 <= importance <= 1.0
-            or (source is not None and (type(source) is not str or "\x00" in source))
-            or type(read_only) is not bool):
-        return None
-    common = _fast_common(obj, msg)
-    if common is None:
-        return None
-    tags, metadata, created, meta_json, _ = common
-    search = memory_search_text(text, tags, metadata, index_chars)
-    return MemoryRow(msg.stream, msg.seq, mid, board, agent, kind, text, tags, metadata, float(importance),
-                     source, read_only, created, search, meta_json)
+    search = memory_search_text(rec.text, rec.tags, rec.metadata, index_chars)
+    return MemoryRow(msg.stream, msg.seq, rec.id, rec.board, rec.agent, rec.kind, rec.text, rec.tags,
+                     rec.metadata, rec.importance, source, rec.read_only, rec.created_at, search, meta_json)
 
 
 def _payload(msg: RawMessage, max_bytes: int) -> Any:
@@ -478,9 +418,11 @@ def decode_entry(msg: RawMessage, subjects: Subjects, *, max_bytes: int, index_c
     ttl = msg.headers.get(_TTL) if msg.headers else None
     row = None
     if len(msg.data) <= max_bytes:
-        row = _fast_entry(_unpack_strict(msg), msg, parts, index_chars)
+        fast = records.fast_entry(_unpack_strict(msg))
+        if fast is not None:
+            row = _fast_entry_row(fast, msg, parts, index_chars)
     if row is None:
-        env = validate_wire(EntryEnvelope, _payload(msg, max_bytes))
+        env = records.decode_entry_envelope(_payload(msg, max_bytes))
         _check_fields(env.tags, env.metadata, (env.author, "author"), (env.content_type, "content_type"))
         if is_json_safe(env.value):
             value, raw = env.value, None
@@ -511,19 +453,21 @@ def decode_memory(msg: RawMessage, *, max_bytes: int, index_chars: int) -> Memor
     except InvalidKeyError as exc:
         raise InvalidPayloadError(f"bad memory subject {msg.subject!r}") from exc
     if len(msg.data) <= max_bytes:
-        row = _fast_memory(_unpack_strict(msg), msg, board, agent, index_chars)
-        if row is not None:
-            return row
-    data = _payload(msg, max_bytes)
-    if isinstance(data, dict) and data.get("op") == "forget":
-        forget = validate_wire(MemoryForget, data)
+        fast = records.fast_memory(_unpack_strict(msg))
+        if fast is not None and fast.board == board and fast.agent == agent:
+            row = _fast_memory_row(fast, msg, index_chars)
+            if row is not None:
+                return row
+    decoded = records.decode_memory(_payload(msg, max_bytes))
+    if isinstance(decoded, MemoryForget):
+        forget = decoded
         if forget.board != board or forget.agent != agent:
             raise InvalidPayloadError(
                 f"forget board/agent {forget.board!r}/{forget.agent!r} do not match subject {msg.subject!r}")
         for mid in forget.ids:
             _check_text(mid, "an id")
         return ForgetRow(msg.stream, msg.seq, forget.board, list(forget.ids))
-    rec = validate_wire(MemoryRecord, data)
+    rec = decoded
     if rec.board != board or rec.agent != agent:
         raise InvalidPayloadError(
             f"record board/agent {rec.board!r}/{rec.agent!r} do not match subject {msg.subject!r}")

@@ -65,11 +65,13 @@ class WireModel(BaseModel):
         return canonical_bytes(self)
 
 
-def validate_wire(model: type[M], data: Any, *, strict: bool = False) -> M:
+def validate_wire(model: type[M], data: Any, *, strict: bool = False, coerce: bool = True) -> M:
     """Validate a decoded wire object (a dict) against ``model``.
 
     ``strict=True`` also refuses unknown fields and type coercion (used by the
-    tests and by tools that want to check a producer).
+    tests and by tools that want to check a producer). ``coerce=False`` refuses
+    type coercion but still ignores unknown fields: the consensus records are
+    read that way, so that every language reads the same message the same way.
 
     Raises:
         InvalidPayloadError: the object does not match the schema.
@@ -80,7 +82,7 @@ def validate_wire(model: type[M], data: Any, *, strict: bool = False) -> M:
             if extra:
                 raise InvalidPayloadError(f"{model.__name__}: unknown fields {sorted(extra)}")
             return model.model_validate(data, strict=True)
-        return model.model_validate(data)
+        return model.model_validate(data, strict=not coerce or None)
     except ValidationError as exc:
         first = exc.errors()[0]
         loc = ".".join(str(p) for p in first["loc"]) or "<root>"

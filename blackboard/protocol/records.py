@@ -1,0 +1,301 @@
+"""Fast paths of the hot wire records, beside their schemas (pure, no IO).
+
+Every record has one schema (:mod:`blackboard.protocol.schemas`). A few are
+encoded or decoded on hot paths (the SDK's ``remember`` and entry reads, the
+worker's ingest of entries and memories), where pydantic's validation is a
+large part of the cost. This module has the fast paths of those records:
+
+- :func:`fast_entry` and :func:`fast_memory` take a decoded payload (a dict)
+  and return the schema's own model, built without running pydantic, when
+  the payload is certainly valid, else ``None`` ("not sure": ask the schema);
+- :func:`decode_entry_envelope` and :func:`decode_memory` are the decoders:
+  the fast path, else the schema (which decides and explains);
+- :func:`memory_wire` builds the wire map of a :class:`MemoryRecord` in the
+  schema's field order, refusing what the schema refuses.
+
+Their limits (lengths, ranges, versions, kinds, defaults) are read from the
+schemas' declared fields at import, never restated. ``tests/protocol/test_records.py``
+proves on generated valid and invalid inputs that each fast path agrees with
+its schema: same values, same rejections.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Any, Final, TypeVar, get_args
+
+from blackboard.protocol.errors import InvalidKeyError
+from blackboard.protocol.schemas import (
+    EntryEnvelope,
+    MemoryForget,
+    MemoryRecord,
+    WireModel,
+    validate_wire,
+)
+from blackboard.protocol.subjects import validate_name
+
+__all__ = [
+    "decode_entry_envelope",
+    "decode_memory",
+    "fast_entry",
+    "fast_memory",
+    "memory_wire",
+]
+
+M = TypeVar("M", bound=WireModel)
+
+_MISSING: Final = object()
+
+
+# -- limits, read from the schemas -------------------------------------------
+def _constraint(model: type[WireModel], field: str, name: str) -> Any:
+    """A constraint (``min_length``, ``max_length``, ``ge``, ``le``) declared on a field."""
+    for item in model.model_fields[field].metadata:
+        value = getattr(item, name, None)
+        if value is not None:
+            return value
+    raise LookupError(f"{model.__name__}.{field} declares no {name}")
+
+
+def _default(model: type[WireModel], field: str) -> Any:
+    return model.model_fields[field].get_default(call_default_factory=True)
+
+
+def _choices(model: type[WireModel], field: str) -> frozenset[Any]:
+    """The values of a ``Literal`` field."""
+    return frozenset(get_args(model.model_fields[field].annotation))
+
+
+_ENTRY_VERSIONS = _choices(EntryEnvelope, "v")
+_ENTRY_V: Final[int] = _default(EntryEnvelope, "v")
+_ENTRY_CTYPE: Final[str] = _default(EntryEnvelope, "content_type")
+_ENTRY_FIELDS = set(EntryEnvelope.model_fields)  # a set: pydantic updates a copy's fields set
+
+_MEM_VERSIONS = _choices(MemoryRecord, "v")
+_MEM_V: Final[int] = _default(MemoryRecord, "v")
+_MEM_KINDS = _choices(MemoryRecord, "kind")
+_MEM_KIND: Final[str] = _default(MemoryRecord, "kind")
+_MEM_ID_MIN: Final[int] = _constraint(MemoryRecord, "id", "min_length")
+_MEM_ID_MAX: Final[int] = _constraint(MemoryRecord, "id", "max_length")
+_MEM_TEXT_MIN: Final[int] = _constraint(MemoryRecord, "text", "min_length")
+_MEM_IMPORTANCE_MIN: Final[float] = _constraint(MemoryRecord, "importance", "ge")
+_MEM_IMPORTANCE_MAX: Final[float] = _constraint(MemoryRecord, "importance", "le")
+_MEM_IMPORTANCE: Final[float] = _default(MemoryRecord, "importance")
+_MEM_SOURCE: Final[str | None] = _default(MemoryRecord, "source")
+_MEM_READ_ONLY: Final[bool] = _default(MemoryRecord, "read_only")
+_MEM_FIELDS = set(MemoryRecord.model_fields)
+
+
+# -- building a model from checked values --------------------------------------
+def _trusted(model: type[M], values: dict[str, Any], fields_set: set[str]) -> M:
+    """An instance of ``model`` holding ``values`` (every field, already checked).
+
+    What ``model_construct`` does, without its per-field default and alias
+    handling (which costs more than validating): the fast paths fill every
+    field themselves. The tests compare the result with the schema's.
+    """
+    m = model.__new__(model)
+    _setattr(m, "__dict__", values)
+    _setattr(m, "__pydantic_fields_set__", fields_set)
+    _setattr(m, "__pydantic_extra__", None)
+    _setattr(m, "__pydantic_private__", None)
+    return m
+
+
+_setattr = object.__setattr__
+
+
+# -- the checks the schemas' field types make ------------------------------------
+def _timestamp(value: Any) -> datetime | None:
+    """What ``Timestamp`` makes of an ISO 8601 string with a UTC offset, else None (not sure)."""
+    if type(value) is not str:
+        return None
+    try:
+        dt = datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    return dt if dt.tzinfo is not None and dt.utcoffset() is not None else None
+
+
+def _str_list(value: Any) -> list[str] | None:
+    """A ``list[str]`` as the schema keeps it (exact ``str`` items), else None."""
+    if type(value) is not list:
+        return None
+    for v in value:
+        if type(v) is not str:
+            return None
+    return value
+
+
+def _str_dict(value: Any) -> dict[str, Any] | None:
+    """A ``dict[str, Any]`` as the schema keeps it (exact ``str`` keys), else None."""
+    if type(value) is not dict:
+        return None
+    for k in value:
+        if type(k) is not str:
+            return None
+    return value
+
+
+#: Names already found valid (boards and agents repeat from record to record).
+_NAMES: set[str] = set()
+_NAMES_MAX = 4096
+
+
+def _is_name(value: Any) -> bool:
+    """Whether ``Name`` accepts ``value`` unchanged."""
+    if type(value) is not str:
+        return False
+    if value in _NAMES:
+        return True
+    try:
+        validate_name(value)
+    except InvalidKeyError:
+        return False
+    if len(_NAMES) >= _NAMES_MAX:
+        _NAMES.clear()
+    _NAMES.add(value)
+    return True
+
+
+# -- entries -----------------------------------------------------------------
+def fast_entry(obj: Any) -> EntryEnvelope | None:
+    """The :class:`EntryEnvelope` of a decoded payload, built without pydantic; None when not sure.
+
+    Whenever this returns an envelope, ``validate_wire(EntryEnvelope, obj)``
+    returns an equal one; shapes it does not vouch for (coercions, missing or
+    odd fields) are left to the schema.
+    """
+    if type(obj) is not dict:
+        return None
+    value = obj.get("value", _MISSING)
+    if value is _MISSING:
+        return None
+    v = obj.get("v", _ENTRY_V)
+    ctype = obj.get("content_type", _ENTRY_CTYPE)
+    author = obj.get("author")
+    created = _timestamp(obj.get("created_at"))
+    if (type(v) is not int or v not in _ENTRY_VERSIONS or type(ctype) is not str or type(author) is not str
+            or created is None):
+        return None
+    tags = obj.get("tags", _MISSING)
+    tags = [] if tags is _MISSING else _str_list(tags)
+    metadata = obj.get("metadata", _MISSING)
+    metadata = {} if metadata is _MISSING else _str_dict(metadata)
+    if tags is None or metadata is None:
+        return None
+    return _trusted(EntryEnvelope, {
+        "v": v, "value": value, "content_type": ctype, "tags": tags, "metadata": metadata,
+        "author": author, "created_at": created,
+    }, _ENTRY_FIELDS.intersection(obj))
+
+
+def decode_entry_envelope(obj: Any) -> EntryEnvelope:
+    """A decoded payload as an :class:`EntryEnvelope`: the fast path, else the schema.
+
+    Raises:
+        InvalidPayloadError: the payload is not a valid envelope.
+    """
+    env = fast_entry(obj)
+    return env if env is not None else validate_wire(EntryEnvelope, obj)
+
+
+# -- memories ----------------------------------------------------------------
+def fast_memory(obj: Any) -> MemoryRecord | None:
+    """The :class:`MemoryRecord` of a decoded payload, built without pydantic; None when not sure.
+
+    Whenever this returns a record, ``validate_wire(MemoryRecord, obj)``
+    returns an equal one. A payload with an ``op`` field (a forget) is left to
+    :func:`decode_memory`.
+    """
+    if type(obj) is not dict or "op" in obj:
+        return None
+    get = obj.get
+    v = get("v", _MEM_V)
+    mid = get("id")
+    text = get("text")
+    kind = get("kind", _MEM_KIND)
+    if (type(v) is not int or v not in _MEM_VERSIONS
+            or type(mid) is not str or not _MEM_ID_MIN <= len(mid) <= _MEM_ID_MAX
+            or type(text) is not str or len(text) < _MEM_TEXT_MIN
+            or type(kind) is not str or kind not in _MEM_KINDS):
+        return None
+    importance = get("importance", _MEM_IMPORTANCE)
+    source = get("source", _MEM_SOURCE)
+    read_only = get("read_only", _MEM_READ_ONLY)
+    t = type(importance)
+    if ((t is not float and t is not int) or not _MEM_IMPORTANCE_MIN <= importance <= _MEM_IMPORTANCE_MAX
+            or (source is not None and type(source) is not str) or type(read_only) is not bool):
+        return None
+    created = _timestamp(get("created_at"))
+    tags = get("tags", _MISSING)
+    tags = [] if tags is _MISSING else _str_list(tags)
+    metadata = get("metadata", _MISSING)
+    metadata = {} if metadata is _MISSING else _str_dict(metadata)
+    board = get("board")
+    agent = get("agent")
+    if created is None or tags is None or metadata is None or not _is_name(board) or not _is_name(agent):
+        return None
+    return _trusted(MemoryRecord, {
+        "v": v, "id": mid, "board": board, "agent": agent, "kind": kind, "text": text, "tags": tags,
+        "metadata": metadata, "importance": float(importance), "source": source, "read_only": read_only,
+        "created_at": created,
+    }, _MEM_FIELDS.intersection(obj))
+
+
+def decode_memory(obj: Any) -> MemoryRecord | MemoryForget:
+    """A decoded payload of ``bb.mem.<board>.<agent>``: a forget (``op: forget``) or a record.
+
+    The fast path, else the schema.
+
+    Raises:
+        InvalidPayloadError: neither a valid forget nor a valid record.
+    """
+    rec = fast_memory(obj)
+    if rec is not None:
+        return rec
+    if isinstance(obj, dict) and obj.get("op") == "forget":
+        return validate_wire(MemoryForget, obj)
+    return validate_wire(MemoryRecord, obj)
+
+
+def memory_wire(*, id: str, board: str, agent: str, text: str, created_at: datetime,
+                kind: str = _MEM_KIND, tags: Sequence[str] = (), metadata: Mapping[str, Any] | None = None,
+                importance: float = _MEM_IMPORTANCE, source: str | None = _MEM_SOURCE,
+                read_only: bool = _MEM_READ_ONLY) -> dict[str, Any]:
+    """The wire map of a :class:`MemoryRecord`, its fields in the schema's order.
+
+    The writer's fast path: arguments of the exact types the schema keeps are
+    checked and laid out here; anything else goes through the schema, which
+    coerces or refuses it. Either way ``validate_wire(MemoryRecord, map,
+    strict=True)`` holds what the schema makes of the arguments.
+    ``created_at`` is a timezone-aware time, written in ISO 8601.
+
+    Raises:
+        InvalidPayloadError: an argument the schema refuses.
+    """
+    tag_list: Any = list(tags) if type(tags) is tuple or type(tags) is list else tags
+    meta: Any = {} if metadata is None else metadata
+    t = type(importance)
+    if (type(id) is str and _MEM_ID_MIN <= len(id) <= _MEM_ID_MAX
+            and type(text) is str and len(text) >= _MEM_TEXT_MIN
+            and type(kind) is str and kind in _MEM_KINDS
+            and (t is float or t is int) and _MEM_IMPORTANCE_MIN <= importance <= _MEM_IMPORTANCE_MAX
+            and (source is None or type(source) is str) and type(read_only) is bool
+            and _str_list(tag_list) is not None and _str_dict(meta) is not None
+            and type(created_at) is datetime and created_at.utcoffset() is not None
+            and _is_name(board) and _is_name(agent)):
+        return {
+            "v": _MEM_V, "id": id, "board": board, "agent": agent, "kind": kind, "text": text, "tags": tag_list,
+            "metadata": dict(meta), "importance": float(importance), "source": source, "read_only": read_only,
+            "created_at": created_at.isoformat(),
+        }
+    rec = validate_wire(MemoryRecord, {
+        "v": _MEM_V, "id": id, "board": board, "agent": agent, "kind": kind, "text": text, "tags": tag_list,
+        "metadata": meta, "importance": importance, "source": source, "read_only": read_only,
+        "created_at": created_at,
+    })
+    wire = rec.model_dump()
+    wire["created_at"] = rec.created_at.isoformat()
+    return wire
