@@ -69,6 +69,7 @@ async def test_view_callbacks_and_async_iteration(settings: Settings, unique: st
         await view.close()
 
 
+@pytest.mark.slow
 async def test_view_converges_after_server_restart(nats_factory: Callable[[], EmbeddedNats]) -> None:
     server = nats_factory()
     settings = make_settings(server.url)
