@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from datetime import UTC, datetime, timedelta, timezone
+from datetime import UTC, datetime
 from typing import Any, get_args
 
 import msgpack
@@ -33,25 +33,20 @@ from blackboard.protocol.schemas import (
     validate_wire,
 )
 from blackboard.protocol.subjects import KeyParts
+from tests._records_strategies import (
+    BAD,
+    aware,
+    bad_values,
+    entry_payloads,
+    exact,
+    json_values,
+    memory_payloads,
+    mutated,
+    names,
+    texts,
+)
 
 SETTINGS = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-_MISSING = object()
-
-
-# -- comparing records exactly (types included: 1 == 1.0 == True for ==) --------
-def _exact(value: Any) -> Any:
-    if isinstance(value, BaseModel):
-        return (type(value).__name__, tuple((k, _exact(v)) for k, v in sorted(value.__dict__.items())),
-                frozenset(value.model_fields_set))
-    if isinstance(value, datetime):
-        return ("datetime", value.isoformat(), value.utcoffset())
-    if isinstance(value, float):
-        return ("float", repr(value))
-    if isinstance(value, dict):
-        return ("dict", tuple((_exact(k), _exact(v)) for k, v in value.items()))
-    if isinstance(value, list | tuple):
-        return (type(value).__name__, tuple(_exact(v) for v in value))
-    return (type(value).__name__, value)
 
 
 def _schema(model: type[BaseModel], obj: Any) -> Any:
@@ -75,115 +70,13 @@ def _check_fast(fast: Callable[[Any], Any], decode: Callable[[Any], Any], model:
     got = fast(obj)
     if got is not None:
         assert not isinstance(expected, type), f"fast path accepted what the schema refuses: {obj!r}"
-        assert _exact(got) == _exact(expected)
+        assert exact(got) == exact(expected)
     full = _decoder(decode, obj)
     if isinstance(expected, type):
         assert full is InvalidPayloadError, f"decoder gave {full!r} where the schema refuses {obj!r}"
     else:
-        assert _exact(full) == _exact(expected)
+        assert exact(full) == exact(expected)
     return got
-
-
-# -- generated values ---------------------------------------------------------
-names = st.from_regex(r"\A[A-Za-z0-9_-]{1,24}\Z")
-texts = st.text(max_size=40)
-json_leaf = st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1) | st.floats() | texts | st.binary(max_size=8)
-json_values = st.recursive(json_leaf, lambda inner: st.lists(inner, max_size=3)
-                           | st.dictionaries(texts, inner, max_size=3), max_leaves=8)
-offsets = st.sampled_from([UTC, timezone(timedelta(hours=2)), timezone(timedelta(hours=-5, minutes=-30))])
-aware = st.builds(lambda dt, tz: dt.replace(tzinfo=tz),
-                  st.datetimes(min_value=datetime(1971, 1, 1), max_value=datetime(2200, 1, 1)), offsets)
-timestamps = aware.map(lambda dt: dt.isoformat()) | aware.map(
-    lambda dt: dt.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ"))
-#: Values of the wrong type, out of range or oversize for some field.
-bad_values = st.sampled_from([
-    None, b"bytes", 0, 1, 2, -1, 1.5, -0.1, 1.0000001, float("nan"), float("inf"), True, False, "", " ", "x" * 129,
-    "x" * 1000, "not a time", "2026-01-01T00:00:00", "2026-01-01T00:00:00+00:00", "bad name!", "a.b", [], {},
-    ["a", 1], ["ok", b"b"], {1: "int key"}, {b"k": "bytes key"}, {"k": "v"}, ("t",), "episodic", "nonsense",
-])
-
-
-@st.composite
-def memory_payloads(draw: st.DrawFn) -> dict[str, Any]:
-    """A valid memory record as a writer may send it: defaults absent or present, unknown fields."""
-    obj: dict[str, Any] = {
-        "id": draw(st.text(min_size=1, max_size=128)), "board": draw(names), "agent": draw(names),
-        "text": draw(st.text(min_size=1, max_size=60)), "created_at": draw(timestamps),
-    }
-    optional = {
-        "v": st.just(1),
-        "kind": st.sampled_from(get_args(MemoryKind)),
-        "tags": st.lists(texts, max_size=4),
-        "metadata": st.dictionaries(texts, json_values, max_size=4),
-        "importance": st.floats(0.0, 1.0) | st.sampled_from([0, 1]),
-        "source": st.none() | texts,
-        "read_only": st.booleans(),
-        "unknown": json_values,
-        "later_field": json_values,
-    }
-    for key in draw(st.lists(st.sampled_from(sorted(optional)), unique=True)):
-        obj[key] = draw(optional[key])
-    return obj
-
-
-@st.composite
-def entry_payloads(draw: st.DrawFn) -> dict[str, Any]:
-    obj: dict[str, Any] = {"value": draw(json_values), "author": draw(texts), "created_at": draw(timestamps)}
-    optional = {
-        "v": st.just(1),
-        "content_type": st.sampled_from(["application/json", "text/plain", "image/png", ""]),
-        "tags": st.lists(texts, max_size=4),
-        "metadata": st.dictionaries(texts, json_values, max_size=4),
-        "unknown": json_values,
-    }
-    for key in draw(st.lists(st.sampled_from(sorted(optional)), unique=True)):
-        obj[key] = draw(optional[key])
-    return obj
-
-
-def _lengths(*sizes: int) -> st.SearchStrategy[str]:
-    return st.sampled_from(sizes).map(lambda n: "x" * n)
-
-
-_wrong_types = st.sampled_from([None, b"bytes", 1, 1.5, True, [], {}, ("t",)])
-#: For each field, values of a wrong type, out of range, oversize or otherwise odd.
-_BAD: dict[str, st.SearchStrategy[Any]] = {
-    "v": st.sampled_from([0, 2, "1", True, 1.0, None]),
-    "id": _lengths(0, 127, 128, 129, 1000) | _wrong_types,
-    "board": names.map(lambda n: n + "!") | _lengths(128, 129) | st.just("") | _wrong_types,
-    "agent": names.map(lambda n: "." + n) | _lengths(128, 129) | _wrong_types,
-    "kind": texts | st.sampled_from([b"episodic", "Episodic", 1]),
-    "text": st.sampled_from(["", " "]) | _wrong_types,
-    "tags": st.lists(st.one_of(texts, st.binary(max_size=3), st.integers()), max_size=3) | texts | _wrong_types,
-    "metadata": st.dictionaries(st.one_of(texts, st.integers(), st.binary(max_size=3)), json_values, max_size=3)
-    | st.lists(texts, max_size=2) | _wrong_types,
-    "importance": st.floats() | st.sampled_from([-1e-12, 1 + 1e-12, 2, -1, "0.5", True, False]) | _wrong_types,
-    "source": st.integers() | st.binary(max_size=3) | _wrong_types,
-    "read_only": st.sampled_from([0, 1, 2, "true", "false", "maybe", None, 1.0, b"1"]),
-    "created_at": st.one_of(
-        aware.map(lambda dt: dt.replace(tzinfo=None).isoformat()), aware, texts,
-        st.sampled_from(["2026-01-01T00:00:00", "2026-13-01T00:00:00+00:00", "2026-01-01", "1700000000", 1700000000])),
-    "value": json_values,
-    "content_type": _wrong_types,
-    "author": _wrong_types,
-    "op": st.sampled_from(["forget", "x", None, 1]),
-}
-
-
-@st.composite
-def mutated(draw: st.DrawFn, payloads: st.SearchStrategy[dict[str, Any]], field: str,
-            fields: list[str]) -> dict[str, Any]:
-    """A payload with ``field`` removed or given a bad value, and maybe one more field spoilt."""
-    obj = dict(draw(payloads))
-    spoilt = [field]
-    if draw(st.integers(0, 3)) == 3:
-        spoilt.append(draw(st.sampled_from([*fields, "op"])))
-    for f in spoilt:
-        if draw(st.sampled_from(["bad", "bad", "any", "delete"])) == "delete":
-            obj.pop(f, None)
-        else:
-            obj[f] = draw(_BAD[f] | bad_values if draw(st.integers(0, 4)) == 4 else _BAD[f])
-    return obj
 
 
 _INVALID = settings(SETTINGS, max_examples=40)
@@ -213,7 +106,7 @@ def test_fast_memory_decoder_agrees_with_the_schema_on_invalid_records(field: st
     obj = data.draw(mutated(memory_payloads(), field, _MEM_FIELDS))
     if obj.get("op") == "forget":  # a forget, not a record: decode_memory reads it as one
         assert records.fast_memory(obj) is None
-        assert _exact(_decoder(records.decode_memory, obj)) == _exact(_schema(MemoryForget, obj))
+        assert exact(_decoder(records.decode_memory, obj)) == exact(_schema(MemoryForget, obj))
         return
     _check_fast(records.fast_memory, records.decode_memory, MemoryRecord, obj)
 
@@ -233,7 +126,7 @@ def test_fast_memory_decoder_defers_what_it_cannot_vouch_for() -> None:
     {"op": "forget", "board": "b", "agent": "a", "ids": ["m1"]},
 ])
 def test_a_forget_decodes_through_its_schema(obj: dict[str, Any]) -> None:
-    assert _exact(_decoder(records.decode_memory, obj)) == _exact(_schema(MemoryForget, obj))
+    assert exact(_decoder(records.decode_memory, obj)) == exact(_schema(MemoryForget, obj))
 
 
 # -- the memory encoder ---------------------------------------------------------
@@ -249,7 +142,7 @@ def memory_arguments(draw: st.DrawFn, spoil: str | None = None) -> dict[str, Any
         "source": draw(st.none() | texts), "read_only": draw(st.booleans()),
     }
     if spoil is not None:
-        bad = _BAD[spoil] | bad_values if draw(st.integers(0, 4)) == 4 else _BAD[spoil]
+        bad = BAD[spoil] | bad_values if draw(st.integers(0, 4)) == 4 else BAD[spoil]
         kw[spoil] = draw(bad if spoil != "created_at" else bad | aware.map(lambda dt: dt.replace(tzinfo=None)))
     return kw
 
@@ -266,7 +159,7 @@ def _check_encoder(kw: dict[str, Any]) -> dict[str, Any] | None:
     assert list(wire) == _MEM_FIELDS  # every field, in the schema's order
     back = validate_wire(MemoryRecord, codec.decode(codec.encode(wire)), strict=True)
     assert back.created_at == expected.created_at
-    assert _exact({f: getattr(back, f) for f in _MEM_FIELDS if f != "created_at"}) == _exact(
+    assert exact({f: getattr(back, f) for f in _MEM_FIELDS if f != "created_at"}) == exact(
         {f: getattr(expected, f) for f in _MEM_FIELDS if f != "created_at"})
     return wire
 
@@ -297,7 +190,7 @@ def test_typed_memories_take_the_encoders_fast_path_and_its_output_the_decoders(
         payload = codec.decode(codec.encode(wire))
         # what the SDK writes is what the worker's fast path reads
         assert records.fast_memory(msgpack.unpackb(codec.encode(wire), raw=False, strict_map_key=True)) is not None
-    assert _exact(records.fast_memory(payload)) == _exact(validate_wire(MemoryRecord, payload))
+    assert exact(records.fast_memory(payload)) == exact(validate_wire(MemoryRecord, payload))
 
 
 # -- entries ------------------------------------------------------------------
@@ -331,13 +224,13 @@ def test_encoded_entries_are_what_the_schema_and_the_sdk_decoder_read(
     obj = msgpack.unpackb(data, raw=False, strict_map_key=True)
     env = validate_wire(EntryEnvelope, obj, strict=True)
     assert list(obj) == _ENTRY_FIELDS
-    assert _exact(env.value) == _exact(_round_trip(value)) and env.author == author and env.tags == tags
+    assert exact(env.value) == exact(_round_trip(value)) and env.author == author and env.tags == tags
     assert env.created_at == created
     fast = records.fast_entry(obj)
-    assert fast is not None and _exact(fast) == _exact(validate_wire(EntryEnvelope, obj))
+    assert fast is not None and exact(fast) == exact(validate_wire(EntryEnvelope, obj))
     entry = decode_entry(KeyParts("b", "s", "k"), 7, data, None)
-    assert _exact((entry.value, entry.author, entry.tags, dict(entry.metadata), entry.created_at,
-                   entry.content_type)) == _exact(
+    assert exact((entry.value, entry.author, entry.tags, dict(entry.metadata), entry.created_at,
+                   entry.content_type)) == exact(
         (env.value, env.author, tuple(env.tags), env.metadata, env.created_at, env.content_type))
 
 
@@ -355,7 +248,7 @@ def test_the_sdk_entry_decoder_refuses_what_the_schema_refuses(field: str, data:
     if isinstance(expected, type):
         assert got is InvalidPayloadError
     else:
-        assert _exact((got.value, got.author, got.created_at)) == _exact(
+        assert exact((got.value, got.author, got.created_at)) == exact(
             (expected.value, expected.author, expected.created_at))
 
 

@@ -1,0 +1,149 @@
+"""Hypothesis strategies of wire records, valid and spoilt, and an exact comparison of decoded values.
+
+Shared by the tests of the records' fast paths (tests/protocol/test_records.py)
+and of the worker's two decoding paths (tests/worker/test_decode_paths.py).
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta, timezone
+from typing import Any, get_args
+
+from hypothesis import strategies as st
+from pydantic import BaseModel
+
+from blackboard.protocol.schemas import MemoryKind
+
+__all__ = [
+    "BAD",
+    "aware",
+    "bad_values",
+    "entry_payloads",
+    "exact",
+    "json_values",
+    "memory_payloads",
+    "mutated",
+    "names",
+    "texts",
+    "timestamps",
+]
+
+
+# -- comparing records exactly (types included: 1 == 1.0 == True for ==) --------
+def exact(value: Any) -> Any:
+    if isinstance(value, BaseModel):
+        return (type(value).__name__, tuple((k, exact(v)) for k, v in sorted(value.__dict__.items())),
+                frozenset(value.model_fields_set))
+    if isinstance(value, datetime):
+        return ("datetime", value.isoformat(), value.utcoffset())
+    if isinstance(value, float):
+        return ("float", repr(value))
+    if isinstance(value, dict):
+        return ("dict", tuple((exact(k), exact(v)) for k, v in value.items()))
+    if isinstance(value, list | tuple):
+        return (type(value).__name__, tuple(exact(v) for v in value))
+    return (type(value).__name__, value)
+
+
+# -- generated values ---------------------------------------------------------
+names = st.from_regex(r"\A[A-Za-z0-9_-]{1,24}\Z")
+texts = st.text(max_size=40)
+json_leaf = st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1) | st.floats() | texts | st.binary(max_size=8)
+json_values = st.recursive(json_leaf, lambda inner: st.lists(inner, max_size=3)
+                           | st.dictionaries(texts, inner, max_size=3), max_leaves=8)
+offsets = st.sampled_from([UTC, timezone(timedelta(hours=2)), timezone(timedelta(hours=-5, minutes=-30))])
+aware = st.builds(lambda dt, tz: dt.replace(tzinfo=tz),
+                  st.datetimes(min_value=datetime(1971, 1, 1), max_value=datetime(2200, 1, 1)), offsets)
+timestamps = aware.map(lambda dt: dt.isoformat()) | aware.map(
+    lambda dt: dt.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ"))
+#: Values of the wrong type, out of range or oversize for some field.
+bad_values = st.sampled_from([
+    None, b"bytes", 0, 1, 2, -1, 1.5, -0.1, 1.0000001, float("nan"), float("inf"), True, False, "", " ", "x" * 129,
+    "x" * 1000, "not a time", "2026-01-01T00:00:00", "2026-01-01T00:00:00+00:00", "bad name!", "a.b", [], {},
+    ["a", 1], ["ok", b"b"], {1: "int key"}, {b"k": "bytes key"}, {"k": "v"}, ("t",), "episodic", "nonsense",
+])
+
+
+@st.composite
+def memory_payloads(draw: st.DrawFn) -> dict[str, Any]:
+    """A valid memory record as a writer may send it: defaults absent or present, unknown fields."""
+    obj: dict[str, Any] = {
+        "id": draw(st.text(min_size=1, max_size=128)), "board": draw(names), "agent": draw(names),
+        "text": draw(st.text(min_size=1, max_size=60)), "created_at": draw(timestamps),
+    }
+    optional = {
+        "v": st.just(1),
+        "kind": st.sampled_from(get_args(MemoryKind)),
+        "tags": st.lists(texts, max_size=4),
+        "metadata": st.dictionaries(texts, json_values, max_size=4),
+        "importance": st.floats(0.0, 1.0) | st.sampled_from([0, 1]),
+        "source": st.none() | texts,
+        "read_only": st.booleans(),
+        "unknown": json_values,
+        "later_field": json_values,
+    }
+    for key in draw(st.lists(st.sampled_from(sorted(optional)), unique=True)):
+        obj[key] = draw(optional[key])
+    return obj
+
+
+@st.composite
+def entry_payloads(draw: st.DrawFn) -> dict[str, Any]:
+    obj: dict[str, Any] = {"value": draw(json_values), "author": draw(texts), "created_at": draw(timestamps)}
+    optional = {
+        "v": st.just(1),
+        "content_type": st.sampled_from(["application/json", "text/plain", "image/png", ""]),
+        "tags": st.lists(texts, max_size=4),
+        "metadata": st.dictionaries(texts, json_values, max_size=4),
+        "unknown": json_values,
+    }
+    for key in draw(st.lists(st.sampled_from(sorted(optional)), unique=True)):
+        obj[key] = draw(optional[key])
+    return obj
+
+
+def lengths(*sizes: int) -> st.SearchStrategy[str]:
+    return st.sampled_from(sizes).map(lambda n: "x" * n)
+
+
+wrong_types = st.sampled_from([None, b"bytes", 1, 1.5, True, [], {}, ("t",)])
+#: For each field, values of a wrong type, out of range, oversize or otherwise odd.
+BAD: dict[str, st.SearchStrategy[Any]] = {
+    "v": st.sampled_from([0, 2, "1", True, 1.0, None]),
+    "id": lengths(0, 127, 128, 129, 1000) | wrong_types,
+    "board": names.map(lambda n: n + "!") | lengths(128, 129) | st.just("") | wrong_types,
+    "agent": names.map(lambda n: "." + n) | lengths(128, 129) | wrong_types,
+    "kind": texts | st.sampled_from([b"episodic", "Episodic", 1]),
+    "text": st.sampled_from(["", " "]) | wrong_types,
+    "tags": st.lists(st.one_of(texts, st.binary(max_size=3), st.integers()), max_size=3) | texts | wrong_types,
+    "metadata": st.dictionaries(st.one_of(texts, st.integers(), st.binary(max_size=3)), json_values, max_size=3)
+    | st.lists(texts, max_size=2) | wrong_types,
+    "importance": st.floats() | st.sampled_from([-1e-12, 1 + 1e-12, 2, -1, "0.5", True, False]) | wrong_types,
+    "source": st.integers() | st.binary(max_size=3) | wrong_types,
+    "read_only": st.sampled_from([0, 1, 2, "true", "false", "maybe", None, 1.0, b"1"]),
+    "created_at": st.one_of(
+        aware.map(lambda dt: dt.replace(tzinfo=None).isoformat()), aware, texts,
+        st.sampled_from(["2026-01-01T00:00:00", "2026-13-01T00:00:00+00:00", "2026-01-01", "1700000000", 1700000000])),
+    "value": json_values,
+    "content_type": wrong_types,
+    "author": wrong_types,
+    "op": st.sampled_from(["forget", "x", None, 1]),
+}
+
+
+@st.composite
+def mutated(draw: st.DrawFn, payloads: st.SearchStrategy[dict[str, Any]], field: str,
+            fields: list[str]) -> dict[str, Any]:
+    """A payload with ``field`` removed or given a bad value, and maybe one more field spoilt."""
+    obj = dict(draw(payloads))
+    spoilt = [field]
+    if draw(st.integers(0, 3)) == 3:
+        spoilt.append(draw(st.sampled_from([*fields, "op"])))
+    for f in spoilt:
+        if draw(st.sampled_from(["bad", "bad", "any", "delete"])) == "delete":
+            obj.pop(f, None)
+        else:
+            obj[f] = draw(BAD[f] | bad_values if draw(st.integers(0, 4)) == 4 else BAD[f])
+    return obj
+
+
