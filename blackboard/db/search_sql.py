@@ -34,7 +34,7 @@ from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any, NamedTuple, TypeVar
 
-from psycopg import ProgrammingError, sql
+from psycopg import ProgrammingError, pq, sql
 from psycopg.rows import RowMaker
 from psycopg.types.json import Jsonb
 
@@ -121,31 +121,45 @@ class EntryRow(NamedTuple):
 
 
 _NT = TypeVar("_NT", bound=tuple[Any, ...])
+_ROWS_STATUS = (pq.ExecStatus.TUPLES_OK, pq.ExecStatus.SINGLE_TUPLE)
 
 
 def named_rows(cls: type[_NT]) -> Callable[[Any], RowMaker[_NT]]:
     """A psycopg row factory making ``cls`` (a ``NamedTuple``) of each row, by column name.
 
     The columns must be ``cls``'s fields, in order; trailing fields with a default may be
-    missing. They are checked once per statement (a wrong statement raises
-    ``ProgrammingError`` at its first row); each row is then made at C speed (psycopg's
-    ``class_row`` builds a dict per row: ~10x slower, on up to 200 candidates a search).
+    missing. They are checked once per statement shape (a wrong statement raises
+    ``ProgrammingError`` at its first result); each row is then made at C speed (psycopg's
+    ``class_row`` builds a dict per row: ~10x the cost, on up to 200 candidates a search).
     """
-    fields: tuple[str, ...] = cls._fields  # type: ignore[attr-defined]
-    make: Callable[[Sequence[Any]], _NT] = cls._make  # type: ignore[attr-defined]
-    defaults: dict[str, Any] = cls._field_defaults  # type: ignore[attr-defined]
 
     def factory(cursor: Any) -> RowMaker[_NT]:
-        names = tuple(c.name for c in cursor.description or ())
-        missing = fields[len(names):]
-        if names != fields[:len(names)] or any(f not in defaults for f in missing):
-            raise ProgrammingError(f"{cls.__name__} rows need the columns {fields}, got {names}")
-        if not missing:
-            return make
-        pad = tuple(defaults[f] for f in missing)
-        return lambda values: make((*values, *pad))
+        res = cursor.pgresult
+        if res is None or res.status not in _ROWS_STATUS:
+            return _no_rows
+        return _row_maker(cls, tuple(res.fname(i) for i in range(res.nfields)))
 
     return factory
+
+
+def _no_rows(values: Sequence[Any]) -> Any:
+    raise ProgrammingError("the statement returned no rows")
+
+
+@functools.lru_cache(maxsize=64)
+def _row_maker(cls: type[_NT], columns: tuple[bytes, ...]) -> RowMaker[_NT]:
+    """The maker of ``cls`` rows from ``columns`` (checked once per shape of statement)."""
+    fields: tuple[str, ...] = cls._fields  # type: ignore[attr-defined]
+    defaults: dict[str, Any] = cls._field_defaults  # type: ignore[attr-defined]
+    make: Callable[[Sequence[Any]], _NT] = cls._make  # type: ignore[attr-defined]
+    names = tuple(c.decode() for c in columns)
+    missing = fields[len(names):]
+    if names != fields[:len(names)] or any(f not in defaults for f in missing):
+        raise ProgrammingError(f"{cls.__name__} rows need the columns {fields}, got {names}")
+    if not missing:
+        return make
+    pad = tuple(defaults[f] for f in missing)
+    return lambda values: make((*values, *pad))
 
 
 def _select_list(row: type[tuple[Any, ...]], alias: str, first: str, last: int,

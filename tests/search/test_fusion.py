@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
-from psycopg import ProgrammingError
+from psycopg import ProgrammingError, pq
 from pydantic import ValidationError
 
 from agents_sdk.search import raise_for_error, search_filters
@@ -143,17 +143,25 @@ def test_sql_filters_take_the_value_and_apply_each_targets_own() -> None:
 # ---------------------------------------------------------------- rows by column name
 
 @dataclass
-class _Column:
-    name: str
+class _Result:
+    names: tuple[str, ...]
+    status: pq.ExecStatus = pq.ExecStatus.TUPLES_OK
+
+    @property
+    def nfields(self) -> int:
+        return len(self.names)
+
+    def fname(self, i: int) -> bytes:
+        return self.names[i].encode()
 
 
 @dataclass
 class _Cursor:
-    description: list[_Column]
+    pgresult: _Result | None
 
 
 def _cursor(*names: str) -> _Cursor:
-    return _Cursor([_Column(n) for n in names])
+    return _Cursor(_Result(names))
 
 
 def test_named_rows_check_the_columns_and_fill_trailing_defaults() -> None:
@@ -167,6 +175,9 @@ def test_named_rows_check_the_columns_and_fill_trailing_defaults() -> None:
         q.named_rows(q.MemoryRow)(_cursor("item", "score", "flag", "id"))  # a column out of place
     with pytest.raises(ProgrammingError):
         q.named_rows(q.MemoryRow)(_cursor(*q.MemoryRow._fields[:5]))  # missing fields without a default
+    for empty in (_Cursor(None), _Cursor(_Result((), pq.ExecStatus.COMMAND_OK))):
+        with pytest.raises(ProgrammingError, match="no rows"):
+            q.named_rows(q.MemoryRow)(empty)(())
 
 
 @pytest.mark.parametrize(("target", "row", "linked"), [("memory", q.MemoryRow, 0), ("memory", q.MemoryRow, 3),

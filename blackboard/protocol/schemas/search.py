@@ -125,8 +125,11 @@ class _SearchRequest(_Scope, _Query):
     @cached_property
     def filters(self) -> SearchFilters:
         """The request's filters (built once; its fields were validated with the request)."""
-        return SearchFilters.model_construct(**{name: getattr(self, name) for name in _FILTER_FIELDS
-                                                if name in type(self).model_fields})
+        # Every field given (the other target's empty): for a missing one, model_construct
+        # calls its default factory through inspect.signature, ~0.2 ms a request.
+        own = type(self).model_fields
+        return SearchFilters.model_construct(**{name: getattr(self, name) if name in own else []
+                                                for name in _FILTER_FIELDS})
 
 
 class MemorySearchRequest(_Kinds, _SearchRequest):
