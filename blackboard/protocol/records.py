@@ -10,8 +10,9 @@ large part of the cost. This module has the fast paths of those records:
   the payload is certainly valid, else ``None`` ("not sure": ask the schema);
 - :func:`decode_entry_envelope` and :func:`decode_memory` are the decoders:
   the fast path, else the schema (which decides and explains);
-- :func:`memory_wire` builds the wire map of a :class:`MemoryRecord` in the
-  schema's field order, refusing what the schema refuses.
+- :func:`entry_wire` and :func:`memory_wire` build the wire map of an
+  :class:`EntryEnvelope` and a :class:`MemoryRecord` in the schema's field
+  order, refusing what the schema refuses.
 
 Their limits (lengths, ranges, versions, kinds, defaults) are read from the
 schemas' declared fields at import, never restated. ``tests/protocol/test_records.py``
@@ -21,8 +22,9 @@ its schema: same values, same rejections.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, Final, TypeVar, get_args
 
 from blackboard.protocol.errors import InvalidKeyError
@@ -38,9 +40,11 @@ from blackboard.protocol.subjects import validate_name
 __all__ = [
     "decode_entry_envelope",
     "decode_memory",
+    "entry_wire",
     "fast_entry",
     "fast_memory",
     "memory_wire",
+    "utc_now_iso",
 ]
 
 M = TypeVar("M", bound=WireModel)
@@ -199,6 +203,54 @@ def decode_entry_envelope(obj: Any) -> EntryEnvelope:
     """
     env = fast_entry(obj)
     return env if env is not None else validate_wire(EntryEnvelope, obj)
+
+
+_iso_cache: list[Any] = [-1, ""]
+
+
+def utc_now_iso() -> str:
+    """``datetime.now(UTC).isoformat()``, several times cheaper (the second is cached)."""
+    ns = time.time_ns()
+    sec, micro = divmod(ns // 1000, 1_000_000)
+    if sec != _iso_cache[0]:
+        _iso_cache[0] = sec
+        _iso_cache[1] = datetime.fromtimestamp(sec, UTC).strftime("%Y-%m-%dT%H:%M:%S")
+    return f"{_iso_cache[1]}.{micro:06d}+00:00"
+
+
+def entry_wire(value: Any, *, author: str, content_type: str, tags: Sequence[str] = (),
+               metadata: Mapping[str, Any] | None = None, created_at: datetime | None = None) -> dict[str, Any]:
+    """The wire map of an :class:`EntryEnvelope`, its fields in the schema's order.
+
+    The writer's fast path, like :func:`memory_wire`: arguments of the exact
+    types the schema keeps are laid out here, anything else goes through the
+    schema. ``created_at`` is a timezone-aware time (now when None).
+
+    Raises:
+        InvalidPayloadError: an argument the schema refuses.
+    """
+    tag_list: Any = list(tags) if type(tags) is tuple or type(tags) is list else tags
+    meta: Any = {} if metadata is None else metadata
+    if created_at is None:
+        stamp: str | None = utc_now_iso()
+    elif type(created_at) is datetime and created_at.utcoffset() is not None:
+        stamp = created_at.isoformat()
+    else:
+        stamp = None
+    if (stamp is not None and type(author) is str and type(content_type) is str
+            and _str_list(tag_list) is not None and _str_dict(meta) is not None):
+        return {
+            "v": _ENTRY_V, "value": value, "content_type": content_type, "tags": tag_list, "metadata": dict(meta),
+            "author": author, "created_at": stamp,
+        }
+    env = validate_wire(EntryEnvelope, {
+        "v": _ENTRY_V, "value": value, "content_type": content_type, "tags": tag_list, "metadata": meta,
+        "author": author, "created_at": stamp if created_at is None else created_at,
+    })
+    wire = env.model_dump()
+    wire["value"] = value  # the value as given: the schema keeps any value
+    wire["created_at"] = stamp if created_at is None else env.created_at.isoformat()
+    return wire
 
 
 # -- memories ----------------------------------------------------------------

@@ -252,6 +252,60 @@ def test_the_sdk_entry_decoder_refuses_what_the_schema_refuses(field: str, data:
             (expected.value, expected.author, expected.created_at))
 
 
+# -- the entry encoder ----------------------------------------------------------
+@st.composite
+def entry_arguments(draw: st.DrawFn, spoil: str | None = None) -> dict[str, Any]:
+    kw: dict[str, Any] = {
+        "value": draw(json_values), "author": draw(texts), "content_type": draw(texts),
+        "tags": draw(st.lists(texts, max_size=4) | st.tuples(texts)),
+        "metadata": draw(st.none() | st.dictionaries(texts, json_values, max_size=4)),
+        "created_at": draw(st.none() | aware),
+    }
+    if spoil is not None:
+        bad = BAD[spoil] | bad_values if draw(st.integers(0, 4)) == 4 else BAD[spoil]
+        kw[spoil] = draw(bad if spoil != "created_at" else bad | aware.map(lambda dt: dt.replace(tzinfo=None)))
+    return kw
+
+
+def _check_entry_encoder(kw: dict[str, Any]) -> dict[str, Any] | None:
+    raw = dict(kw, metadata={} if kw["metadata"] is None else kw["metadata"],
+               created_at=datetime.now(UTC) if kw["created_at"] is None else kw["created_at"])
+    expected = _schema(EntryEnvelope, raw)
+    try:
+        wire = records.entry_wire(**kw)
+    except InvalidPayloadError:
+        assert isinstance(expected, type), f"the encoder refused what the schema accepts: {kw!r}"
+        return None
+    assert not isinstance(expected, type), f"the encoder wrote what the schema refuses: {kw!r}"
+    assert list(wire) == _ENTRY_FIELDS
+    back = validate_wire(EntryEnvelope, codec.decode(codec.encode(wire)), strict=True)
+    if kw["created_at"] is not None:
+        assert back.created_at == expected.created_at
+    fields = [f for f in _ENTRY_FIELDS if f != "created_at"]
+    assert exact({f: getattr(back, f) for f in fields}) == exact(
+        {f: _round_trip(getattr(expected, f)) for f in fields})
+    return wire
+
+
+@SETTINGS
+@given(entry_arguments())
+def test_entry_encoder_writes_what_the_schema_reads(kw: dict[str, Any]) -> None:
+    def refuse(*_a: Any, **_k: Any) -> Any:
+        raise AssertionError("the schema path was taken")
+
+    with pytest.MonkeyPatch.context() as m:  # typed arguments take the fast path
+        m.setattr(records, "validate_wire", refuse)
+        records.entry_wire(**kw)
+    assert _check_entry_encoder(kw) is not None
+
+
+@pytest.mark.parametrize("field", ["author", "content_type", "tags", "metadata", "created_at"])
+@_INVALID
+@given(data=st.data())
+def test_entry_encoder_refuses_what_the_schema_refuses(field: str, data: st.DataObject) -> None:
+    _check_entry_encoder(data.draw(entry_arguments(field)))
+
+
 # -- limits come from the schemas --------------------------------------------------
 def test_fast_path_limits_are_the_schemas() -> None:
     id_field = MemoryRecord.model_fields["id"]
