@@ -316,3 +316,16 @@ def test_fast_path_limits_are_the_schemas() -> None:
     with pytest.raises(LookupError):
         records._constraint(MemoryRecord, "board", "max_length")
     assert math.isclose(records._MEM_IMPORTANCE, MemoryRecord.model_fields["importance"].default)
+
+
+# -- consensus records: the schema alone, types not coerced -------------------------
+def test_consensus_records_decode_without_coercion_and_with_unknown_fields() -> None:
+    from blackboard.consensus.log import decode_ballot
+
+    ballot = {"id": "b1", "proposal_id": "p1", "voter": "v1", "choice": 2, "created_at": "2026-01-01T00:00:00+00:00"}
+    assert decode_ballot(codec.encode({**ballot, "later_field": [1]})).choice == 2
+    for coerced in ({"choice": "2"}, {"choice": True}, {"choice": 2.0}, {"voter": b"v1"}):
+        with pytest.raises(InvalidPayloadError):
+            decode_ballot(codec.encode({**ballot, **coerced}))
+        with pytest.raises(InvalidPayloadError):
+            validate_wire(type(decode_ballot(codec.encode(ballot))), {**ballot, **coerced}, coerce=False)
