@@ -85,12 +85,19 @@ ENTRY_VALUES: list[tuple[str, Any, Mapping[str, Any]]] = [
 ]
 
 
-@pytest.mark.parametrize("encoding", ["msgpack", "json"])
-@pytest.mark.parametrize(("name", "value", "metadata"), ENTRY_VALUES, ids=[v[0] for v in ENTRY_VALUES])
+#: Every (encoding, value) pair a writer can send: JSON cannot carry bytes (the
+#: writer refuses them, which test_board covers), so that pair is not generated.
+ENTRY_CASES = [
+    pytest.param(encoding, value, metadata, id=f"{encoding}-{name}")
+    for encoding in ("msgpack", "json")
+    for name, value, metadata in ENTRY_VALUES
+    if not (encoding == "json" and isinstance(value, bytes))
+]
+
+
+@pytest.mark.parametrize(("encoding", "value", "metadata"), ENTRY_CASES)
 def test_entry_bytes_of_the_sdk_decode_in_the_worker_to_the_same_record(
-        encoding: codec.Encoding, name: str, value: Any, metadata: Mapping[str, Any]) -> None:
-    if encoding == "json" and isinstance(value, bytes):
-        pytest.skip("JSON cannot carry bytes")
+        encoding: codec.Encoding, value: Any, metadata: Mapping[str, Any]) -> None:
     created = T0.astimezone(timezone(timedelta(hours=2)))  # a writer in another zone
     data = sdk_entries.encode_entry(value, author="writer", tags=["t1", "t0"], metadata=metadata,
                                     created_at=created, encoding=encoding)
