@@ -21,8 +21,12 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import pytest
 import pytest_asyncio
+from nats.aio.client import Client as NATS
+from nats.js import api
 
 from blackboard.devstack import EmbeddedNats, EmbeddedPostgres
+from blackboard.protocol import codec
+from blackboard.protocol.subjects import MEMORY_STREAM, Subjects
 from blackboard.settings import NatsSettings, PostgresSettings, Settings
 from tests.fakes.openai_server import OpenAIFake
 
@@ -93,6 +97,23 @@ def make_settings(nats_url: str, pg_dsn: str | None = None, **overrides: object)
         values["postgres"] = PostgresSettings(dsn=pg_dsn)  # type: ignore[arg-type]
     values.update(overrides)
     return Settings().model_copy(update=values)
+
+
+async def stored_memories(nc: NATS, board: str) -> list[dict[str, Any]]:
+    """Every memory-stream message of ``board`` as JetStream holds it, decoded (an ephemeral
+    consumer from the start, no acks; stops at the first empty fetch)."""
+    sub = await nc.jetstream().pull_subscribe(
+        Subjects.memory_board(board), stream=MEMORY_STREAM,
+        config=api.ConsumerConfig(deliver_policy=api.DeliverPolicy.ALL, ack_policy=api.AckPolicy.NONE))
+    out: list[dict[str, Any]] = []
+    try:
+        while True:
+            out += [codec.decode(m.data) for m in await sub.fetch(200, timeout=0.5)]
+    except TimeoutError:
+        pass
+    finally:
+        await sub.unsubscribe()
+    return out
 
 
 @pytest.fixture

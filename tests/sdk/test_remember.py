@@ -3,34 +3,20 @@
 from __future__ import annotations
 
 import pytest
-from nats.js import api
 
 from agents_sdk import Agent
 from agents_sdk.memory.longterm import MemoryInput
-from blackboard.protocol import codec
 from blackboard.protocol.errors import InvalidKeyError, InvalidPayloadError, PayloadTooLargeError
 from blackboard.protocol.schemas import MemoryRecord, validate_wire
-from blackboard.protocol.subjects import MEMORY_STREAM, Subjects
+from blackboard.protocol.subjects import Subjects
 from blackboard.settings import Settings
+from tests.conftest import stored_memories
 
 pytestmark = pytest.mark.asyncio
 
 
 async def _stored(agent: Agent, board: str) -> list[MemoryRecord]:
-    js = agent.nc.jetstream()
-    sub = await js.pull_subscribe(f"bb.mem.{board}.>", stream=MEMORY_STREAM,
-                                  config=api.ConsumerConfig(deliver_policy=api.DeliverPolicy.ALL,
-                                                            ack_policy=api.AckPolicy.NONE))
-    records: list[MemoryRecord] = []
-    try:
-        while True:
-            msgs = await sub.fetch(100, timeout=0.5)
-            records += [validate_wire(MemoryRecord, codec.decode(m.data), strict=True) for m in msgs]
-    except TimeoutError:
-        pass
-    finally:
-        await sub.unsubscribe()
-    return records
+    return [validate_wire(MemoryRecord, raw, strict=True) for raw in await stored_memories(agent.nc, board)]
 
 
 async def test_remember_publishes_a_valid_record_once(settings: Settings, unique: str) -> None:

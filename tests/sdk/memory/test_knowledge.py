@@ -5,32 +5,20 @@ from __future__ import annotations
 import os
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import pytest
-from nats.js import api
 
 from agents_sdk import Agent
 from agents_sdk.memory.knowledge import ingest_files
-from blackboard.protocol import codec
-from blackboard.protocol.subjects import MEMORY_STREAM
 from blackboard.settings import Settings
+from tests.conftest import stored_memories
 
 pytestmark = pytest.mark.asyncio
 
 
-async def _records(agent: Agent, board: str) -> list[dict[str, object]]:
-    js = agent.nc.jetstream()
-    sub = await js.pull_subscribe(f"bb.mem.{board}.>", stream=MEMORY_STREAM,
-                                  config=api.ConsumerConfig(ack_policy=api.AckPolicy.NONE))
-    out: list[dict[str, object]] = []
-    try:
-        while True:
-            out += [codec.decode(m.data) for m in await sub.fetch(200, timeout=0.5)]
-    except TimeoutError:
-        pass
-    finally:
-        await sub.unsubscribe()
-    return out
+async def _records(agent: Agent, board: str) -> list[dict[str, Any]]:
+    return await stored_memories(agent.nc, board)
 
 
 async def test_ingest_then_reingest_only_changed_files(settings: Settings, unique: str) -> None:
