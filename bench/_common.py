@@ -19,6 +19,7 @@ measured in the same run, as ratios.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 import itertools
@@ -283,6 +284,25 @@ async def alternate(
                 await between()
             results[name].append(await variants[name](r))
     return results
+
+
+async def paced_writes(count: int, rate: float, write: Callable[[int], Awaitable[object]]) -> tuple[float, list[float]]:
+    """Call ``write(0)`` ... ``write(count - 1)`` at ``rate`` a second, on a fixed schedule
+    (open loop: a slow write makes the next ones go at once, it does not shift the schedule).
+
+    Returns:
+        The schedule's start and the moment each write was sent (``time.perf_counter``).
+    """
+    sent = [0.0] * count
+    clock = time.perf_counter
+    t0 = clock()
+    for i in range(count):
+        delay = t0 + i / rate - clock()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        sent[i] = clock()
+        await write(i)
+    return t0, sent
 
 
 async def interleaved_ops(

@@ -61,6 +61,7 @@ from bench._common import (
     embedded_nats,
     interleaved_ops,
     median,
+    paced_writes,
     percentile,
 )
 from blackboard.protocol.entries import encode_entry
@@ -230,15 +231,7 @@ async def _fanout(ctx: Ctx, start_watchers: _StartWatchers, write: Callable[[int
     count = int(rate * ctx.args.fanout_seconds)
     sink = _Sink(ctx.args.watchers, count)
     tasks, stop = await start_watchers(sink)
-    sent: list[float] = [0.0] * count
-    clock = time.perf_counter
-    t0 = clock()
-    for i in range(count):
-        delay = t0 + i / rate - clock()
-        if delay > 0:
-            await asyncio.sleep(delay)
-        sent[i] = clock()
-        await write(i)
+    _, sent = await paced_writes(count, rate, write)
     try:
         await asyncio.wait_for(sink.done.wait(), 10.0)
     except TimeoutError:

@@ -53,7 +53,7 @@ from nats.js.kv import KeyValue
 
 from agents_sdk import Agent, Board, Change
 from agents_sdk.view import View
-from bench._common import LatencyStats, Table, alternate, embedded_nats, median
+from bench._common import LatencyStats, Table, alternate, embedded_nats, median, paced_writes
 from blackboard.protocol.entries import decode_entry, encode_entry
 from blackboard.protocol.subjects import Subjects
 from blackboard.settings import Settings
@@ -164,18 +164,11 @@ async def stream(ctx: Ctx, variant: str, r: int) -> LatencyStats:
     count, section = int(rate * ctx.args.stream_seconds), f"st-{variant}-{r}"
     arrivals = _Arrivals(count)
     stop = await _observer(ctx, variant)(section, arrivals)
-    sent = [0.0] * count
-    clock = time.perf_counter
     try:
-        t0 = clock()
-        for i in range(count):
-            delay = t0 + i / rate - clock()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            sent[i] = clock()
-            await ctx.writer_kv.put(ctx.subjects.kv_key(BOARD, section, f"m{i}"), ctx.payload)
+        t0, sent = await paced_writes(
+            count, rate, lambda i: ctx.writer_kv.put(ctx.subjects.kv_key(BOARD, section, f"m{i}"), ctx.payload))
         await asyncio.wait_for(arrivals.done.wait(), 10.0)
-        elapsed = clock() - t0
+        elapsed = time.perf_counter() - t0
     finally:
         await stop()
     return LatencyStats.of([arrivals.times[i] - sent[i] for i in range(count)], elapsed)
