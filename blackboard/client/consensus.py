@@ -232,19 +232,19 @@ class VoteStore:
 
     async def read_recorded(self, board: str, proposal_id: str) -> RecordedOutcome | None:
         """The recorded outcome (the decision), or ``None`` if not recorded yet."""
-        probe = ProposalLog(board, proposal_id)
-        msg = await self.read(board, proposal_id, "outcome")
-        if msg is not None:
-            probe.feed(msg)
-        return probe.recorded
+        return (await self._probe(board, proposal_id, "outcome")).recorded
 
     async def read_applied(self, board: str, proposal_id: str) -> Outcome | None:
         """The applied outcome (with its revision), or ``None``."""
+        return (await self._probe(board, proposal_id, "applied")).applied
+
+    async def _probe(self, board: str, proposal_id: str, kind: VoteKind) -> ProposalLog:
+        """A log of the proposal fed with only its last message of ``kind`` (if any), which validates it."""
         probe = ProposalLog(board, proposal_id)
-        msg = await self.read(board, proposal_id, "applied")
+        msg = await self.read(board, proposal_id, kind)
         if msg is not None:
             probe.feed(msg)
-        return probe.applied
+        return probe
 
     # -------------------------------------------------------------- commit
     async def commit(self, outcome: Outcome, *, known: ProposalLog | None = None) -> Outcome:
