@@ -84,8 +84,10 @@ def fuse_convex(scores: Mapping[str, Mapping[int, float]], weights: Mapping[str,
 
     Returns:
         Items best first, scores in 0..1 (1.0: best of every retriever). A
-        retriever whose scores are all equal adds nothing. Ties keep the order
-        of first appearance.
+        retriever whose scores are all equal (a lone candidate, or a tie) gives
+        each 1.0 when the score is positive (each is its best) and nothing when
+        it is 0 or below (it found none of them). Ties keep the order of first
+        appearance.
     """
     fused = _convex_scores(scores, weights)
     return _ranked(fused, _best_first(fused), parts if parts is not None else scores)
@@ -104,10 +106,16 @@ def _convex_scores(scores: Mapping[str, Mapping[int, float]],
         if not s:
             continue
         lo, hi = min(s.values()), max(s.values())
-        if hi <= lo:
-            continue
         w = weights.get(name, 1.0) / total_w
         get = s.get
+        if hi <= lo:
+            # One candidate, or a tie: each is the retriever's best (1.0), unless the common
+            # score is what it gives items it did not find (0 or below). Min-max over one
+            # value would give 0.0, and min_score would drop a lone hit.
+            if hi > 0:
+                for item in s:
+                    fused[item] += w
+            continue
         for item in fused:
             fused[item] += w * (get(item, lo) - lo) / (hi - lo)
     return fused

@@ -275,3 +275,21 @@ def test_planning_decides_the_exact_scan_and_the_board_share_from_statistics() -
     assert not exact_scan(["small"], stats, max_rows=0)
     assert board_share(["big"], stats) == pytest.approx(0.5)
     assert board_share([], stats) == board_share(["x"], None) == 1.0
+
+
+def test_a_lone_hybrid_candidate_keeps_its_score_so_min_score_keeps_it() -> None:
+    # One candidate, found by both retrievers: the best of each, so it scores 1.0 (min-max over a
+    # single value used to give 0.0, and min_score dropped the only hit).
+    semantic = [_Candidate(7, 0.62, True)]
+    keyword = [_Candidate(7, 3.5, 0.62)]
+    weights = {"semantic": 1.0, "keyword": 1.0}
+    got = fuse_hybrid(semantic, keyword, weights=weights, min_score=0.5)
+    assert [(f.item, f.score) for f in got] == [(7, 1.0)]
+    # Found by the nearest neighbours only: the keyword retriever found nothing and adds nothing.
+    got = fuse_hybrid(semantic, [], weights=weights, min_score=0.5)
+    assert [(f.item, f.score) for f in got] == [(7, 0.5)]
+    # A tie is not a lone candidate, but the same case: each tied item is a retriever's best.
+    tied = fuse_convex({"semantic": {1: 0.4, 2: 0.4}, "keyword": {1: 2.0, 2: 0.0}}, weights)
+    assert [(f.item, f.score) for f in tied] == [(1, 1.0), (2, 0.5)]
+    # Scores of 0 (or below) are what a retriever gives items it did not find: never its best.
+    assert [f.score for f in fuse_convex({"keyword": {1: 0.0, 2: 0.0}})] == [0.0, 0.0]
