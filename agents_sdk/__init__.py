@@ -12,6 +12,8 @@ from blackboard.client.board_store import Watch, WriteOp
 from blackboard.protocol.entries import Change, Entry, Operation
 from blackboard.protocol.errors import (
     BlackboardError,
+    BudgetExceededError,
+    ConfigurationError,
     ConflictError,
     DeadlinePassedError,
     InboxBusyError,
@@ -19,6 +21,7 @@ from blackboard.protocol.errors import (
     InvalidBallotError,
     InvalidKeyError,
     InvalidPayloadError,
+    LLMError,
     MessagingError,
     NoHandlerError,
     NoResponderError,
@@ -32,6 +35,7 @@ from blackboard.protocol.errors import (
     RemoteError,
     RequestTimeoutError,
     SearchError,
+    TransportError,
     VoteError,
 )
 from blackboard.protocol.schemas import Ballot, Outcome, Policy, Proposal, TallyCounts
@@ -45,7 +49,9 @@ __all__ = [
     "BlackboardError",
     "Board",
     "BoardPipeline",
+    "BudgetExceededError",
     "Change",
+    "ConfigurationError",
     "ConflictError",
     "DeadlinePassedError",
     "Entry",
@@ -58,6 +64,7 @@ __all__ = [
     "InvalidBallotError",
     "InvalidKeyError",
     "InvalidPayloadError",
+    "LLMError",
     "MemoryHit",
     "MemoryInput",
     "Message",
@@ -88,6 +95,7 @@ __all__ = [
     "Settings",
     "Subscriptions",
     "TallyCounts",
+    "TransportError",
     "View",
     "VoteError",
     "VoteEvent",

@@ -10,14 +10,15 @@ import blackboard.protocol.errors
 import blackboard.search
 
 AGENTS_SDK = {
-    "Agent", "Ballot", "BallotReceipt", "BlackboardError", "Board", "BoardPipeline", "Change",
-    "ConflictError", "DeadlinePassedError", "Entry", "EntryHit", "EntryRevision", "Handler", "Inbox",
+    "Agent", "Ballot", "BallotReceipt", "BlackboardError", "Board", "BoardPipeline", "BudgetExceededError",
+    "Change", "ConfigurationError", "ConflictError", "DeadlinePassedError", "Entry", "EntryHit", "EntryRevision", "Handler", "Inbox",
     "InboxBusyError", "IneligibleVoterError", "InvalidBallotError", "InvalidKeyError", "InvalidPayloadError",
-    "MemoryHit", "MemoryInput", "Message", "MessagingError", "Messenger", "NoHandlerError", "NoResponderError",
+    "LLMError", "MemoryHit", "MemoryInput", "Message", "MessagingError", "Messenger", "NoHandlerError", "NoResponderError",
     "NotConnectedError", "NotFoundError", "ObjectRef", "ObjectStore", "Operation", "OperationTimeoutError",
     "Outcome", "OutcomeTimeoutError", "PayloadTooLargeError", "Policy", "Proposal", "ProposalClosedError",
     "ProposalHandle", "ProposalNotFoundError", "RemoteError", "RequestTimeoutError", "SearchClient",
-    "SearchError", "SearchFilters", "Sent", "Settings", "Subscriptions", "TallyCounts", "View", "VoteError", "VoteEvent",
+    "SearchError", "SearchFilters", "Sent", "Settings", "Subscriptions", "TallyCounts", "TransportError", "View",
+    "VoteError", "VoteEvent",
     "VoteWatch", "Voting", "Watch", "WriteOp",
 }
 
@@ -60,6 +61,24 @@ def test_every_error_has_one_root() -> None:
         obj = getattr(agents_sdk, name)
         if isinstance(obj, type) and issubclass(obj, Exception):
             assert issubclass(obj, blackboard.protocol.errors.BlackboardError), name
+
+
+#: Errors only the server side raises (worker, migrations, the dev stack): an agent never meets them.
+SERVER_ONLY_ERRORS = {
+    "DevStackError", "EmbeddingError", "EmbeddingModelUnavailableError", "EmbeddingRequestError",
+    "MigrationError", "StorageError",
+}
+
+
+def test_every_error_an_sdk_user_can_meet_is_exported_from_agents_sdk() -> None:
+    # BudgetExceededError (a prompt over budget), ConfigurationError (a bad NATS URL at connect)
+    # and TransportError (the bus refused an operation) reached SDK users but were not exported.
+    errors = set(blackboard.protocol.errors.__all__)
+    assert SERVER_ONLY_ERRORS <= errors
+    missing = sorted(errors - SERVER_ONLY_ERRORS - set(agents_sdk.__all__))
+    assert not missing, f"errors an SDK user can meet, not exported from agents_sdk: {missing}"
+    for name in errors - SERVER_ONLY_ERRORS:
+        assert getattr(agents_sdk, name) is getattr(blackboard.protocol.errors, name), name
 
 
 def test_memory_package_exports_resolve() -> None:
