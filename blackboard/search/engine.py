@@ -72,6 +72,7 @@ from blackboard.search.planning import (
     exact_scan,
 )
 from blackboard.search.pool import once_more
+from blackboard.search.rows import SkippedRows, fetch_readable, readable
 from blackboard.settings import SearchSettings
 
 __all__ = ["SearchEngine"]
@@ -110,15 +111,18 @@ class SearchEngine:
         provider: embeds queries; without one, semantic and hybrid searches
             raise ``SearchError`` (keyword search still works).
         settings: search settings (ef_search, fusion, keyword limits).
+        skipped: counts the stored rows skipped as unreadable (a new counter by default).
     """
 
     def __init__(self, pool: AsyncConnectionPool, provider: EmbeddingProvider | None,
-                 settings: SearchSettings) -> None:
+                 settings: SearchSettings, *, skipped: SkippedRows | None = None) -> None:
         self.pool = pool
         self.provider = provider
         self.settings = settings
         #: Background work the searches leave (last access, ANALYZE).
         self.upkeep = Upkeep(pool)
+        #: Stored rows the searches skipped because they cannot be read back (by kind).
+        self.skipped = skipped if skipped is not None else SkippedRows()
         self._space: Space | None = None
         self._stats: dict[SearchTarget, tuple[TermStats | None, float]] = {}
         self._boards: dict[SearchTarget, BoardStats] = {}
@@ -240,16 +244,16 @@ class SearchEngine:
         found.sort(key=lambda r: (not r.flag, -float(r.score)))
         return found
 
-    @staticmethod
-    async def _run(conn: Conn, query: str, params: Sequence[Any], *, target: SearchTarget,
+    async def _run(self, conn: Conn, query: str, params: Sequence[Any], *, target: SearchTarget,
                    linked: int = 0) -> list[Row]:
         """The rows of a retriever's ``query``, each with the item's full row (and for the
-        ``linked`` best, the item's neighbours: :func:`search_sql.with_rows`)."""
+        ``linked`` best, the item's neighbours: :func:`search_sql.with_rows`); a row that cannot
+        be read back is skipped and counted (:func:`~blackboard.search.rows.fetch_readable`)."""
         # Binary results: PostgreSQL skips formatting the rows as text (timestamps, arrays),
         # ~0.25 ms of a keyword statement returning 50 candidates' rows.
         cur = conn.cursor(row_factory=_ROWS[target])
-        return list(await (await cur.execute(q.with_rows(query, target, linked=linked), params,
-                                             binary=True)).fetchall())
+        await cur.execute(q.with_rows(query, target, linked=linked), params, binary=True)
+        return await fetch_readable(cur, target, self.skipped)
 
     async def _term_stats(self, conn: Conn, target: SearchTarget) -> TermStats | None:
         now = time.monotonic()
@@ -432,11 +436,9 @@ class SearchEngine:
         """Search long-term memories (see :class:`MemorySearchRequest`)."""
         t0 = time.perf_counter()
         fused, rows = await self._search(req)
-        hits = []
-        for f in fused:
-            r = rows.get(f.item)
-            if isinstance(r, MemoryRow):
-                hits.append(memory_hit(r, f.score, f.parts))
+        hits = readable(((f, r) for f in fused if isinstance(r := rows.get(f.item), MemoryRow)),
+                        lambda fr: memory_hit(fr[1], fr[0].score, fr[0].parts), "memory", self.skipped,
+                        lambda fr: f"memory {fr[1].id!r}")
         self.upkeep.touch(f.item for f in fused)
         return MemorySearchResponse(hits=hits, took_ms=(time.perf_counter() - t0) * 1000)
 
@@ -444,11 +446,9 @@ class SearchEngine:
         """Search current board entries (see :class:`EntrySearchRequest`)."""
         t0 = time.perf_counter()
         fused, rows = await self._search(req)
-        hits = []
-        for f in fused:
-            r = rows.get(f.item)
-            if isinstance(r, EntryRow):
-                hits.append(entry_hit(r, f.score, f.parts))
+        hits = readable(((f, r) for f in fused if isinstance(r := rows.get(f.item), EntryRow)),
+                        lambda fr: entry_hit(fr[1], fr[0].score, fr[0].parts), "entry", self.skipped,
+                        lambda fr: f"entry {fr[1].board}.{fr[1].section}.{fr[1].key}")
         return EntrySearchResponse(hits=hits, took_ms=(time.perf_counter() - t0) * 1000)
 
     async def analyze_missing(self) -> None:

@@ -21,6 +21,7 @@ from blackboard.protocol.schemas.message_search import (
     MessageSearchRequest,
     MessageSearchResponse,
 )
+from blackboard.search.rows import SkippedRows, fetch_readable
 
 __all__ = ["message_hit", "search_messages"]
 
@@ -40,11 +41,16 @@ def message_hit(*, id: str | None, seq: int, sender: str | None, recipients: lis
 _HITS = kwargs_row(message_hit)
 
 
-async def search_messages(pool: AsyncConnectionPool, req: MessageSearchRequest) -> MessageSearchResponse:
-    """Run a message search (keyword ranked, or listed by time) against PostgreSQL."""
+async def search_messages(pool: AsyncConnectionPool, req: MessageSearchRequest, *,
+                          skipped: SkippedRows | None = None) -> MessageSearchResponse:
+    """Run a message search (keyword ranked, or listed by time) against PostgreSQL.
+
+    A stored message that cannot be read back (a timestamp out of Python's range, JSON nested
+    too deep, ``body_raw`` that is not msgpack) is left out, logged and counted in ``skipped``
+    as a ``message`` (:func:`~blackboard.search.rows.fetch_readable`)."""
     started = time.perf_counter()
     query, params = q.message_search(req)
     async with pool.connection() as conn, conn.cursor(row_factory=_HITS) as cur:
         await cur.execute(query, params)
-        hits = await cur.fetchall()
+        hits = await fetch_readable(cur, "message", skipped if skipped is not None else SkippedRows())
     return MessageSearchResponse(hits=hits, took_ms=(time.perf_counter() - started) * 1000)

@@ -19,6 +19,7 @@ from psycopg.rows import AsyncRowFactory
 from psycopg_pool import AsyncConnectionPool
 
 from blackboard.protocol.errors import StorageError
+from blackboard.search.rows import SkippedRows, fetch_readable
 
 __all__ = ["fetch", "once_more"]
 
@@ -44,9 +45,10 @@ async def once_more(pool: AsyncConnectionPool, attempt: Callable[[], Awaitable[_
 
 
 async def fetch(pool: AsyncConnectionPool, query: str, params: Sequence[Any],
-                row_factory: AsyncRowFactory[_T]) -> list[_T]:
+                row_factory: AsyncRowFactory[_T], *, kind: str, skipped: SkippedRows) -> list[_T]:
     """The rows of one read query, made by ``row_factory``, run once more on a broken
-    connection (:func:`once_more`).
+    connection (:func:`once_more`); a row that cannot be read back is left out, counted in
+    ``skipped`` as a ``kind`` (:func:`~blackboard.search.rows.fetch_readable`).
 
     Raises:
         StorageError: PostgreSQL is unavailable.
@@ -56,7 +58,8 @@ async def fetch(pool: AsyncConnectionPool, query: str, params: Sequence[Any],
         async with pool.connection() as conn:
             try:
                 cur = conn.cursor(row_factory=row_factory)
-                return await (await cur.execute(query, params)).fetchall()
+                await cur.execute(query, params)
+                return await fetch_readable(cur, kind, skipped)
             finally:
                 await conn.rollback()
 

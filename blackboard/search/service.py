@@ -15,7 +15,10 @@ status      (empty)                 worker status (lag, embedding backlog)
 =========== ======================= =========================
 
 Requests are handled concurrently (up to the pool size); errors are replied
-with ``Bb-Error`` and an ``ErrorReply`` body.
+with ``Bb-Error`` and an ``ErrorReply`` body. A stored row that cannot be read
+back, or a hit the reply's encoding cannot carry, is left out of the reply,
+logged and counted (:mod:`blackboard.search.rows`; ``skipped_rows`` in the
+status reply): one bad row never fails a search.
 
 The service has a PostgreSQL pool of its own (``postgres.pool_max``
 connections), so that queries never wait behind the ingest and embedding
@@ -58,6 +61,7 @@ from blackboard.protocol.subjects import SEARCH_SERVICE, Header, Subjects
 from blackboard.search.engine import SearchEngine
 from blackboard.search.history import EntryHistory
 from blackboard.search.messages import search_messages
+from blackboard.search.rows import SkippedRows, encode_response
 from blackboard.settings import Settings
 
 __all__ = ["SEARCH_SESSION", "SEARCH_VERSION", "SearchService", "error_reply", "search_session"]
@@ -116,6 +120,9 @@ class SearchService:
         self._host: asyncio.Task[None] | None = None
         self._group: asyncio.TaskGroup | None = None
         self._closing = asyncio.Event()
+        #: Stored rows and hits the service's reads skipped because they cannot be read back
+        #: or encoded (by kind: see :class:`~blackboard.search.rows.SkippedRows`).
+        self.skipped = SkippedRows()
 
     async def start(self) -> None:
         """Open the service's pool, register the service and its endpoints; returns once it serves.
@@ -145,7 +152,7 @@ class SearchService:
             async with open_pool(s.postgres, name=f"blackboard-{s.worker.name}-search", min_size=1,
                                  check=False, autocommit=True, session=search_session(s)) as pool:
                 self._pool = pool
-                self.engine = SearchEngine(pool, self._provider, s.search)
+                self.engine = SearchEngine(pool, self._provider, s.search, skipped=self.skipped)
                 # Leaving the group waits for the requests in flight (the
                 # endpoints are stopped first); only the flusher is cancelled.
                 async with asyncio.TaskGroup() as group:
@@ -180,7 +187,7 @@ class SearchService:
 
     async def _register(self) -> None:
         assert self.engine is not None
-        history = EntryHistory(self.engine.pool)
+        history = EntryHistory(self.engine.pool, skipped=self.skipped)
         svc = await add_service(self._nc, name=SEARCH_SERVICE, version=SEARCH_VERSION,
                                 description="blackboard search: memories, entries, history, as-of",
                                 queue_group=SEARCH_SERVICE)
@@ -212,10 +219,11 @@ class SearchService:
 
     async def _search_messages(self, req: MessageSearchRequest) -> MessageSearchResponse:
         assert self._pool is not None
-        return await search_messages(self._pool, req)
+        return await search_messages(self._pool, req, skipped=self.skipped)
 
     async def _get_status(self, _: Any) -> dict[str, Any]:
-        return await self._status() if self._status else {}
+        status = await self._status() if self._status else {}
+        return {**status, "skipped_rows": dict(self.skipped.counts)}
 
     def _handler(self, model: type[BaseModel] | None,
                  fn: Callable[[Any], Awaitable[Any]]) -> Callable[[Request], Awaitable[None]]:
@@ -237,8 +245,9 @@ class SearchService:
                 if model is not None:
                     req = validate_wire(model, codec.decode(request.data, encoding))  # type: ignore[type-var]
                 result = await fn(req)
-            data = result.model_dump() if isinstance(result, BaseModel) else result
-            await request.respond(codec.encode(data, encoding), headers=codec.headers_for(encoding) or None)
+            body = encode_response(result, encoding, self.skipped) if isinstance(result, BaseModel) \
+                else codec.encode(result, encoding)
+            await request.respond(body, headers=codec.headers_for(encoding) or None)
         except (InvalidPayloadError, NotFoundError, BlackboardError) as exc:
             body, headers = error_reply(exc, encoding)
             with contextlib.suppress(Exception):
