@@ -1,7 +1,9 @@
 """Hypothesis strategies of wire records, valid and spoilt, and an exact comparison of decoded values.
 
-Shared by the tests of the records' fast paths (tests/protocol/test_records.py)
-and of the worker's two decoding paths (tests/worker/test_decode_paths.py).
+Shared by the tests of the records' fast paths (tests/protocol/test_records.py),
+of the worker's two decoding paths (tests/worker/test_decode_paths.py) and the
+fuzz suite (tests/fuzz/), which adds hostile values: deep nesting, odd numbers,
+odd text, timestamps out of range (:data:`hostile_values` and the helpers below it).
 """
 
 from __future__ import annotations
@@ -16,10 +18,16 @@ from blackboard.protocol.schemas import MemoryKind
 
 __all__ = [
     "BAD",
+    "BAD_TIMESTAMPS",
+    "ODD_NUMBERS",
+    "ODD_TEXTS",
     "aware",
     "bad_values",
+    "deep_value",
+    "deep_wire",
     "entry_payloads",
     "exact",
+    "hostile_values",
     "json_values",
     "memory_payloads",
     "mutated",
@@ -147,3 +155,51 @@ def mutated(draw: st.DrawFn, payloads: st.SearchStrategy[dict[str, Any]], field:
     return obj
 
 
+
+
+# -- hostile values (the fuzz suite) -------------------------------------------
+#: Numbers a reader or PostgreSQL may choke on: NaN, infinities, beyond 64 bits, subnormal.
+ODD_NUMBERS: list[Any] = [float("nan"), float("inf"), float("-inf"), -0.0, 5e-324, 1.7976931348623157e308,
+                          2**63 - 1, 2**63, 2**64 - 1, -(2**63), -(2**63) - 1, 2**64, 10**30, -(10**40)]
+#: Timestamps out of range, with odd offsets, or not timestamps at all.
+BAD_TIMESTAMPS: list[Any] = [
+    "9999-12-31T23:59:59-23:59", "9999-12-31T23:59:59.999999+00:00", "0001-01-01T00:00:00+23:59",
+    "0001-01-01T00:00:00Z", "2026-02-30T00:00:00Z", "2026-01-01T24:00:00Z", "2026-01-01T00:00:00+24:00",
+    "2026-01-01T00:00:00+99:99", "2026-01-01T00:00:00-00:01", "+10000-01-01T00:00:00Z", "-0001-01-01T00:00:00Z",
+    "2026-01-01T00:00:00.9999999999Z", "1970-01-01T00:00:00Z", "NaN", "", "now", 0, -1, 2**63, 1e20, -1e20,
+    float("nan"), float("inf"), [], {}, True,
+]
+#: Text a database or a terminal may choke on: NUL, lone surrogates, controls, bidi, long words.
+ODD_TEXTS: list[str] = [
+    "\x00", "a\x00b", "\ud800", "x\udfff", "\u202eevil", "\r\n\t\x1b[2J", "\ufeff", "\U0001f600" * 50, "é" * 300,
+    "x" * 10_000, " ", "null", "-- DROP TABLE bb_entries; --", "%s %(x)s {0}", "$KV.a.b.c", "bb.mem.>", "*", ">",
+]
+
+
+def deep_value(depth: int, kind: str = "list") -> Any:
+    """A Python value nested ``depth`` levels (built without recursion)."""
+    value: Any = 1
+    for i in range(depth):
+        value = [value] if kind == "list" else {f"k{i % 7}": value}
+    return value
+
+
+def deep_wire(depth: int, encoding: str, kind: str = "list") -> bytes:
+    """The encoded bytes of a value nested ``depth`` levels, written directly (encoders
+    refuse to build what a hostile writer can send)."""
+    if encoding == "json":
+        if kind == "list":
+            return b"[" * depth + b"1" + b"]" * depth
+        return b'{"k":' * depth + b"1" + b"}" * depth
+    if kind == "list":
+        return b"\x91" * depth + b"\x01"  # fixarray of one element
+    return b"\x81\xa1k" * depth + b"\x01"  # fixmap of one entry
+
+
+#: One hostile value of any kind (small enough to draw often, and shallow enough for hypothesis to
+#: print; deeper values and huge sizes come from the callers).
+hostile_values = st.one_of(
+    bad_values, st.sampled_from(ODD_NUMBERS), st.sampled_from(BAD_TIMESTAMPS), st.sampled_from(ODD_TEXTS),
+    st.binary(max_size=16), st.integers(min_value=-(2**70), max_value=2**70), st.floats(),
+    st.sampled_from([30, 150]).map(deep_value), json_values,
+)
