@@ -86,7 +86,7 @@ async def worker_ingest(settings: Settings, board: str, n: int) -> float:
     base = default_handlers(settings)[0]
     handler = StreamHandler(base.name, base.stream, subj.entry_filter(board), base.decode, base.write,
                             base.embeds, base.concurrent_writes)
-    ws = settings.model_copy(update={"worker": settings.worker.model_copy(update={"name": f"w-{board}"})})
+    ws = settings.model_copy(update={"worker": settings.worker.model_copy(update={"name": f"w-{board}", "group": f"w-{board}"})})
     nc = await connect_nats(settings.nats, name="bench-worker")
     try:
         async with open_pool(settings.postgres, name="bench-worker") as pool:
@@ -206,7 +206,8 @@ async def _embed_bench(s: Settings, n: int) -> None:
             for i, t in enumerate(texts)]
         await asyncio.gather(*futs)
         await nc.close()
-        ws = s.model_copy(update={"worker": s.worker.model_copy(update={"embed": True, "name": "embedworker"})})
+        ws = s.model_copy(update={"worker": s.worker.model_copy(update={"embed": True, "name": "embedworker",
+                                                                 "group": "embedworker"})})
         # Only this phase's items: drop the entries queued by the ingest rounds.
         async with open_pool(s.postgres) as pool, pool.connection() as conn:
             await conn.execute("DELETE FROM bb_embed_queue")

@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, Field, SecretStr, field_validator
+from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 #: The most embedding dimensions a space can index (pgvector's HNSW limit for ``halfvec``).
@@ -31,6 +31,7 @@ __all__ = [
     "SearchSettings",
     "Settings",
     "WorkerSettings",
+    "describe_errors",
 ]
 
 _SYNC_RE = re.compile(r"^(always|\d+(ms|s|m|h))$")
@@ -39,7 +40,8 @@ _SYNC_RE = re.compile(r"^(always|\d+(ms|s|m|h))$")
 class NatsSettings(BaseModel):
     """How to reach NATS and how the embedded server persists."""
 
-    #: NATS server URL(s), comma-separated for a cluster.
+    #: NATS server URL(s), comma-separated for a cluster: ``nats://``,
+    #: ``tls://``, ``ws://`` or ``wss://`` (``host:port`` means ``nats://``).
     url: str = "nats://127.0.0.1:4222"
     #: NATS user name (with ``password``).
     user: str | None = None
@@ -173,8 +175,16 @@ class LLMSettings(BaseModel):
 class WorkerSettings(BaseModel):
     """The persistence worker (``blackboard worker``)."""
 
-    #: Worker name (logs, status).
+    #: Worker name: a label in logs, the NATS and PostgreSQL connection
+    #: names and the status endpoint (any name; it does not decide which
+    #: messages the worker gets: ``group`` does).
     name: str = Field("worker", pattern=r"^[A-Za-z0-9_-]+$")
+    #: Consumer group: workers of one group share its durable consumers
+    #: (``<group>-entries``, ``-memories``, ...) and split the messages
+    #: between them, whatever their names; a worker of another group gets
+    #: every message again (e.g. a second database). Changing it starts new
+    #: consumers at the beginning of the streams.
+    group: str = Field("worker", pattern=r"^[A-Za-z0-9_-]+$")
     #: Messages fetched and written per transaction.
     batch_size: int = Field(512, ge=1)
     #: Seconds to wait for a batch to fill.
@@ -333,3 +343,18 @@ class Settings(BaseSettings):
     search: SearchSettings = SearchSettings()
     messaging: MessagingSettings = MessagingSettings()
     dev: DevSettings = DevSettings()
+
+#: Settings whose values an error message must not repeat.
+_SECRET_FIELDS = frozenset({"password", "token", "dsn", "api_key"})
+
+
+def describe_errors(exc: ValidationError) -> str:
+    """One line naming each invalid setting of ``exc`` (raised building :class:`Settings`):
+    its path, its environment variable, why, and the value given (secrets left out)."""
+    parts = []
+    for err in exc.errors(include_url=False):
+        loc = [str(part) for part in err["loc"]]
+        msg = str(err["msg"]).removeprefix("Value error, ")
+        given = "" if _SECRET_FIELDS & set(loc) else f" (got {err.get('input')!r})"
+        parts.append(f"{'.'.join(loc)} (BLACKBOARD_{'__'.join(loc).upper()}): {msg}{given}")
+    return "invalid setting " + "; ".join(parts)

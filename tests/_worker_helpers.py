@@ -87,7 +87,8 @@ class HashProvider:
 
 def worker_settings(settings: Settings, **fields: Any) -> Settings:
     """``settings`` with these fields of its ``worker`` section replaced, validated as
-    :class:`WorkerSettings` (``name="w1"``, ``batch_wait=0.02``, ``embed=False``, ...).
+    :class:`WorkerSettings` (``name="w1"``, ``batch_wait=0.02``, ``embed=False``, ...). A
+    ``name`` without a ``group`` also names the group, so the worker has consumers of its own.
 
     Raises:
         TypeError: a field :class:`WorkerSettings` does not have (a typo would otherwise be ignored).
@@ -97,6 +98,9 @@ def worker_settings(settings: Settings, **fields: Any) -> Settings:
         raise TypeError(f"WorkerSettings has no field {', '.join(unknown)}")
     if not fields:
         return settings
+    if "name" in fields and "group" not in fields:
+        # A test's worker gets consumers of its own (the group), as its unique name used to give it.
+        fields = {**fields, "group": fields["name"]}
     worker = WorkerSettings.model_validate({**settings.worker.model_dump(), **fields})
     return settings.model_copy(update={"worker": worker})
 
@@ -159,6 +163,7 @@ def spawn_worker(settings: Settings, name: str, **env: str) -> subprocess.Popen[
         "BLACKBOARD_NATS__URL": settings.nats.url,
         "BLACKBOARD_POSTGRES__DSN": settings.postgres.dsn.get_secret_value(),
         "BLACKBOARD_WORKER__NAME": name,
+        "BLACKBOARD_WORKER__GROUP": name,  # consumers of its own (env may name another group)
         "BLACKBOARD_WORKER__EMBED": "false",
         "BLACKBOARD_WORKER__SERVE_SEARCH": "false",
         "BLACKBOARD_WORKER__ACK_WAIT": "2",

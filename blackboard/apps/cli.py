@@ -18,31 +18,61 @@ import asyncio
 import contextlib
 import logging
 import signal
+import socket
 import sys
 from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any
 
-from blackboard.protocol.errors import BlackboardError
-from blackboard.settings import Settings
+from pydantic import ValidationError
+
+from blackboard.protocol.errors import BlackboardError, ConfigurationError
+from blackboard.settings import Settings, describe_errors
 
 __all__ = ["main"]
 
 log = logging.getLogger("blackboard.apps.cli")
 
 
-def _settings_from(args: argparse.Namespace) -> Settings:
-    settings = Settings()
-    nats_url = getattr(args, "nats_url", None)
-    pg_dsn = getattr(args, "postgres_dsn", None)
-    if nats_url:
-        settings = settings.model_copy(update={"nats": settings.nats.model_copy(update={"url": nats_url})})
-    if pg_dsn:
-        from pydantic import SecretStr
+def _settings(overrides: dict[str, dict[str, Any]]) -> Settings:
+    """The environment's settings with the command line's values over them, validated as one
+    (a flag is checked as its environment variable would be, before anything starts).
 
-        settings = settings.model_copy(
-            update={"postgres": settings.postgres.model_copy(update={"dsn": SecretStr(pg_dsn)})})
-    return settings
+    Raises:
+        ConfigurationError: a setting is invalid (each named, with its variable).
+    """
+    try:
+        return Settings(**{group: values for group, values in overrides.items() if values})
+    except ValidationError as exc:
+        raise ConfigurationError(describe_errors(exc)) from exc
+
+
+def _given(**values: Any) -> dict[str, Any]:
+    """The flags given on the command line (a flag left out is None)."""
+    return {name: value for name, value in values.items() if value is not None}
+
+
+def _settings_from(args: argparse.Namespace, **worker: Any) -> Settings:
+    return _settings({
+        "nats": _given(url=getattr(args, "nats_url", None) or None),
+        "postgres": _given(dsn=getattr(args, "postgres_dsn", None) or None),
+        "worker": _given(**worker),
+    })
+
+
+def _check_host(host: str) -> None:
+    """Refuse a ``--host`` this machine cannot listen on, before any server starts.
+
+    Raises:
+        ConfigurationError: not an address of this machine, or a name that does not resolve.
+    """
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((host, 0))
+        except OSError as exc:
+            raise ConfigurationError(
+                f"cannot listen on {host!r} (--host, BLACKBOARD_DEV__HOST): {exc.strerror or exc}; "
+                "give an address of this machine, such as 127.0.0.1 or 0.0.0.0") from exc
 
 
 def _add_conn_flags(p: argparse.ArgumentParser, *, nats: bool = True, pg: bool = True) -> None:
@@ -71,13 +101,18 @@ async def _dev(args: argparse.Namespace) -> int:
     from blackboard.client.streams import ensure_streams
     from blackboard.devstack import EmbeddedNats, EmbeddedPostgres
 
-    settings = Settings()
+    settings = _settings({
+        "nats": _given(sync_interval=args.sync_interval or None),
+        "dev": _given(data_dir=args.data_dir or None, host=args.host or None, nats_port=args.nats_port,
+                      pg_port=args.pg_port),
+    })
     dev = settings.dev
-    data_dir = Path(args.data_dir or dev.data_dir).resolve()
-    host = args.host or dev.host
-    nats_port = dev.nats_port if args.nats_port is None else args.nats_port
-    pg_port = dev.pg_port if args.pg_port is None else args.pg_port
-    sync = args.sync_interval or settings.nats.sync_interval
+    data_dir = dev.data_dir.resolve()
+    host = dev.host
+    nats_port = dev.nats_port
+    pg_port = dev.pg_port
+    sync = settings.nats.sync_interval
+    _check_host(host)
     data_dir.mkdir(parents=True, exist_ok=True)
 
     nats_server = EmbeddedNats(data_dir / "nats", host=host, port=nats_port, sync_interval=sync)
@@ -150,11 +185,8 @@ def _worker_runner() -> Callable[[Settings, asyncio.Event, asyncio.Event], Corou
 
 # ------------------------------------------------------------------------ worker
 async def _worker(args: argparse.Namespace) -> int:
-    settings = _settings_from(args)
-    if args.name:
-        settings = settings.model_copy(update={"worker": settings.worker.model_copy(update={"name": args.name})})
-    if args.no_embed:
-        settings = settings.model_copy(update={"worker": settings.worker.model_copy(update={"embed": False})})
+    settings = _settings_from(args, name=args.name or None, group=args.group or None,
+                              embed=False if args.no_embed else None)
     stop = asyncio.Event()
     ready = asyncio.Event()
     signalled = _on_signal()
@@ -242,7 +274,10 @@ def _parser() -> argparse.ArgumentParser:
                        description="Consume the board, memory, message and vote streams into PostgreSQL, embed "
                                    "memories, serve search, enforce vote deadlines. Workers share the work.")
     _add_conn_flags(p)
-    p.add_argument("--name", help="worker name (for logs)")
+    p.add_argument("--name", help="worker name: a label in logs and status (env BLACKBOARD_WORKER__NAME)")
+    p.add_argument("--group", help="consumer group: workers of one group share the work, whatever their names; "
+                                   "another group gets every message again (default worker; env "
+                                   "BLACKBOARD_WORKER__GROUP)")
     p.add_argument("--no-embed", action="store_true", help="do not compute embeddings in this worker")
     p.set_defaults(func=_worker)
 
@@ -277,13 +312,18 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``blackboard`` command."""
     args = _parser().parse_args(argv)
-    level = logging.WARNING - 10 * min(args.verbose, 2)
+    # A worker logs its lifecycle (ready, stopped) at INFO: shown unless asked otherwise.
+    base = logging.INFO if args.command == "worker" else logging.WARNING
+    level = max(logging.DEBUG, base - 10 * args.verbose)
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         code: int = asyncio.run(args.func(args))
         return code
     except KeyboardInterrupt:
         return 130
+    except ConfigurationError as exc:  # the command line or the environment is wrong: like a usage error
+        print(f"blackboard {args.command}: error: {exc}", file=sys.stderr)
+        return 2
     except BlackboardError as exc:
         print(f"blackboard {args.command}: error: {exc}", file=sys.stderr)
         return 1

@@ -9,10 +9,11 @@ from typing import Any
 
 import psycopg
 from pgvector.psycopg import register_vector_async
+from psycopg.conninfo import conninfo_to_dict
 from psycopg.types import TypeInfo
 from psycopg_pool import AsyncConnectionPool
 
-from blackboard.protocol.errors import StorageError
+from blackboard.protocol.errors import ConfigurationError, StorageError
 from blackboard.settings import PostgresSettings
 
 __all__ = ["configure_connection", "connect", "open_pool"]
@@ -36,6 +37,21 @@ async def configure_connection(conn: psycopg.AsyncConnection[object],
     # it (a rollback would undo the settings), leaving the connection idle.
     if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
         await conn.commit()
+
+
+def _checked_dsn(settings: PostgresSettings) -> str:
+    """The DSN, parsed once before use: a malformed one is a configuration error at once (a
+    pool would retry it until its timeout).
+
+    Raises:
+        ConfigurationError: psycopg cannot parse the DSN.
+    """
+    dsn = settings.dsn.get_secret_value()
+    try:
+        conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError as exc:
+        raise ConfigurationError(f"invalid PostgreSQL DSN (postgres.dsn): {str(exc).strip()}") from exc
+    return dsn
 
 
 def _configure(session: Mapping[str, str] | None) -> Callable[[psycopg.AsyncConnection[Any]], Awaitable[None]]:
@@ -63,10 +79,11 @@ async def open_pool(settings: PostgresSettings, *, name: str = "blackboard",
     waits until its first connections are up.
 
     Raises:
+        ConfigurationError: the DSN is malformed.
         StorageError: PostgreSQL is not reachable in time (only with ``wait``).
     """
     pool: AsyncConnectionPool = AsyncConnectionPool(
-        settings.dsn.get_secret_value(),
+        _checked_dsn(settings),
         min_size=settings.pool_min if min_size is None else min_size,
         max_size=settings.pool_max if max_size is None else max_size,
         configure=_configure(session),
@@ -93,11 +110,12 @@ async def connect(settings: PostgresSettings, *, autocommit: bool = True,
     """One connection outside the pool (migrations, reindex).
 
     Raises:
+        ConfigurationError: the DSN is malformed.
         StorageError: PostgreSQL is not reachable.
     """
     try:
         conn = await psycopg.AsyncConnection.connect(
-            settings.dsn.get_secret_value(), autocommit=autocommit,
+            _checked_dsn(settings), autocommit=autocommit,
             application_name=name, connect_timeout=max(1, int(settings.connect_timeout)),
         )
     except psycopg.OperationalError as exc:

@@ -361,9 +361,10 @@ class Subjects:
         return f"OBJ_{bucket}"
 
     @staticmethod
-    def worker_consumer(worker: str, handler: str) -> str:
-        """The durable consumer a worker's handler reads its stream with: ``<worker>-<handler>``."""
-        return f"{validate_name(worker, 'worker name')}-{validate_name(handler, 'handler name')}"
+    def worker_consumer(group: str, handler: str) -> str:
+        """The durable consumer a worker group's handler reads its stream with: ``<group>-<handler>``
+        (every worker of the group shares it)."""
+        return f"{validate_name(group, 'worker group')}-{validate_name(handler, 'handler name')}"
 
     @staticmethod
     def consumer_next_api(stream: str, consumer: str) -> str:

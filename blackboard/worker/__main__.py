@@ -1,7 +1,9 @@
 """``python -m blackboard.worker``: run one worker process with settings from the environment.
 
-Prints ``ready`` on stdout once every component is up; stops cleanly on
-SIGTERM / SIGINT (unacknowledged work is redelivered to the other workers).
+Prints ``ready`` on stdout once every component is up (and logs its lifecycle
+at INFO on stderr); stops cleanly on SIGTERM / SIGINT (unacknowledged work is
+redelivered to the other workers of its group). Invalid settings exit with 2,
+other start-up errors with 1, each as one line.
 """
 
 from __future__ import annotations
@@ -11,8 +13,10 @@ import logging
 import signal
 import sys
 
-from blackboard.protocol.errors import BlackboardError
-from blackboard.settings import Settings
+from pydantic import ValidationError
+
+from blackboard.protocol.errors import BlackboardError, ConfigurationError
+from blackboard.settings import Settings, describe_errors
 from blackboard.worker.runner import Worker
 
 
@@ -31,9 +35,17 @@ def main() -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         stream=sys.stderr)
     try:
-        asyncio.run(_main(Settings()))
+        settings = Settings()
+    except ValidationError as exc:
+        print(f"blackboard worker: error: {describe_errors(exc)}", file=sys.stderr)
+        return 2
+    try:
+        asyncio.run(_main(settings))
+    except ConfigurationError as exc:
+        print(f"blackboard worker: error: {exc}", file=sys.stderr)
+        return 2
     except BlackboardError as exc:
-        print(f"blackboard worker: {exc}", file=sys.stderr)
+        print(f"blackboard worker: error: {exc}", file=sys.stderr)
         return 1
     return 0
 

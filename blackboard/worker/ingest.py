@@ -228,7 +228,7 @@ class IngestLoop:
                  settings: Settings, *, on_written: Callable[[], None] | None = None) -> None:
         self.handler = handler
         self.settings = settings
-        self.durable = Subjects.worker_consumer(settings.worker.name, handler.name)
+        self.durable = Subjects.worker_consumer(settings.worker.group, handler.name)
         self.stats = IngestStats()
         self._js = js
         self._pool = pool

@@ -112,8 +112,8 @@ class Worker:
                         await self._start_search(group, services)
                         self._spawn(group, "lag reporter", self._report_lag)
                         self.started_at = time.time()
-                        log.info("worker %s ready: %s", self.settings.worker.name,
-                                 ", ".join(lp.durable for lp in self.loops))
+                        log.info("worker %s ready (group %s): consumers %s", self.settings.worker.name,
+                                 self.settings.worker.group, ", ".join(lp.durable for lp in self.loops))
                         if not ready.done():
                             ready.set_result(None)
                         # Until stop() cancels this task: the search service
@@ -210,6 +210,8 @@ class Worker:
             return
         host.cancel()
         await asyncio.wait([host])
+        if self.started_at:
+            log.info("worker %s stopped", self.settings.worker.name)
 
     @property
     def tasks(self) -> tuple[asyncio.Task[None], ...]:
@@ -298,6 +300,9 @@ class Worker:
             await asyncio.sleep(poll)
 
     async def _report_lag(self, stop: asyncio.Event) -> None:
+        # At INFO while there is work, and once more when it is done; an idle worker's
+        # reports go to DEBUG (INFO is the default level of ``blackboard worker``).
+        busy = False
         while not stop.is_set():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), self.settings.worker.lag_interval)
@@ -309,11 +314,15 @@ class Worker:
                 log.warning("cannot read consumer lag: %r", exc)
                 continue
             parts = [f"{lg.stream}: {lg.pending} pending, {lg.ack_pending} in flight" for lg in lags]
+            work = sum(lg.total for lg in lags)
             if self.embedder is not None:
                 with contextlib.suppress(Exception):
                     inbox = await self.inbox.size() if self.inbox is not None else 0
-                    parts.append(f"embedding backlog {await self.embedder.backlog()} (+{inbox} handed over)")
-            log.info("lag: %s", "; ".join(parts))
+                    backlog = await self.embedder.backlog()
+                    work += inbox + backlog
+                    parts.append(f"embedding backlog {backlog} (+{inbox} handed over)")
+            log.log(logging.INFO if work or busy else logging.DEBUG, "lag: %s", "; ".join(parts))
+            busy = work > 0
 
 
 async def _quietly(close: Callable[[], Awaitable[object]]) -> None:

@@ -26,7 +26,7 @@ class StreamHandler:
     """How one stream is persisted.
 
     Attributes:
-        name: consumer suffix (the durable is ``<worker.name>-<name>``).
+        name: consumer suffix (the durable is ``<worker.group>-<name>``).
         stream: JetStream stream name.
         filter_subject: subjects of the stream to consume.
         decode: pure decoder; raises ``InvalidPayloadError`` for a dead letter.

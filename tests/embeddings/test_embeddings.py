@@ -668,7 +668,7 @@ async def test_the_worker_stores_and_searches_the_vectors_of_a_1536_dimension_op
     dims = 1536
     settings = make_settings(
         nats_server.url, fresh_db(postgres_server, unique),
-        worker=WorkerSettings(name=f"w{unique}", batch_wait=0.02),
+        worker=WorkerSettings(name=f"w{unique}", group=f"w{unique}", batch_wait=0.02),
         embedding=EmbeddingSettings(provider="openai", model="text-embedding-3-small", dimensions=dims,
                                     base_url=openai_fake.base_url, api_key=SecretStr("test-key")))
     texts = ["the staging cluster runs out of disk every friday", "lunch is pizza on fridays",
