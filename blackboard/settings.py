@@ -344,6 +344,7 @@ class Settings(BaseSettings):
     messaging: MessagingSettings = MessagingSettings()
     dev: DevSettings = DevSettings()
 
+
 #: Settings whose values an error message must not repeat.
 _SECRET_FIELDS = frozenset({"password", "token", "dsn", "api_key"})
 
