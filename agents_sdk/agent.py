@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Collection, Generator, Iterable, Mapping, Sequence
 from typing import Any, Unpack
 
+import nats.errors
 from nats.aio.client import Client as NATS
 
 from agents_sdk.board import Board
@@ -29,6 +31,8 @@ from blackboard.protocol.subjects import validate_name
 from blackboard.settings import Settings
 
 __all__ = ["Agent"]
+
+log = logging.getLogger("agents_sdk.agent")
 
 
 class Agent:
@@ -229,7 +233,9 @@ class Agent:
         """Close the views, messaging and voting, flush pending writes and close the connection.
 
         Everything is closed even when a part fails to; the first failure is
-        raised afterwards. Closing twice does nothing.
+        raised afterwards. Closing twice does nothing. A connection that is down
+        (the server gone, reconnecting) is closed without draining, and that is
+        not a failure: ``close`` raises no NATS error of its own.
         """
         if self._closed:
             return
@@ -243,8 +249,23 @@ class Agent:
             stack.push_async_callback(self.context.views.close_all)
 
     async def _drain(self) -> None:
-        if not self.nc.is_closed:
-            await self.nc.drain()
+        """Drain the connection (what is buffered goes out, the subscriptions finish), which
+        closes it. A connection that is down (the server gone, reconnecting) cannot drain: it
+        is closed at once, without raising (nothing acknowledged is lost: every write waits
+        for its ack, and fails on its own when the ack cannot come)."""
+        nc = self.nc
+        if nc.is_closed:
+            return
+        if nc.is_connected:
+            try:
+                await nc.drain()
+                return
+            except (nats.errors.Error, TimeoutError) as exc:  # the server went away while draining
+                log.info("agent %s: the connection could not drain (%r); closing it", self.id, exc)
+        else:
+            log.info("agent %s: the NATS connection is down; closing it without draining", self.id)
+        with contextlib.suppress(nats.errors.Error, TimeoutError):
+            await nc.close()
 
     async def __aenter__(self) -> Agent:
         return self

@@ -49,6 +49,11 @@ class View:
     Get one with ``await board.view(section=None, key=None)`` (or use it as
     ``async with board.view(...) as view``). Keys of the mapping are
     ``(section, key)`` tuples; ``view.get(section, key)`` reads one entry.
+
+    One bad entry never stops a view: a stored entry that cannot be decoded is
+    skipped (logged, counted in :attr:`skipped`), and a change callback that
+    raises is logged and counted in :attr:`callback_errors`. Closing the view
+    deletes its consumer on the server at once.
     """
 
     def __init__(self, board: ViewSource, section: str | None = None, key: str | None = None) -> None:
@@ -61,9 +66,18 @@ class View:
         self._callbacks: list[ChangeCallback] = []
         self._subscribers: list[asyncio.Queue[Change | None]] = []
         self._tasks: TaskHost | None = None
+        self._watch: Watch | None = None
         self.ready = asyncio.Event()
         #: Highest revision applied to this view.
         self.revision = 0
+        #: Change callbacks that raised (each logged; the view went on).
+        self.callback_errors = 0
+
+    @property
+    def skipped(self) -> int:
+        """Stored entries the view's watch skipped because they cannot be decoded (each logged;
+        the view goes on without them)."""
+        return self._watch.skipped if self._watch is not None else 0
 
     # ---------------------------------------------------------------- lifecycle
     async def start(self) -> View:
@@ -112,6 +126,7 @@ class View:
     async def _follow(self, status: TaskStatus[None]) -> None:
         """Apply the watch's changes in order; report up once the snapshot is applied."""
         async with self.board.watch(self.section, self.key, start="current") as watch:
+            self._watch = watch
             if watch.caught_up.is_set():  # an empty snapshot
                 status.started()
             async for change in watch:
@@ -140,6 +155,7 @@ class View:
                 if inspect.isawaitable(result):
                     await result
             except Exception:  # a faulty callback must not stop the view
+                self.callback_errors += 1
                 log.exception("view change callback failed")
 
     def _apply_local(self, entry: Entry) -> bool:
@@ -179,13 +195,14 @@ class View:
                     elif inspect.iscoroutine(result):
                         result.close()  # the view is closing: its callbacks no longer run
             except Exception:
+                self.callback_errors += 1
                 log.exception("view change callback failed")
 
-    @staticmethod
-    async def _callback(result: Awaitable[None]) -> None:
+    async def _callback(self, result: Awaitable[None]) -> None:
         try:
             await result
         except Exception:  # a faulty callback must not stop the view
+            self.callback_errors += 1
             log.exception("view change callback failed")
 
     # -------------------------------------------------------------------- reads

@@ -39,6 +39,7 @@ from nats.js import JetStreamContext, api
 
 from agents_sdk.lifecycle import TaskHost
 from agents_sdk.messaging.envelope import decode_envelope
+from blackboard.client.consumers import consumer_limit_error, is_consumer_limit
 from blackboard.protocol.errors import (
     BlackboardError,
     InboxBusyError,
@@ -295,8 +296,9 @@ class Message:
 
 
 @contextlib.asynccontextmanager
-async def _nats_errors(what: str) -> AsyncIterator[None]:
-    """Map NATS client errors of an inbox or consumer operation onto the error tree."""
+async def _nats_errors(what: str, js: JetStreamContext | None = None) -> AsyncIterator[None]:
+    """Map NATS client errors of an inbox or consumer operation onto the error tree (with
+    ``js``, a consumer refused at the server's limit is a ``ConsumerLimitError``)."""
     try:
         yield
     except BlackboardError:
@@ -306,6 +308,8 @@ async def _nats_errors(what: str) -> AsyncIterator[None]:
     except (nats.errors.TimeoutError, TimeoutError) as exc:
         raise OperationTimeoutError(f"{what}: no answer from the server in time") from exc
     except nats.js.errors.APIError as exc:
+        if js is not None and is_consumer_limit(exc):
+            raise await consumer_limit_error(js, MESSAGE_STREAM, what) from exc
         raise TransportError(f"{what}: JetStream refused: {exc.description} (code {exc.err_code})") from exc
     except nats.errors.Error as exc:
         raise TransportError(f"{what}: {exc!r}") from exc
@@ -369,7 +373,7 @@ class InboxConsumer:
         Raises:
             NotConnectedError, OperationTimeoutError, TransportError: NATS trouble.
         """
-        async with _nats_errors(f"inbox consumer {self.name}"):
+        async with _nats_errors(f"create the inbox consumer {self.name}", self._js):
             info: api.ConsumerInfo
             try:
                 info = await self._js.consumer_info(MESSAGE_STREAM, self.name)
@@ -391,7 +395,7 @@ class InboxConsumer:
         async with self._lock:
             info = await self.ensure()
             grants = self._read(info)
-            async with _nats_errors(f"inbox consumer {self.name}"):
+            async with _nats_errors(f"update the inbox consumer {self.name}", self._js):
                 last = int((await self._js.stream_info(MESSAGE_STREAM)).state.last_seq)
                 new = fn(dict(grants), last)
                 if new == grants:
@@ -408,7 +412,7 @@ class InboxConsumer:
         """
         if not info.num_ack_pending:
             return False
-        async with self._lock, _nats_errors(f"reset of inbox {self.name}"):
+        async with self._lock, _nats_errors(f"reset of inbox {self.name}", self._js):
             version = self._nc.connected_server_version
             if (version.major, version.minor) >= (2, 14):
                 resp = await self._nc.request(Subjects.consumer_reset_api(MESSAGE_STREAM, self.name), b"",

@@ -408,7 +408,7 @@ class BoardStore:
         (raw messages, in revision order; :class:`Watch` decodes them into changes)."""
         return OrderedFollower(self._js, self.subjects.kv_stream, filter_subject, on_message, start=start,
                                from_sequence=from_revision, headers_only=headers_only, on_ready=on_ready,
-                               what=what)
+                               what=what, nc=self._nc)
 
     def watch(
         self,
@@ -441,7 +441,9 @@ class Watch:
     ``caught_up`` once the iterating consumer has also taken all of them. The
     follower (:class:`~blackboard.client.follower.OrderedFollower`) recreates
     its consumer after a disconnect or a server restart, resuming after the
-    last delivered revision: no gaps, no duplicates.
+    last delivered revision: no gaps, no duplicates. A stored message that
+    cannot be decoded into an entry is skipped with a warning and counted in
+    ``skipped``; the watch goes on. ``stop`` deletes the consumer at once.
     """
 
     def __init__(
@@ -470,6 +472,13 @@ class Watch:
         self._dequeued = 0
         self._ready_mark = 0
         self._closed = False
+        self._undecodable = 0
+
+    @property
+    def skipped(self) -> int:
+        """Stored messages this watch skipped: not decodable into an entry (a bad key, a payload
+        that is not an entry), or failing in a way the follower caught (each logged)."""
+        return self._undecodable + self._follower.skipped
 
     @property
     def last_revision(self) -> int:
@@ -509,7 +518,8 @@ class Watch:
             else:
                 entry = self._store._decode_shared(seq, msg, md.timestamp)
         except (InvalidPayloadError, InvalidKeyError) as exc:
-            log.warning("skipping undecodable board message %s: %s", msg.subject, exc)
+            self._undecodable += 1
+            log.warning("skipping undecodable board message %s (revision %d): %s", msg.subject, seq, exc)
             return
         if entry.operation is Operation.PUT or self._include_deletes:
             self._queue.put_nowait(Change(entry, md.num_pending))

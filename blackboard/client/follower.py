@@ -19,9 +19,14 @@ and vote following (:class:`blackboard.client.consensus.VoteFollower`).
   callback sees every message once, in stream order, across outages.
 * **errors**: failing to start raises our error classes (``NotConnectedError``
   when NATS does not answer, ``ConfigurationError`` when the stream does not
-  exist, ``TransportError`` when the server refuses the consumer); a callback
-  that raises loses only that message (logged, kept in ``error``), never the
-  consumer.
+  exist, ``ConsumerLimitError`` at the server's consumer limit,
+  ``TransportError`` when it refuses the consumer otherwise); a callback
+  that raises loses only that message (logged, kept in ``error``, counted in
+  ``skipped``), never the consumer.
+* **stop** unsubscribes and deletes the consumer on the server at once
+  (:func:`~blackboard.client.consumers.delete_consumer`): an ordered consumer
+  left to its inactivity threshold counts against the consumer limit for
+  seconds after its follower stopped.
 """
 
 from __future__ import annotations
@@ -33,9 +38,11 @@ from typing import Any, Literal, Self
 
 import nats.errors
 import nats.js.errors
+from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext, api
 
+from blackboard.client.consumers import consumer_limit_error, delete_consumer, is_consumer_limit
 from blackboard.protocol.errors import (
     BlackboardError,
     ConfigurationError,
@@ -119,6 +126,9 @@ class OrderedFollower:
         headers_only: deliver headers without payloads.
         on_ready: called once, right after ``ready`` is set.
         what: how error messages name this follower ("follow <filter>").
+        nc: the connection ``js`` is on: when it is down at ``stop``, the consumer is left
+            to the server's inactivity threshold instead of a delete request that would
+            wait for a reconnect (without it, the delete is tried, for a bounded time).
     """
 
     def __init__(
@@ -133,8 +143,10 @@ class OrderedFollower:
         headers_only: bool = False,
         on_ready: Callable[[], None] | None = None,
         what: str | None = None,
+        nc: NATS | None = None,
     ) -> None:
         self._js = js
+        self._nc = nc
         self.stream = stream
         self.filter_subject = filter_subject
         self._on_message = on_message
@@ -152,6 +164,9 @@ class OrderedFollower:
         self.last_sequence = 0
         #: The last callback error (that message was skipped, the follower went on).
         self.error: BaseException | None = None
+        #: Messages skipped because the callback raised on them.
+        self.skipped = 0
+        self._consumer: str | None = None  # the consumer's name (a reset renames it)
 
     @property
     def started(self) -> bool:
@@ -190,8 +205,12 @@ class OrderedFollower:
         except _START_ERRORS as exc:
             if sub is not None:  # half-started: take it down, so a retry starts afresh
                 await self._unsubscribe(sub)
+                await delete_consumer(self._js, self.stream, self._consumer, connected=self._connected())
+            if is_consumer_limit(exc):
+                raise await consumer_limit_error(self._js, self.stream, self._what) from exc
             raise start_error(exc, self.stream, self._what) from exc
         self._sub = sub
+        self._consumer = info.name
         # Ready already when nothing is pending and every delivered message has
         # been through the callback (which marks ready on pending == 0 itself).
         if self._policy is api.DeliverPolicy.NEW or (
@@ -211,21 +230,28 @@ class OrderedFollower:
             md = msg.metadata
             pending = md.num_pending
             self.last_sequence = md.sequence.stream
+            self._consumer = md.consumer  # (renamed when the ordered consumer was reset)
         except (AttributeError, IndexError, ValueError):  # not a JetStream delivery
             pending = 0
         try:
             self._on_message(msg)
         except Exception as exc:  # a bad message must not stop the consumer
             self.error = exc
+            self.skipped += 1
             log.warning("%s: skipping message %s: %r", self.filter_subject, msg.subject, exc)
         if pending == 0 and not self._ready:  # live messages (pending 0) skip the call
             self._mark_ready()
 
     async def stop(self) -> None:
-        """Delete the consumer (idempotent)."""
+        """Unsubscribe and delete the consumer on the server (idempotent; see the module
+        docstring: a connection that is down leaves it to the server's inactivity threshold)."""
         if self._sub is not None:
             sub, self._sub = self._sub, None
             await self._unsubscribe(sub)
+            await delete_consumer(self._js, self.stream, self._consumer, connected=self._connected())
+
+    def _connected(self) -> bool | None:
+        return None if self._nc is None else self._nc.is_connected
 
     @staticmethod
     async def _unsubscribe(sub: Any) -> None:

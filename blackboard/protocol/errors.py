@@ -13,7 +13,8 @@
     ├── ConflictError                    (key, expected_revision, current_revision)
     ├── TransportError
     │   ├── NotConnectedError
-    │   └── OperationTimeoutError
+    │   ├── OperationTimeoutError
+    │   └── ConsumerLimitError           (stream, limit, setting: a view, watch or inbox found no consumer left)
     ├── MessagingError
     │   ├── NoResponderError             (to)
     │   │   └── NoHandlerError           (to, type: the agent listens, not for this type)
@@ -44,6 +45,7 @@ __all__ = [
     "BudgetExceededError",
     "ConfigurationError",
     "ConflictError",
+    "ConsumerLimitError",
     "DeadlinePassedError",
     "DevStackError",
     "EmbeddingError",
@@ -154,6 +156,26 @@ class NotConnectedError(TransportError, ConnectionError):
 
 class OperationTimeoutError(TransportError, TimeoutError):
     """The server did not answer in time; the operation may or may not have happened."""
+
+
+class ConsumerLimitError(TransportError):
+    """The server refused a consumer: its consumer limit is reached (JetStream error 10026).
+
+    Every live view, watch and inbox holds one consumer: a board's on the
+    board bucket's stream (shared by every board), an inbox on the message
+    stream (shared by every agent). ``limit`` is the number of consumers
+    allowed (None when the server did not say), ``setting`` names what raises
+    it: the stream's ``max_consumers``, or the account's JetStream
+    ``max_consumers``. Closing views, watches and inboxes frees consumers.
+    """
+
+    def __init__(self, stream: str, limit: int | None, setting: str, what: str = "create a consumer") -> None:
+        self.stream = stream
+        self.limit = limit
+        self.setting = setting
+        count = f"{limit} consumers" if limit is not None else "consumers"
+        super().__init__(f"cannot {what}: the server's limit of {count} on stream {stream} is reached "
+                         f"(raise {setting}; each open view and watch, and each agent's inbox, holds one)")
 
 
 class MessagingError(BlackboardError):

@@ -11,7 +11,7 @@ import blackboard.search
 
 AGENTS_SDK = {
     "Agent", "Ballot", "BallotReceipt", "BlackboardError", "Board", "BoardPipeline", "BudgetExceededError",
-    "Change", "ConfigurationError", "ConflictError", "DeadlinePassedError", "Entry", "EntryHit", "EntryRevision", "Handler", "Inbox",
+    "Change", "ConfigurationError", "ConflictError", "ConsumerLimitError", "DeadlinePassedError", "Entry", "EntryHit", "EntryRevision", "Handler", "Inbox",
     "InboxBusyError", "IneligibleVoterError", "InvalidBallotError", "InvalidKeyError", "InvalidPayloadError",
     "LLMError", "MemoryHit", "MemoryInput", "Message", "MessagingError", "Messenger", "NoHandlerError", "NoResponderError",
     "NotConnectedError", "NotFoundError", "ObjectRef", "ObjectStore", "Operation", "OperationTimeoutError",
