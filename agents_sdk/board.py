@@ -359,14 +359,21 @@ class BoardPipeline:
     async def __aexit__(self, *exc: object) -> None:
         await self._p.flush()
 
-    async def put(self, section: str, key: str, value: Any, **kwargs: Any) -> asyncio.Future[Any]:
-        """Send a put; returns a future of the ack (``flush`` gives the revisions)."""
+    async def put(self, section: str, key: str, value: Any, **kwargs: Any) -> asyncio.Future[int]:
+        """Send a put; returns a future of its revision (or of its error: ``ConflictError``...),
+        resolved as the ack comes in or by ``flush``. Validation errors raise here."""
         return await self._p.put(self._board, section, key, value, **kwargs)
 
-    async def delete(self, section: str, key: str, *, purge: bool = False) -> asyncio.Future[Any]:
+    async def delete(self, section: str, key: str, *, purge: bool = False) -> asyncio.Future[int]:
+        """Send a delete; returns a future of the tombstone's revision."""
         return await self._p.delete(self._board, section, key, purge=purge)
 
     async def flush(self) -> list[int]:
+        """Wait for every write sent so far and resolve each future; the revisions in order.
+
+        Raises:
+            BlackboardError: the first failed write's error (the others are applied).
+        """
         return await self._p.flush()
 
 

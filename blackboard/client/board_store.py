@@ -565,7 +565,8 @@ class Pipeline:
     """Many writes in flight, each still acknowledged (and deduplicated on retry).
 
     ``await put(...)`` / ``await delete(...)`` send a write and return an
-    ``asyncio.Future`` of its ack (they wait only while
+    ``asyncio.Future`` of its revision (an ``int``; the write's typed error if it
+    failed), resolved as its ack comes in or by ``flush`` (they wait only while
     ``settings.nats.max_pending_writes`` writes are unacknowledged). Leaving the ``async with`` block (or
     ``flush()``) waits for every ack; writes whose ack did not come within the
     request timeout are re-sent through the retrying path with the same
@@ -577,6 +578,8 @@ class Pipeline:
         self.store = store
         self.author = author
         self._sent: list[tuple[_Prepared, asyncio.Future[Any]]] = []
+        #: The futures handed to the caller, one per write of ``_sent`` (its revision or error).
+        self._results: list[asyncio.Future[int]] = []
 
     async def __aenter__(self) -> Pipeline:
         return self
@@ -587,17 +590,24 @@ class Pipeline:
     async def put(self, board: str, section: str, key: str, value: Any, *, content_type: str | None = None,
                   tags: Sequence[str] = (), metadata: Mapping[str, Any] | None = None,
                   expected_revision: int | None = None, ttl: float | None = None,
-                  encoding: codec.Encoding = "msgpack") -> asyncio.Future[Any]:
-        """Send a put; validation errors raise here, at once."""
+                  encoding: codec.Encoding = "msgpack") -> asyncio.Future[int]:
+        """Send a put; validation errors raise here, at once.
+
+        Returns:
+            A future of the write's revision, or of its error (``ConflictError``,
+            ``PayloadTooLargeError``, ``TransportError``...); ``flush`` resolves
+            every future it waits for.
+        """
         prep = self.store._prepare(board, section, key, value, author=self.author, content_type=content_type,
                                    tags=tags, metadata=metadata, expected_revision=expected_revision, ttl=ttl,
                                    encoding=encoding)
         return await self._send(prep)
 
-    async def delete(self, board: str, section: str, key: str, *, purge: bool = False) -> asyncio.Future[Any]:
+    async def delete(self, board: str, section: str, key: str, *, purge: bool = False) -> asyncio.Future[int]:
+        """Send a delete (a tombstone; ``purge`` also drops the history); a future of its revision."""
         return await self._send(self.store._prepare_delete(board, section, key, None, purge))
 
-    async def _send(self, prep: _Prepared) -> asyncio.Future[Any]:
+    async def _send(self, prep: _Prepared) -> asyncio.Future[int]:
         # The publisher waits by itself while max_pending_writes acks are
         # outstanding, which bounds memory.
         try:
@@ -609,7 +619,21 @@ class Pipeline:
         except nats.errors.MaxPayloadError as exc:
             raise PayloadTooLargeError(len(prep.payload), self.store._nc.max_payload) from exc
         self._sent.append((prep, fut))
-        return fut
+        result: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self._results.append(result)
+        fut.add_done_callback(lambda done: self._settle(prep, done, result))
+        return result
+
+    def _settle(self, prep: _Prepared, ack: asyncio.Future[Any], result: asyncio.Future[int]) -> None:
+        """Resolve ``result`` from its ack as it comes in: the revision, or a refusal's typed
+        error; anything else (no ack, a transport error) is left to ``flush``, which re-sends."""
+        if result.done() or ack.cancelled():
+            return
+        exc = ack.exception()
+        if exc is None:
+            result.set_result(int(ack.result().seq))
+        elif isinstance(exc, nats.js.errors.APIError):
+            _resolve_error(result, self.store._map_api_error(exc, prep))
 
     async def flush(self) -> list[int]:
         """Wait for every write sent so far; return their revisions in order.
@@ -618,17 +642,29 @@ class Pipeline:
             BlackboardError: the first failed write's error.
         """
         sent, self._sent = self._sent, []
+        results, self._results = self._results, []
         if not sent:
             return []
+        try:
+            return await self._settle_all(sent, results)
+        finally:
+            for result in results:  # flush itself failed or was cancelled: no future stays pending
+                if not result.done():
+                    result.cancel()
+
+    async def _settle_all(self, sent: list[tuple[_Prepared, asyncio.Future[Any]]],
+                          results: list[asyncio.Future[int]]) -> list[int]:
         pending = [f for _, f in sent if not f.done()]
         if pending:
             await asyncio.wait(pending, timeout=self.store._settings.nats.request_timeout)
         revisions: list[int] = []
         first_error: BlackboardError | None = None
-        for prep, fut in sent:
+        for (prep, fut), result in zip(sent, results, strict=True):
             try:
                 if fut.done() and not fut.cancelled() and fut.exception() is None:
                     revisions.append(int(fut.result().seq))
+                    if not result.done():
+                        result.set_result(revisions[-1])
                     continue
                 exc = fut.exception() if fut.done() and not fut.cancelled() else None
                 if isinstance(exc, nats.js.errors.APIError):
@@ -637,9 +673,13 @@ class Pipeline:
                     self.store._publisher.forget(fut)
                 # No ack (or a transport error): re-send with the same Msg-Id.
                 revisions.append(await self.store._publish_prepared(prep, resend=True))
+                if not result.done():
+                    result.set_result(revisions[-1])
             except BlackboardError as err:
                 revisions.append(-1)
                 first_error = first_error or err
+                if not result.done():
+                    _resolve_error(result, err)
         if first_error is not None:
             raise first_error
         return revisions
@@ -650,3 +690,10 @@ class Pipeline:
             await self.put(board, op.section, op.key, op.value, content_type=op.content_type, tags=op.tags,
                            metadata=op.metadata, expected_revision=op.expected_revision, ttl=op.ttl)
         return await self.flush()
+
+
+def _resolve_error(result: asyncio.Future[int], err: BaseException) -> None:
+    """Fail a pipelined write's future, marked as seen: ``flush`` raises the first error, and a
+    caller that never awaits the others must not get "exception was never retrieved" logs."""
+    result.set_exception(err)
+    result.exception()
