@@ -75,7 +75,10 @@ class Agent:
 
         Raises:
             InvalidKeyError: invalid agent id.
-            NotConnectedError: no NATS server answered.
+            ConfigurationError: the NATS URL is malformed (an unknown scheme,
+                no host, a bad port), found before connecting.
+            NotConnectedError: no NATS server answered (the message names a
+                host that does not resolve, or the last connection error).
         """
         validate_name(agent_id, "agent id")
         settings = settings or Settings()
@@ -89,6 +92,19 @@ class Agent:
         if board is None:
             board = self._boards[name] = Board(self, name)
         return board
+
+    async def boards(self) -> list[str]:
+        """The names of the boards that hold at least one live key, sorted.
+
+        A board exists while it holds a key: one whose keys were all deleted
+        or purged is not listed (its history stays readable through
+        ``agent.board(name)``). One listing request to the server, then a
+        short read per board (:meth:`BoardStore.boards`).
+
+        Raises:
+            NotConnectedError, OperationTimeoutError, TransportError: the listing failed.
+        """
+        return await self.context.store.boards()
 
     # ------------------------------------------------------------ long-term memory
     @property

@@ -62,6 +62,10 @@ WatchStart = StartPosition
 
 _WRONG_LAST_SEQ = 10071
 _MSG_TOO_BIG = 10054
+#: Subjects one stream-info listing holds at most (nats-server's page); beyond, boards() scans.
+_MAX_SUBJECT_DETAILS = 100_000
+#: Boards whose keys boards() reads at once (one ordered consumer each).
+_LIVE_CHECKS = 8
 _SEQ_RE = re.compile(r"(\d+)\s*$")
 
 
@@ -390,8 +394,61 @@ class BoardStore:
         return sorted({p.section for p in await self._scan_keys(self.subjects.entry_filter(board))})
 
     async def boards(self) -> list[str]:
-        """Boards that hold at least one live key, sorted."""
-        return sorted({p.board for p in await self._scan_keys(self.subjects.entry_filter())})
+        """Boards that hold at least one live key, sorted.
+
+        Cheap however many keys there are: the server lists the bucket's
+        subjects (one API request, no message read), which names every board
+        that has held a key; then each board's latest revisions are read
+        (headers only, a few boards at a time) until a live one, which is
+        usually the first. Only a board whose every key is deleted or purged
+        is read through. Past ``_MAX_SUBJECT_DETAILS`` subjects (one page of
+        the server's listing) every key's latest revision is scanned instead.
+
+        Raises:
+            NotConnectedError, OperationTimeoutError, TransportError: the listing failed.
+        """
+        candidates = await self._boards_named()
+        if candidates is None:
+            return sorted({p.board for p in await self._scan_keys(self.subjects.entry_filter())})
+        slots = asyncio.Semaphore(_LIVE_CHECKS)
+
+        async def live(board: str) -> bool:
+            async with slots:
+                return await self._has_live_key(board)
+
+        found = await asyncio.gather(*(live(board) for board in candidates))
+        return sorted(board for board, ok in zip(candidates, found, strict=True) if ok)
+
+    async def _boards_named(self) -> list[str] | None:
+        """The boards named by the bucket's subjects (None: more subjects than one listing holds)."""
+        try:
+            info = await self._js.stream_info(self.subjects.kv_stream, subjects_filter=self.subjects.entry_filter())
+        except nats.errors.ConnectionClosedError as exc:
+            raise NotConnectedError("the NATS connection is closed") from exc
+        except RETRYABLE as exc:
+            raise OperationTimeoutError(f"listing the boards of {self.subjects.kv_stream}: {exc!r}") from exc
+        except nats.js.errors.APIError as exc:
+            raise TransportError(f"listing the boards of {self.subjects.kv_stream}: {exc.description} "
+                                 f"(code {exc.err_code})") from exc
+        subjects = info.state.subjects or {}
+        if len(subjects) >= _MAX_SUBJECT_DETAILS:
+            return None
+        boards: set[str] = set()
+        for subject in subjects:
+            try:
+                boards.add(self.subjects.parse_entry(subject).board)
+            except InvalidKeyError:
+                continue  # not a key of ours (written by hand): no board
+        return sorted(boards)
+
+    async def _has_live_key(self, board: str) -> bool:
+        """Whether some key of ``board`` is live (stops at the first one found)."""
+        async with Watch(self, self.subjects.entry_filter(board), start="current", headers_only=True,
+                         stop_when_caught_up=True) as watch:
+            async for change in watch:
+                if change.entry.operation is Operation.PUT:
+                    return True
+        return False
 
     def follow(
         self,
