@@ -41,8 +41,9 @@ def _settings(overrides: dict[str, dict[str, Any]]) -> Settings:
     Raises:
         ConfigurationError: a setting is invalid (each named, with its variable).
     """
+    given: dict[str, Any] = {group: values for group, values in overrides.items() if values}
     try:
-        return Settings(**{group: values for group, values in overrides.items() if values})
+        return Settings(**given)
     except ValidationError as exc:
         raise ConfigurationError(describe_errors(exc)) from exc
 
