@@ -53,11 +53,22 @@ class NatsSettings(BaseModel):
     creds_file: Path | None = None
     #: Seconds one connection attempt may take.
     connect_timeout: float = Field(2.0, gt=0)
-    #: Seconds a request (publish ack, get, API call) may take.
+    #: Seconds a request (a get, an API call) may take; reads retry until ``write_timeout``.
     request_timeout: float = Field(5.0, gt=0)
-    #: Seconds a write keeps retrying while the server is unreachable before
-    #: raising ``NotConnectedError``. 0 fails at once.
-    write_timeout: float = Field(10.0, ge=0)
+    #: Seconds a write keeps being sent again (same ``Nats-Msg-Id``) through an
+    #: outage or a leader election before raising ``NotConnectedError`` (not
+    #: connected) or ``OperationTimeoutError``. 0 fails at once. The default
+    #: outlasts the worst stream-leader election (nats-server's Raft election
+    #: timeout is 4-9 s, not a setting) twice over with margin, so no write
+    #: fails while one node of three dies; at most 110, so that re-sends stay
+    #: inside the streams' 2-minute duplicate window. See docs/operations.md.
+    write_timeout: float = Field(30.0, ge=0, le=110)
+    #: Seconds one attempt of a write waits for its ack, while connected,
+    #: before the write is sent again with the same ``Nats-Msg-Id`` (a write
+    #: in flight on a connection that is replaced is sent again at once): a
+    #: write goes through within about this long of the server or a new
+    #: stream leader being able to take it.
+    write_attempt_timeout: float = Field(1.0, gt=0)
     #: Seconds between reconnect attempts.
     reconnect_time_wait: float = Field(0.25, gt=0)
     #: Attempts per server of the first connect before ``NotConnectedError``.

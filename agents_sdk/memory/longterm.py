@@ -111,7 +111,6 @@ class LongTermMemory:
         Raises:
             the first error of :meth:`remember` (the other memories are still stored).
         """
-        timeout = self._context.settings.nats.request_timeout
         sent: list[tuple[str, str, bytes, dict[str, str], asyncio.Future[Ack] | None]] = []
         for m in memories:
             memory_id, subject, payload, headers = self._prepare(m)
@@ -121,9 +120,8 @@ class LongTermMemory:
             except RETRYABLE:
                 fut = None  # re-sent below through the retrying path
             sent.append((memory_id, subject, payload, headers, fut))
-        pending = [f for *_, f in sent if f is not None and not f.done()]
-        if pending:
-            await asyncio.wait(pending, timeout=timeout)
+        # until every ack is in, or the rest should be sent again (silence, a reconnect)
+        await self._publisher.wait_acks(f for *_, f in sent if f is not None)
         ids: list[str] = []
         for memory_id, subject, payload, headers, fut in sent:
             if fut is None or not fut.done() or fut.cancelled() or fut.exception() is not None:

@@ -625,9 +625,10 @@ class Pipeline:
     ``asyncio.Future`` of its revision (an ``int``; the write's typed error if it
     failed), resolved as its ack comes in or by ``flush`` (they wait only while
     ``settings.nats.max_pending_writes`` writes are unacknowledged). Leaving the ``async with`` block (or
-    ``flush()``) waits for every ack; writes whose ack did not come within the
-    request timeout are re-sent through the retrying path with the same
-    ``Nats-Msg-Id``, so the server applies each at most once. ``flush`` raises
+    ``flush()``) waits for every ack; writes still unacknowledged when no ack
+    came for ``nats.write_attempt_timeout`` seconds, or when the connection
+    that carried them was replaced, are re-sent through the retrying path with
+    the same ``Nats-Msg-Id``, so the server applies each at most once. ``flush`` raises
     the first error if any write failed (the others are still applied).
     """
 
@@ -711,9 +712,9 @@ class Pipeline:
 
     async def _settle_all(self, sent: list[tuple[_Prepared, asyncio.Future[Any]]],
                           results: list[asyncio.Future[int]]) -> list[int]:
-        pending = [f for _, f in sent if not f.done()]
-        if pending:
-            await asyncio.wait(pending, timeout=self.store._settings.nats.request_timeout)
+        # Until every ack is in, or the rest should be sent again (no ack for
+        # write_attempt_timeout, or the connection that carried them replaced).
+        await self.store._publisher.wait_acks(f for _, f in sent)
         revisions: list[int] = []
         first_error: BlackboardError | None = None
         for (prep, fut), result in zip(sent, results, strict=True):

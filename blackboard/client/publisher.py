@@ -1,9 +1,15 @@
 """Acknowledged JetStream publishing that waits out outages without duplicates.
 
 Every write carries a ``Nats-Msg-Id``; a publish whose ack was lost (server
-restart, network blip) is re-sent with the same id until it is acknowledged
-or the write timeout passes, and the server's duplicate window makes sure it
-is stored once.
+restart, network blip, a stream leader's death) is sent again with the same id
+until it is acknowledged or ``write_timeout`` passes, and the server's
+duplicate window (2 minutes on every stream) makes sure it is stored once.
+
+An attempt is abandoned and the write sent again as soon as the connection is
+re-established after carrying it (it may have died with the server), or after
+``write_attempt_timeout`` seconds of connected silence (a stream whose leader
+is being elected drops publishes), so a write goes through within about that
+long of the cluster being able to take it, not after a long request timeout.
 
 Acks come back on one wildcard inbox subscription per publisher (no request
 object, task or ``wait_for`` per message), which keeps the SDK's write path
@@ -16,7 +22,7 @@ import asyncio
 import itertools
 import json
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,6 +56,14 @@ RETRYABLE: tuple[type[BaseException], ...] = (
 )
 
 _WRONG_LAST_SEQ = 10071
+#: JetStream answers that a moment later become a definite one: our earlier
+#: copy of this write is still being replicated ("duplicate message id is in
+#: process", clustered streams), or another write on the subject is ("wrong
+#: last sequence" without a number, to a compare-and-set write).
+_IN_PROCESS = frozenset({10158, 10164})
+#: Seconds between checks of an unacknowledged attempt (a reconnect, its
+#: ``write_attempt_timeout``): only writes waiting that long pay for a check.
+_TICK = 0.1
 
 ApiErrorMapper = Callable[[nats.js.errors.APIError], BlackboardError]
 
@@ -154,14 +168,44 @@ class Publisher:
         if not fut.done():
             fut.cancel()
 
-    async def _wait(self, fut: asyncio.Future[Ack], timeout: float) -> Ack:
+    def _epoch(self) -> int:
+        """The connection a publish made now goes out on (``reconnects`` counts
+        completed reconnects; one made while reconnecting waits for the next)."""
+        nc = self.nc
+        return nc.stats["reconnects"] + (0 if nc.is_connected else 1)
+
+    async def _wait(self, fut: asyncio.Future[Ack], epoch: int, deadline: float) -> Ack:
+        """Wait for one attempt's ack.
+
+        Raises:
+            nats.errors.TimeoutError: the attempt is abandoned (the future is
+                forgotten): its connection was replaced, it went unanswered for
+                ``write_attempt_timeout`` connected seconds, or ``deadline`` passed.
+        """
         loop = asyncio.get_running_loop()
+        nc = self.nc
+        attempt = self.settings.write_attempt_timeout
+        # Seconds count only while connected: while reconnecting the write
+        # waits in the client's buffer, and is flushed on reconnect.
+        since = loop.time()
+        handle: asyncio.TimerHandle
 
-        def expire() -> None:
-            if not fut.done():
+        def check() -> None:
+            nonlocal since, handle
+            if fut.done():
+                return
+            now = loop.time()
+            if not nc.is_connected:
+                since = now
+            elif nc.stats["reconnects"] > epoch or now - since >= attempt:
                 self.forget(fut)
+                return
+            if now >= deadline:
+                self.forget(fut)
+                return
+            handle = loop.call_later(min(_TICK, attempt), check)
 
-        handle = loop.call_later(timeout, expire)
+        handle = loop.call_later(min(_TICK, attempt), check)
         try:
             return await fut
         except asyncio.CancelledError:
@@ -170,6 +214,52 @@ class Publisher:
             raise
         finally:
             handle.cancel()
+
+    async def wait_acks(self, futs: Iterable[asyncio.Future[Ack]]) -> None:
+        """Wait for pipelined sends' acks until all are in, or until the rest
+        should be sent again: no ack arrived for ``write_attempt_timeout``
+        connected seconds, or the connection was re-established since (what
+        was in flight on the old one may be lost). Never raises for them."""
+        pending = [f for f in futs if not f.done()]
+        if not pending:
+            return
+        loop = asyncio.get_running_loop()
+        nc = self.nc
+        attempt = self.settings.write_attempt_timeout
+        epoch = nc.stats["reconnects"]
+        waiter: asyncio.Future[None] = loop.create_future()
+        left = len(pending)
+        last = loop.time()
+        handle: asyncio.TimerHandle
+
+        def done(_: object) -> None:
+            nonlocal left, last
+            left -= 1
+            last = loop.time()
+            if left == 0 and not waiter.done():
+                waiter.set_result(None)
+
+        def check() -> None:
+            nonlocal last, handle
+            if waiter.done():
+                return
+            now = loop.time()
+            if not nc.is_connected:
+                last = now
+            elif nc.stats["reconnects"] != epoch or now - last >= attempt:
+                waiter.set_result(None)
+                return
+            handle = loop.call_later(min(_TICK, attempt), check)
+
+        for f in pending:
+            f.add_done_callback(done)
+        handle = loop.call_later(min(_TICK, attempt), check)
+        try:
+            await waiter
+        finally:
+            handle.cancel()
+            for f in pending:
+                f.remove_done_callback(done)
 
     # ------------------------------------------------------------ publishing
     async def publish(
@@ -185,11 +275,19 @@ class Publisher:
     ) -> Ack:
         """Publish and wait for the JetStream ack.
 
-        ``headers`` should carry a ``Nats-Msg-Id`` so that retries are
-        deduplicated. For a compare-and-set write that may already have been
-        applied (a retry, or ``resend=True``), a "wrong last sequence" answer
-        is checked against the stored message at that revision (which needs
-        ``stream``): if it carries our Msg-Id, the write succeeded.
+        ``headers`` should carry a ``Nats-Msg-Id`` so that re-sends are
+        deduplicated. An attempt is abandoned and the write sent again (same
+        headers) when the connection that carried it is replaced, or after
+        ``write_attempt_timeout`` seconds without an answer while connected;
+        answers that mean "still in process" are retried shortly.
+
+        A compare-and-set write that may already have been applied (any sent
+        attempt, ``resend=True``, or a ``Nats-Msg-Id`` another writer used
+        too) and is answered "wrong last sequence" is checked against the stored message right after its
+        expected revision (which needs ``stream``): if that carries our
+        Msg-Id, the write succeeded (a single server checks the expected
+        sequence before deduplicating, so it answers a re-sent CAS write that
+        way; a clustered stream answers it as a duplicate).
 
         Raises:
             NotConnectedError: not connected within ``write_timeout``.
@@ -200,19 +298,31 @@ class Publisher:
         """
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.settings.write_timeout
+        pause_cap = max(0.05, self.settings.write_attempt_timeout / 2)
         delay = 0.05
         maybe_sent = resend
         while True:
-            remaining = deadline - loop.time()
-            timeout = max(0.05, min(self.settings.request_timeout, remaining)) if remaining > 0 \
-                else self.settings.request_timeout
             try:
+                epoch = self._epoch()
                 fut = await self.send(subject, payload, headers)
+                # Sent: a "wrong last sequence" may now be about this very
+                # write (or one with the same Msg-Id from another writer).
                 maybe_sent = True
-                return await self._wait(fut, timeout)
+                try:
+                    return await self._wait(fut, epoch, deadline)
+                except nats.errors.TimeoutError:
+                    if loop.time() >= deadline:
+                        raise
+                    continue  # sent again at once: the attempt already waited
             except nats.js.errors.APIError as exc:
+                if exc.err_code in _IN_PROCESS:
+                    if loop.time() + delay >= deadline:
+                        raise self.timeout_error(what) from exc
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, pause_cap)
+                    continue
                 if exc.err_code == _WRONG_LAST_SEQ and maybe_sent and stream is not None:
-                    own = await self._own_revision(stream, subject, headers, exc)
+                    own = await self._own_revision(stream, subject, headers, what)
                     if own is not None:
                         return Ack(stream, own, duplicate=True)
                 if map_api_error is not None:
@@ -227,23 +337,28 @@ class Publisher:
                 if loop.time() + delay >= deadline:
                     raise self.timeout_error(what) from exc
                 await asyncio.sleep(delay)
-                delay = min(delay * 2, 1.0)
+                delay = min(delay * 2, pause_cap)
 
-    async def _own_revision(self, stream: str, subject: str, headers: dict[str, str],
-                            exc: nats.js.errors.APIError) -> int | None:
-        """The revision of our own earlier copy of this write, if that is what the conflict is about."""
+    async def _own_revision(self, stream: str, subject: str, headers: dict[str, str], what: str) -> int | None:
+        """The revision of our own earlier copy of this compare-and-set write, if it was applied.
+
+        A CAS write that was applied is the first message on its subject after
+        the expected revision, whatever was written after it.
+        """
         msg_id = headers.get(Header.MSG_ID.value)
-        digits = "".join(ch for ch in (exc.description or "").rsplit(":", 1)[-1] if ch.isdigit())
-        if not msg_id or not digits:
+        expected = headers.get(Header.EXPECTED_LAST_SUBJECT_SEQUENCE.value)
+        if not msg_id or expected is None or not expected.isdigit():
             return None
+        query = json.dumps({"seq": int(expected) + 1, "next_by_subj": subject}).encode()
         try:
-            reply = await self.nc.request(Subjects.direct_get(stream), json.dumps({"seq": int(digits)}).encode(),
-                                          timeout=self.settings.request_timeout)
-        except (TimeoutError, nats.errors.Error):
+            reply = await self.request(Subjects.direct_get(stream), query, what=f"the outcome of {what}")
+        except BlackboardError:
             return None
         stored = reply.headers or {}
-        if stored.get(Header.SUBJECT.value) == subject and stored.get(Header.MSG_ID.value) == msg_id:
-            return int(digits)
+        seq = stored.get(Header.SEQUENCE.value, "")
+        if stored.get(Header.SUBJECT.value) == subject and stored.get(Header.MSG_ID.value) == msg_id \
+                and seq.isdigit():
+            return int(seq)
         return None
 
     async def request(self, subject: str, payload: bytes, *, what: str) -> Msg:

@@ -1,0 +1,142 @@
+"""Fast failover in the production shape: an R3 board while nodes die (issue 18, finding 6).
+
+One node of three is killed (``kill -9``) again and again, the board stream's
+leader more often than not, while agents write plain and compare-and-set
+entries with the default ``nats.write_timeout``: no write fails, every
+acknowledged write is on the board at its revision, and none is applied twice.
+Each node comes back (and catches up) before the next is killed, so the
+cluster is always one failure and one leader election away from taking writes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import nats.errors
+import pytest
+from nats.js import JetStreamContext
+
+from agents_sdk import Agent
+from blackboard.client.connection import connect_nats
+from blackboard.client.streams import ensure_streams
+from blackboard.protocol.subjects import Header, Subjects
+from blackboard.settings import NatsSettings, Settings
+from tests._cluster import NatsCluster
+from tests.conftest import make_settings
+
+pytestmark = [pytest.mark.asyncio, pytest.mark.slow, pytest.mark.cluster]
+
+
+@pytest.fixture
+def cluster(stack_dir: Path) -> Iterator[NatsCluster]:
+    nodes = NatsCluster(stack_dir / f"failover-{os.urandom(4).hex()}")
+    nodes.start()
+    yield nodes
+    nodes.stop()
+
+
+def _r3_settings(cluster: NatsCluster) -> Settings:
+    settings = make_settings(cluster.urls)
+    default = NatsSettings.model_fields["write_timeout"].default
+    return settings.model_copy(update={
+        "nats": settings.nats.model_copy(update={"write_timeout": default}),
+        "board": settings.board.model_copy(update={"replicas": 3})})
+
+
+async def _leader(js: JetStreamContext, stream: str, not_: str | None = None) -> str:
+    """The stream's leader once it has one (other than ``not_``) and every replica is current."""
+    async with asyncio.timeout(90):  # a cluster that does not recover fails the test, not CI
+        return await _settled(js, stream, not_)
+
+
+async def _settled(js: JetStreamContext, stream: str, not_: str | None) -> str:
+    while True:
+        try:
+            info = await js.stream_info(stream)
+        except (nats.errors.Error, TimeoutError):  # no leader to answer yet
+            await asyncio.sleep(0.2)
+            continue
+        c = info.cluster
+        if c is not None and c.leader and c.leader != not_ and len(c.replicas or []) == 2 \
+                and all(r.current and not r.offline for r in c.replicas or []):
+            return c.leader
+        await asyncio.sleep(0.2)
+
+
+async def test_no_write_fails_while_one_node_of_three_is_killed_repeatedly(cluster: NatsCluster) -> None:
+    settings = _r3_settings(cluster)
+    subjects = Subjects(settings.board.bucket)
+    nc = await connect_nats(settings.nats, name="killer")
+    js = nc.jetstream(timeout=2)
+    await ensure_streams(js, settings, ready_timeout=60)
+    plain: dict[str, tuple[int, int]] = {}  # key -> (revision, value)
+    cas: dict[str, list[int]] = {}  # key -> revisions of its acknowledged increments
+    try:
+        async with Agent.connect("failover", settings=settings) as agent:
+            board = agent.board("r3")
+            store = agent.store
+            # A clustered stream deduplicates before it checks the expected
+            # revision: a re-sent CAS write that landed is answered as a duplicate.
+            first = await board.put("s", "once", 0)
+            prep = store._prepare("r3", "s", "once", 1, author="x", content_type=None, tags=(), metadata=None,
+                                  expected_revision=first, ttl=None, encoding="msgpack")
+            applied = await store._publish(prep)
+            reply = await nc.request(prep.subject, prep.payload, headers=prep.headers, timeout=5)
+            assert json.loads(reply.data) == {"stream": subjects.kv_stream, "seq": applied, "duplicate": True}
+            assert prep.headers[Header.EXPECTED_LAST_SUBJECT_SEQUENCE.value] == str(first)
+
+            stop = asyncio.Event()
+
+            async def put_writer(w: int) -> None:
+                i = after = 0
+                while after < 20:
+                    key = f"p{w}-{i}"
+                    plain[key] = (await board.put("s", key, i), i)
+                    i += 1
+                    after += stop.is_set()
+                    await asyncio.sleep(0.005)
+
+            async def cas_writer(w: int) -> None:
+                key = f"c{w}"
+                revs = cas[key] = [await board.put("s", key, 0)]
+                after = 0
+                while after < 20:
+                    revs.append(await board.update("s", key, len(revs), expected_revision=revs[-1]))
+                    after += stop.is_set()
+                    await asyncio.sleep(0.005)
+
+            async def killer() -> None:
+                leader = await _leader(js, subjects.kv_stream)
+                for victim in ("leader", "follower", "leader", "leader"):
+                    await asyncio.sleep(1.0)
+                    names = [cluster.name(i) for i in range(cluster.size)]
+                    name = leader if victim == "leader" else next(n for n in names if n != leader)
+                    cluster.kill(cluster.index_of(name))
+                    await asyncio.sleep(0.5)
+                    await asyncio.to_thread(cluster.start, cluster.index_of(name))
+                    leader = await _leader(js, subjects.kv_stream, not_=name if victim == "leader" else None)
+                stop.set()
+
+            await asyncio.gather(killer(), *(put_writer(w) for w in range(4)), *(cas_writer(w) for w in range(2)))
+
+            # Nothing lost: every acknowledged write is there, at its revision.
+            for key, (rev, value) in plain.items():
+                entry = await board.get("s", key)
+                assert (entry.revision, entry.value) == (rev, value)
+            for key, revs in cas.items():
+                assert revs == sorted(set(revs))
+                entry = await board.get("s", key)
+                assert (entry.revision, entry.value) == (revs[-1], len(revs) - 1)
+                history = await board.history("s", key)
+                assert [e.value for e in history] == list(range(len(revs) - len(history), len(revs)))
+            # Nothing applied twice: one message per plain key.
+            info = await js.stream_info(subjects.kv_stream, subjects_filter=subjects.entry_filter("r3", "s"))
+            counts = info.state.subjects or {}
+            assert [counts.get(subjects.entry("r3", "s", key)) for key in plain] == [1] * len(plain)
+            assert len(plain) > 100
+    finally:
+        await nc.close()
