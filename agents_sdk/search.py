@@ -27,6 +27,7 @@ from pydantic import BaseModel, ValidationError
 
 from blackboard.protocol import codec
 from blackboard.protocol.errors import InvalidPayloadError, NotFoundError, SearchError
+from blackboard.protocol.limits import MAX_REPLY_DEPTH
 from blackboard.protocol.schemas import WireModel, validate_wire
 from blackboard.protocol.schemas.memory import MemoryKind
 from blackboard.protocol.schemas.search import (
@@ -175,7 +176,7 @@ async def search_request(nc: NATS, endpoint: str, request: BaseModel | None, rep
     except (NatsTimeoutError, TimeoutError) as exc:
         raise SearchError(f"the search service did not answer within {timeout:g}s") from exc
     raise_for_error(msg.headers, msg.data)
-    decoded = codec.decode(msg.data, codec.encoding_of(msg.headers))
+    decoded = codec.decode(msg.data, codec.encoding_of(msg.headers), max_depth=MAX_REPLY_DEPTH)  # replies nest records
     return decoded if reply is None else validate_wire(reply, decoded)
 
 

@@ -9,7 +9,7 @@ from enum import StrEnum
 from typing import Any
 
 from blackboard.protocol import codec
-from blackboard.protocol.errors import InvalidPayloadError
+from blackboard.protocol.errors import InvalidPayloadError, LimitExceededError
 from blackboard.protocol.records import decode_entry_envelope, entry_wire
 from blackboard.protocol.subjects import Header, KeyParts
 
@@ -153,6 +153,7 @@ def decode_entry(
     :func:`~blackboard.protocol.records.decode_entry_envelope`).
 
     Raises:
+        LimitExceededError: the payload goes beyond a protocol limit.
         InvalidPayloadError: the payload is not a valid entry envelope.
     """
     op = _operation(headers)
@@ -160,6 +161,9 @@ def decode_entry(
         return Entry(parts.board, parts.section, parts.key, revision, operation=op, stored_at=stored_at)
     try:
         env = decode_entry_envelope(codec.decode(data, codec.encoding_of(headers, data)))
+    except LimitExceededError as exc:
+        raise LimitExceededError(exc.limit, f"entry {parts.board}.{parts.section}.{parts.key}@{revision}: "
+                                 f"{exc.reason}") from exc
     except InvalidPayloadError as exc:
         raise InvalidPayloadError(f"entry {parts.board}.{parts.section}.{parts.key}@{revision}: {exc.reason}") from exc
     return Entry(

@@ -8,6 +8,7 @@
     ├── InvalidKeyError                  (key, reason)
     ├── InvalidPayloadError              (reason)
     │   ├── PayloadTooLargeError         (size, limit)
+    │   ├── LimitExceededError           (limit, reason: beyond a protocol limit, docs/protocol.md "Limits")
     │   └── BudgetExceededError          (cost, budget, unit: prompt parts that must fit do not)
     ├── NotFoundError                    (key)
     ├── ConflictError                    (key, expected_revision, current_revision)
@@ -57,6 +58,7 @@ __all__ = [
     "InvalidKeyError",
     "InvalidPayloadError",
     "LLMError",
+    "LimitExceededError",
     "MessagingError",
     "MigrationError",
     "NoHandlerError",
@@ -109,6 +111,20 @@ class PayloadTooLargeError(InvalidPayloadError):
         self.size = size
         self.limit = limit
         super().__init__(f"payload of {size} bytes exceeds the limit of {limit} bytes")
+
+
+class LimitExceededError(InvalidPayloadError):
+    """A payload, or a value to be sent, goes beyond one of the protocol's limits
+    (nesting depth, integer range, string or collection size, timestamp range
+    or offset; ``docs/protocol.md``, "Limits").
+
+    ``limit`` is the name of the limit in :mod:`blackboard.protocol.limits`
+    (``MAX_DEPTH``, ``MAX_INT``, ``MAX_TIMESTAMP``, ...).
+    """
+
+    def __init__(self, limit: str, reason: str) -> None:
+        self.limit = limit
+        super().__init__(reason)
 
 
 class BudgetExceededError(InvalidPayloadError):

@@ -28,6 +28,7 @@ from datetime import UTC, datetime
 from typing import Any, Final, TypeVar, get_args
 
 from blackboard.protocol.errors import InvalidKeyError
+from blackboard.protocol.limits import MAX_DEPTH, check_value, timestamp_ok
 from blackboard.protocol.schemas import (
     EntryEnvelope,
     MemoryForget,
@@ -112,14 +113,15 @@ _setattr = object.__setattr__
 
 # -- the checks the schemas' field types make ------------------------------------
 def _timestamp(value: Any) -> datetime | None:
-    """What ``Timestamp`` makes of an ISO 8601 string with a UTC offset, else None (not sure)."""
+    """What ``Timestamp`` makes of an ISO 8601 string with a UTC offset within the
+    protocol's limits, else None (not sure)."""
     if type(value) is not str:
         return None
     try:
         dt = datetime.fromisoformat(value)
     except ValueError:
         return None
-    return dt if dt.tzinfo is not None and dt.utcoffset() is not None else None
+    return dt if dt.tzinfo is not None and timestamp_ok(dt) else None
 
 
 def _str_list(value: Any) -> list[str] | None:
@@ -161,6 +163,18 @@ def _is_name(value: Any) -> bool:
         _NAMES.clear()
     _NAMES.add(value)
     return True
+
+
+def _check_free(*values: Any) -> None:
+    """Free-form fields within the protocol's limits, before the schema dumps them
+    (pydantic's serializer stops at 255 levels with an error of its own).
+
+    Raises:
+        LimitExceededError: a value beyond a limit.
+    """
+    for value in values:
+        check_value(dict(value) if isinstance(value, Mapping) and not isinstance(value, dict) else value,
+                    MAX_DEPTH - 1)
 
 
 # -- entries -----------------------------------------------------------------
@@ -233,7 +247,7 @@ def entry_wire(value: Any, *, author: str, content_type: str, tags: Sequence[str
     meta: Any = {} if metadata is None else metadata
     if created_at is None:
         stamp: str | None = utc_now_iso()
-    elif type(created_at) is datetime and created_at.utcoffset() is not None:
+    elif type(created_at) is datetime and created_at.tzinfo is not None and timestamp_ok(created_at):
         stamp = created_at.isoformat()
     else:
         stamp = None
@@ -243,6 +257,7 @@ def entry_wire(value: Any, *, author: str, content_type: str, tags: Sequence[str
             "v": _ENTRY_V, "value": value, "content_type": content_type, "tags": tag_list, "metadata": dict(meta),
             "author": author, "created_at": stamp,
         }
+    _check_free(value, meta)
     env = validate_wire(EntryEnvelope, {
         "v": _ENTRY_V, "value": value, "content_type": content_type, "tags": tag_list, "metadata": meta,
         "author": author, "created_at": stamp if created_at is None else created_at,
@@ -336,13 +351,14 @@ def memory_wire(*, id: str, board: str, agent: str, text: str, created_at: datet
             and (t is float or t is int) and _MEM_IMPORTANCE_MIN <= importance <= _MEM_IMPORTANCE_MAX
             and (source is None or type(source) is str) and type(read_only) is bool
             and _str_list(tag_list) is not None and _str_dict(meta) is not None
-            and type(created_at) is datetime and created_at.utcoffset() is not None
+            and type(created_at) is datetime and created_at.tzinfo is not None and timestamp_ok(created_at)
             and _is_name(board) and _is_name(agent)):
         return {
             "v": _MEM_V, "id": id, "board": board, "agent": agent, "kind": kind, "text": text, "tags": tag_list,
             "metadata": dict(meta), "importance": float(importance), "source": source, "read_only": read_only,
             "created_at": created_at.isoformat(),
         }
+    _check_free(meta)
     rec = validate_wire(MemoryRecord, {
         "v": _MEM_V, "id": id, "board": board, "agent": agent, "kind": kind, "text": text, "tags": tag_list,
         "metadata": meta, "importance": importance, "source": source, "read_only": read_only,

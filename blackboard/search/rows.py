@@ -35,6 +35,7 @@ from pydantic import BaseModel
 
 from blackboard.protocol import codec
 from blackboard.protocol.errors import BlackboardError
+from blackboard.protocol.limits import MAX_REPLY_DEPTH
 
 __all__ = ["READ_ERRORS", "SkippedRows", "encode_response", "fetch_readable", "readable"]
 
@@ -119,7 +120,7 @@ def encode_response(response: BaseModel, encoding: codec.Encoding, skipped: Skip
         InvalidPayloadError: the reply cannot be encoded, even without those hits.
     """
     try:
-        return codec.encode(response.model_dump(), encoding)
+        return codec.encode(response.model_dump(), encoding, max_depth=MAX_REPLY_DEPTH)
     except READ_ERRORS:
         hits = getattr(response, "hits", None)
         if not isinstance(hits, list):
@@ -128,7 +129,7 @@ def encode_response(response: BaseModel, encoding: codec.Encoding, skipped: Skip
     for i, hit in enumerate(hits):
         try:
             data = hit.model_dump()
-            codec.encode(data, encoding)
+            codec.encode(data, encoding, max_depth=MAX_REPLY_DEPTH)
         except READ_ERRORS as exc:
             skipped.skip("hit", f"hit {i} of a {type(response).__name__}: "
                                 f"{getattr(hit, 'id', None) or getattr(hit, 'key', None)!r}", exc)
@@ -136,4 +137,4 @@ def encode_response(response: BaseModel, encoding: codec.Encoding, skipped: Skip
         kept.append(data)
     rest = response.model_dump(exclude={"hits"})
     return codec.encode({name: kept if name == "hits" else rest[name] for name in type(response).model_fields},
-                        encoding)
+                        encoding, max_depth=MAX_REPLY_DEPTH)

@@ -48,6 +48,7 @@ from blackboard.db import open_pool
 from blackboard.embeddings import EmbeddingProvider
 from blackboard.protocol import codec
 from blackboard.protocol.errors import BlackboardError, InvalidPayloadError, NotFoundError
+from blackboard.protocol.limits import MAX_REPLY_DEPTH
 from blackboard.protocol.schemas import validate_wire
 from blackboard.protocol.schemas.message_search import MessageSearchRequest, MessageSearchResponse
 from blackboard.protocol.schemas.search import (
@@ -246,7 +247,7 @@ class SearchService:
                     req = validate_wire(model, codec.decode(request.data, encoding))  # type: ignore[type-var]
                 result = await fn(req)
             body = encode_response(result, encoding, self.skipped) if isinstance(result, BaseModel) \
-                else codec.encode(result, encoding)
+                else codec.encode(result, encoding, max_depth=MAX_REPLY_DEPTH)
             await request.respond(body, headers=codec.headers_for(encoding) or None)
         except (InvalidPayloadError, NotFoundError, BlackboardError) as exc:
             body, headers = error_reply(exc, encoding)

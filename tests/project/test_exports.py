@@ -13,7 +13,7 @@ AGENTS_SDK = {
     "Agent", "Ballot", "BallotReceipt", "BlackboardError", "Board", "BoardPipeline", "BudgetExceededError",
     "Change", "ConfigurationError", "ConflictError", "ConsumerLimitError", "DeadlinePassedError", "Entry", "EntryHit", "EntryRevision", "Handler", "Inbox",
     "InboxBusyError", "IneligibleVoterError", "InvalidBallotError", "InvalidKeyError", "InvalidPayloadError",
-    "LLMError", "MemoryHit", "MemoryInput", "Message", "MessagingError", "Messenger", "NoHandlerError", "NoResponderError",
+    "LLMError", "LimitExceededError", "MemoryHit", "MemoryInput", "Message", "MessagingError", "Messenger", "NoHandlerError", "NoResponderError",
     "NotConnectedError", "NotFoundError", "ObjectRef", "ObjectStore", "Operation", "OperationTimeoutError",
     "Outcome", "OutcomeTimeoutError", "PayloadTooLargeError", "Policy", "Proposal", "ProposalClosedError",
     "ProposalHandle", "ProposalNotFoundError", "RemoteError", "RequestTimeoutError", "SearchClient",

@@ -6,6 +6,7 @@ import json
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
+import msgpack
 import psycopg
 import pytest
 
@@ -32,8 +33,13 @@ def test_parse_ack_reply_reads_stream_seq_and_exact_time() -> None:
             d.parse_ack_reply(bad)
 
 
+def _pack(obj: Any) -> bytes:
+    """msgpack as any writer may send it: not through the codec, whose limits a hostile writer skips."""
+    return msgpack.packb(obj, use_bin_type=True, default=lambda o: o.isoformat() if isinstance(o, datetime) else o)
+
+
 def _entry_msg(envelope: Any, *, raw: bytes | None = None, headers: dict[str, str] | None = None) -> d.RawMessage:
-    data = raw if raw is not None else codec.encode(envelope)
+    data = raw if raw is not None else _pack(envelope)
     return d.RawMessage("KV_blackboard", 7, _SUBJECTS.entry("b", "s", "k"), headers or {}, data, _NOW)
 
 

@@ -13,7 +13,8 @@ from pydantic import (
 )
 
 from blackboard.protocol.canonical import canonical_bytes
-from blackboard.protocol.errors import InvalidPayloadError
+from blackboard.protocol.errors import InvalidPayloadError, LimitExceededError
+from blackboard.protocol.limits import check_timestamp
 from blackboard.protocol.subjects import validate_name
 
 __all__ = ["Name", "Timestamp", "WireModel", "utcnow", "validate_wire"]
@@ -38,7 +39,9 @@ def _parse_timestamp(value: Any) -> Any:
 
 
 #: A timezone-aware instant; ISO 8601 strings are accepted in strict mode too.
-Timestamp = Annotated[AwareDatetime, BeforeValidator(_parse_timestamp)]
+#: Within the protocol's range and offsets (``limits.check_timestamp``), so that
+#: every reader, and PostgreSQL, can hold it.
+Timestamp = Annotated[AwareDatetime, BeforeValidator(_parse_timestamp), AfterValidator(check_timestamp)]
 
 
 def _check_name(value: str) -> str:
@@ -86,4 +89,7 @@ def validate_wire(model: type[M], data: Any, *, strict: bool = False, coerce: bo
     except ValidationError as exc:
         first = exc.errors()[0]
         loc = ".".join(str(p) for p in first["loc"]) or "<root>"
+        cause = first.get("ctx", {}).get("error")
+        if isinstance(cause, LimitExceededError):  # a protocol limit: keep its type and name
+            raise LimitExceededError(cause.limit, f"{model.__name__}: {loc}: {cause.reason}") from exc
         raise InvalidPayloadError(f"{model.__name__}: {loc}: {first['msg']}") from exc

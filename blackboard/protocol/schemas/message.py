@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
+from blackboard.protocol.limits import MAX_DEPTH, check_value
 from blackboard.protocol.schemas._base import Name, Timestamp, WireModel
 from blackboard.protocol.subjects import Subjects
 
@@ -65,6 +66,10 @@ class MessageEnvelope(WireModel):
 
     @model_validator(mode="after")
     def _check(self) -> MessageEnvelope:
+        # The writer dumps the envelope through pydantic (which stops at 255
+        # levels): bound the free-form fields first, as the codec bounds a decoded one.
+        check_value(self.body, MAX_DEPTH - 1)
+        check_value(self.metadata, MAX_DEPTH - 1)
         if self.kind == "direct" and not self.recipients:
             raise ValueError("a direct message needs at least one recipient")
         if self.kind != "direct" and self.recipients:

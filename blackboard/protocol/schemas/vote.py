@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 
+from blackboard.protocol.limits import MAX_DEPTH, check_value
 from blackboard.protocol.schemas._base import Name, Timestamp, WireModel
 
 __all__ = [
@@ -134,6 +135,9 @@ class Proposal(WireModel):
 
     @model_validator(mode="after")
     def _check(self) -> Proposal:
+        # Bounded first: canonical_json recurses (a decoded payload is already
+        # bounded by the codec; this bounds a proposal built in Python).
+        check_value(self.candidates, MAX_DEPTH - 1)
         texts = [canonical_json(c) for c in self.candidates]
         if len(set(texts)) != len(texts):
             raise ValueError("candidates must be pairwise distinct")
