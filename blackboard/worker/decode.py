@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-import msgpack
 import orjson
 
 from blackboard.protocol import codec, records
@@ -143,8 +142,15 @@ class DeadLetter:
 
     @classmethod
     def of(cls, msg: RawMessage, reason: str) -> DeadLetter:
-        return cls(msg.stream, msg.seq, msg.subject, reason[:2000].replace("\x00", "\\0"), msg.data,
-                   dict(msg.headers))
+        """The dead letter of ``msg``; its text fields made storable (a dead letter must never fail to insert)."""
+        return cls(msg.stream, msg.seq, _storable(msg.subject), _storable(reason[:2000]), msg.data,
+                   {_storable(k): _storable(v) for k, v in msg.headers.items()})
+
+
+def _storable(text: str) -> str:
+    """``text`` as PostgreSQL text and jsonb can hold it: NUL shown as ``\\0``, lone surrogates replaced."""
+    text = str(text).replace("\x00", "\\0")
+    return text if text.isascii() else text.encode("utf-8", "replace").decode("utf-8")
 
 
 @dataclass(slots=True)  # not frozen: a frozen __init__ costs ~1 µs more per row
@@ -333,7 +339,8 @@ def _unpack_strict(msg: RawMessage) -> Any:
     """The payload of a plain msgpack message with string map keys only, or None.
 
     The fast path of the decoders: msgpack's UTF-8 decoding is strict (no lone
-    surrogates), and ``strict_map_key`` leaves only ``str``/``bytes`` keys. Any
+    surrogates), ``str_keys`` leaves only ``str``/``bytes`` keys, and the codec's
+    limits hold (depth, sizes: ``docs/protocol.md``, "Limits"). Any
     doubt (JSON encoding, other keys, undecodable bytes) returns None and the
     message takes the general path, which decides and explains.
     """
@@ -344,8 +351,8 @@ def _unpack_strict(msg: RawMessage) -> Any:
     if not data or data[0] in b"{ \t\r\n":  # JSON sniffing: see codec.encoding_of
         return None
     try:
-        return msgpack.unpackb(data, raw=False, strict_map_key=True)
-    except Exception:  # anything msgpack refuses goes the general way
+        return codec.decode(data, str_keys=True)
+    except InvalidPayloadError:  # anything the codec refuses goes the general way, which explains
         return None
 
 

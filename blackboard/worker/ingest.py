@@ -4,7 +4,12 @@ Acks go out only after the commit, so a crash (even ``kill -9``) mid-batch
 leaves the batch unacknowledged and JetStream redelivers it after
 ``ack_wait``; the writers are idempotent on (stream, seq), so the redelivery
 writes nothing twice. A message that cannot be decoded goes to the dead-letter
-table in the same transaction and is acknowledged. While PostgreSQL is down the
+table in the same transaction and is acknowledged once that transaction
+commits. Every message is either stored or dead-lettered with its reason: an
+unexpected exception while decoding one message, or while writing one row
+(serialization, a value PostgreSQL refuses), dead-letters that message alone
+instead of failing the batch, so no payload can stop a consumer or be
+redelivered forever (``docs/worker.md``, "Dead letters"). While PostgreSQL is down the
 loop keeps the batch, tells JetStream it is still in progress, backs off
 (doubling up to ``max_backoff``) and retries; nothing is acknowledged, nothing
 is lost.
@@ -211,6 +216,9 @@ class IngestStats:
     messages: int = 0
     written: int = 0
     dead_letters: int = 0
+    #: Dead letters caused by an unexpected exception (a bug, or a limit the
+    #: decoders missed): each is logged with its traceback.
+    unexpected: int = 0
     batches: int = 0
     retries: int = 0
     last_error: str | None = None
@@ -330,7 +338,16 @@ class IngestLoop:
                 rows.append((msg, self.handler.decode(raw)))
             except InvalidPayloadError as exc:
                 dead.append(DeadLetter.of(raw, exc.reason))
+            except Exception as exc:  # the per-message guard: one payload never stops the consumer
+                dead.append(self._unexpected(raw, "decoding", exc))
         return rows, dead
+
+    def _unexpected(self, raw: RawMessage, stage: str, exc: Exception) -> DeadLetter:
+        """The dead letter of a message whose ``stage`` raised an exception no decoder names."""
+        self.stats.unexpected += 1
+        log.error("%s: seq %d on %s: unexpected %s while %s; dead-lettered", self.durable, raw.seq,
+                  raw.subject, type(exc).__name__, stage, exc_info=exc)
+        return DeadLetter.of(raw, f"unexpected {type(exc).__name__} while {stage}: {error_line(exc)}")
 
     async def _decode_yielding(self, msgs: Sequence[Msg]) -> tuple[list[tuple[Msg, Any]], list[DeadLetter]]:
         """:meth:`decode` in slices, letting the event loop run in between.
@@ -381,10 +398,12 @@ class IngestLoop:
                             return False
                     else:
                         await asyncio.sleep(wait)
-                except psycopg.Error as exc:
-                    # A row PostgreSQL refuses (a constraint, a value out of range):
-                    # write row by row, dead-lettering the ones that fail.
-                    log.warning("%s: batch refused (%s); writing row by row", self.durable, exc)
+                except Exception as exc:
+                    # A row PostgreSQL refuses (a constraint, a value out of range), or
+                    # one the writer cannot build or serialize: write row by row,
+                    # dead-lettering the ones that fail.
+                    log.warning("%s: batch refused (%s: %s); writing row by row", self.durable,
+                                type(exc).__name__, error_line(exc))
                     rows, dead = await self._isolate(rows, dead)
         finally:
             if own:
@@ -433,6 +452,8 @@ class IngestLoop:
                     raise
                 except psycopg.Error as exc:
                     dead.append(DeadLetter.of(to_raw(msg), f"refused by PostgreSQL: {exc}"))
+                except Exception as exc:  # the per-message guard, on the write side
+                    dead.append(self._unexpected(to_raw(msg), "writing", exc))
         # The good rows are now committed; writing them again in the retried
         # batch is a no-op (idempotent), and keeps one code path.
         return good, dead

@@ -65,6 +65,9 @@ class VoteRow:
     stored_at: datetime
     model: Proposal | Ballot | Outcome | None
     base_revision: int = 0
+    #: The record as stored (jsonb): built by the decoder, so that a record
+    #: the writer could not serialize is a dead letter, not a failed batch.
+    body: Any = None
 
 
 def _pg_safe(value: Any) -> Any:
@@ -114,13 +117,24 @@ def decode_vote(msg: RawMessage, *, max_bytes: int) -> VoteRow:
             base = max(0, int(msg.headers.get(Header.BASE_REVISION.value, "0")))
         except ValueError:
             base = 0
-    return VoteRow(kind, msg.stream, msg.seq, board, pid, msg.timestamp, model, base)
+    body = None
+    if model is not None:
+        try:
+            body = _pg_safe(model.model_dump(mode="json"))
+        except ValueError as exc:  # pydantic's serialization errors are ValueErrors
+            raise InvalidPayloadError(f"{kind} cannot be stored: {exc}") from exc
+    return VoteRow(kind, msg.stream, msg.seq, board, pid, msg.timestamp, model, base, body)
 
 
 def _outcome_params(row: VoteRow, o: Outcome) -> tuple[Any, ...]:
-    return (row.stream, row.seq, row.board, row.proposal_id, Jsonb(_pg_safe(o.model_dump(mode="json"))),
+    return (row.stream, row.seq, row.board, row.proposal_id, Jsonb(_body(row, o)),
             o.decided_at, row.stored_at, _pg_safe(o.section), _pg_safe(o.key), o.status, o.candidate,
             None if o.value is None else Jsonb(_pg_safe(o.value)), o.closed_by, o.deciding_sequence)
+
+
+def _body(row: VoteRow, model: Proposal | Ballot | Outcome) -> Any:
+    """The stored body of a row: the decoder's, else (a row built by hand) the model's."""
+    return row.body if row.body is not None else _pg_safe(model.model_dump(mode="json"))
 
 
 async def write_votes(conn: Conn, rows: Sequence[VoteRow]) -> None:
@@ -129,13 +143,13 @@ async def write_votes(conn: Conn, rows: Sequence[VoteRow]) -> None:
         proposals = [(r, r.model) for r in rows if isinstance(r.model, Proposal)]
         if proposals:
             await cur.executemany(q.INSERT_PROPOSAL, [
-                (r.stream, r.seq, r.board, r.proposal_id, p.proposer, Jsonb(_pg_safe(p.model_dump(mode="json"))),
+                (r.stream, r.seq, r.board, r.proposal_id, p.proposer, Jsonb(_body(r, p)),
                  p.created_at, p.deadline, r.stored_at, p.section, _pg_safe(p.key), _pg_safe(p.question))
                 for r, p in proposals])
         ballots = [(r, r.model) for r in rows if isinstance(r.model, Ballot)]
         if ballots:
             await cur.executemany(q.INSERT_BALLOT, [
-                (r.stream, r.seq, r.board, r.proposal_id, b.voter, Jsonb(_pg_safe(b.model_dump(mode="json"))),
+                (r.stream, r.seq, r.board, r.proposal_id, b.voter, Jsonb(_body(r, b)),
                  b.created_at, r.stored_at, _pg_safe(b.id), str(b.choice))
                 for r, b in ballots])
         for r in rows:
