@@ -178,3 +178,24 @@ async def test_an_exception_no_decoder_names_dead_letters_its_message_alone(
         assert write_dead[seqs["write-bug"]].startswith("unexpected ValueError while writing")
         assert w.loops[0].stats.unexpected == 2
         assert all(not t.done() for t in w.tasks)
+
+
+async def test_a_memory_stamped_beyond_the_timestamp_range_is_dead_lettered_not_stored(
+        pg_settings: Settings, nc: NATS, unique: str) -> None:
+    """Finding 3, the write side: ``9999-12-31T23:59:59-23:59`` (year 10000 in UTC) was
+    stored, and every search whose candidates included it failed from then on."""
+    s = worker_settings(pg_settings, name=f"w{unique}", batch_wait=0.02, lag_interval=60.0)
+    js = nc.jetstream()
+    subject = Subjects.memory(unique, "eve")
+    stamps = ("9999-12-31T23:59:59-23:59", "9999-12-31T23:59:59-00:01", "1969-12-31T23:59:59Z")
+    seqs = {}
+    for i, stamp in enumerate(stamps):
+        record = {"v": 1, "id": f"m{i}", "board": unique, "agent": "eve", "text": "far", "created_at": stamp}
+        seqs[stamp] = (await js.publish(subject, msgpack.packb(record))).seq
+    good = await remember(js, unique, "eve", f"{unique}-ok", "a good memory")
+    async with running_worker(s, provider=HashProvider(), serve_search=False) as w:
+        await w.wait_caught_up(CATCH_UP)
+        dead = _dead(s, subject)
+        for stamp, seq in seqs.items():
+            assert "timestamp" in dead[seq], stamp
+        assert _rows(s, "SELECT seq FROM bb_memories WHERE board = %s", unique) == [(good,)]
