@@ -25,7 +25,8 @@ from typing import Any
 import msgpack
 from hypothesis import strategies as st
 
-from blackboard.protocol.subjects import Subjects
+from blackboard.protocol.subjects import MEMORY_STREAM, Subjects
+from blackboard.worker.decode import MemoryRow, RawMessage, decode_memory
 from tests._records_strategies import (
     BAD,
     BAD_TIMESTAMPS,
@@ -116,9 +117,20 @@ class Plan:
             headers = {**(headers or {}), self.header[0]: self.header[1]}
         if self.odd_subject is not None:
             subject = _odd_subject(self.kind, ctx, serial, self.odd_subject)
-        if ident is not None and isinstance(record.get("id"), str):
-            ident = record["id"]  # a spoilt id may still be a valid one
+        if ident is not None:  # a spoilt id may still be a valid one, shared with another message
+            ident = stored_id(subject, data, headers)
         return Wire(self.kind, " ".join(self.labels) or "valid", subject, data, headers, ident)
+
+
+def stored_id(subject: str, data: bytes, headers: dict[str, str] | None) -> str | None:
+    """The id a memory is stored under, as the worker decodes it (a later memory of that id
+    replaces its row); None when it does not decode to a memory."""
+    try:
+        row = decode_memory(RawMessage(MEMORY_STREAM, 1, subject, headers or {}, data, datetime.now(UTC)),
+                            max_bytes=1 << 20, index_chars=1000)
+    except Exception:
+        return None
+    return row.id if isinstance(row, MemoryRow) else None
 
 
 # -- encoding and corruption ------------------------------------------------------
