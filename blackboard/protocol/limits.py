@@ -17,7 +17,6 @@ and :func:`may_exceed_json`), so the hot paths pay a byte count, not a walk.
 
 from __future__ import annotations
 
-import re
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
@@ -131,8 +130,10 @@ def _offset(offset: timedelta) -> str:
 #: The bytes that start a msgpack map or array: fixmap, fixarray, array 16/32, map 16/32.
 _CONTAINER_BYTES = bytes([*range(0x80, 0xA0), 0xDC, 0xDD, 0xDE, 0xDF])
 _OTHER_BYTES = bytes(b for b in range(256) if b not in _CONTAINER_BYTES)
-#: A run of digits long enough to be an integer beyond 64 bits (2**63 has 19 digits).
-_LONG_DIGITS = re.compile(rb"\d{19}")
+#: Every digit mapped to ``0``, to find a run long enough to be an integer beyond
+#: 64 bits (2**63 has 19 digits) with one ``find`` (several times faster than a regex).
+_DIGITS_AS_ZERO = bytes.maketrans(b"0123456789", b"0000000000")
+_LONG_DIGITS = b"0" * 19
 
 
 def may_exceed_msgpack(data: bytes, max_depth: int) -> bool:
@@ -149,7 +150,8 @@ def may_exceed_json(data: bytes, max_depth: int) -> bool:
     """False when JSON ``data`` certainly holds nothing beyond the limits: at most
     ``max_depth`` brackets, no digit run as long as a 64-bit integer's, too
     short for an oversized string or collection."""
-    return ((data.count(b"[") + data.count(b"{") > max_depth) or _LONG_DIGITS.search(data) is not None
+    return ((data.count(b"[") + data.count(b"{") > max_depth)
+            or data.translate(_DIGITS_AS_ZERO).find(_LONG_DIGITS) >= 0
             or len(data) > min(MAX_STRING_BYTES, 2 * MAX_ITEMS))
 
 
@@ -157,24 +159,24 @@ def depth_within(value: Any, max_depth: int) -> bool:
     """Whether a decoded value (exact ``list`` and ``dict`` containers, as msgpack
     and JSON decoders build them) nests at most ``max_depth`` containers.
 
-    Iterative (a stack, no recursion), and only containers are pushed: a
-    plain loop over the elements measured faster here than C iterator
+    Iterative, one level at a time, only containers carried to the next level:
+    measured faster here than a stack of (node, depth) pairs or C iterator
     pipelines (``map``/``compress``) on the shapes records have.
     """
-    t = type(value)
-    if t is not dict and t is not list:
-        return True
-    stack = [(value, 1)]
-    pop, push = stack.pop, stack.append
-    while stack:
-        node, depth = pop()
+    level = [value] if type(value) is dict or type(value) is list else []
+    depth = 0
+    while level:
+        depth += 1
         if depth > max_depth:
             return False
-        depth += 1
-        for v in node.values() if type(node) is dict else node:
-            tv = type(v)
-            if tv is dict or tv is list:
-                push((v, depth))
+        deeper: list[Any] = []
+        add = deeper.append
+        for node in level:
+            for v in node.values() if type(node) is dict else node:
+                tv = type(v)
+                if tv is dict or tv is list:
+                    add(v)
+        level = deeper
     return True
 
 
