@@ -83,7 +83,7 @@ async def until(what: str, items: AsyncIterator[Any], found: Callable[[Any], boo
     return errors
 
 
-@fuzz_settings()
+@fuzz_settings(5)
 @given(batch=plans_of(("entry",), min_size=15, max_size=30))
 async def test_board_readers_survive_hostile_entries(fuzz: FuzzStack, batch: list[Plan]) -> None:
     ctx = _ctx()
@@ -113,7 +113,7 @@ async def test_board_readers_survive_hostile_entries(fuzz: FuzzStack, batch: lis
         await watch.stop()
 
 
-@fuzz_settings()
+@fuzz_settings(5)
 @given(batch=plans_of(("direct",), min_size=15, max_size=30))
 async def test_inbox_survives_hostile_direct_messages(fuzz: FuzzStack, batch: list[Plan]) -> None:
     ctx = _ctx()
@@ -137,7 +137,7 @@ async def test_inbox_survives_hostile_direct_messages(fuzz: FuzzStack, batch: li
             await inbox.close()
 
 
-@fuzz_settings()
+@fuzz_settings(5)
 @given(batch=plans_of(("ballot", "close", "outcome", "applied", "proposal"), min_size=10, max_size=25))
 async def test_vote_readers_survive_hostile_vote_messages(fuzz: FuzzStack, batch: list[Plan]) -> None:
     ctx = _ctx()

@@ -70,7 +70,7 @@ calls = st.lists(st.one_of(
 ), min_size=20, max_size=40)
 
 
-@fuzz_settings(4)
+@fuzz_settings(8)
 @given(batch=calls)
 async def test_sdk_entry_points_raise_only_typed_errors(fuzz: FuzzStack, batch: list[tuple[str, dict[str, Any]]]
                                                         ) -> None:

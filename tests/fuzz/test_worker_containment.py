@@ -71,7 +71,7 @@ async def _run(fuzz: FuzzStack, batch: list[Plan]) -> tuple[Ctx, list[Published]
     return ctx, published, sentinels
 
 
-@fuzz_settings()
+@fuzz_settings(8)
 @given(batch=plans_of(("entry",), min_size=20, max_size=40))
 async def test_hostile_board_entries_are_stored_or_dead_lettered(fuzz: FuzzStack, batch: list[Plan]) -> None:
     ctx, _, _ = await _run(fuzz, batch)
@@ -80,7 +80,7 @@ async def test_hostile_board_entries_are_stored_or_dead_lettered(fuzz: FuzzStack
         await board.search(WORD, mode=mode)  # a stored hostile row must not fail the search
 
 
-@fuzz_settings()
+@fuzz_settings(8)
 @given(batch=plans_of(("memory", "forget"), min_size=20, max_size=40))
 async def test_hostile_memories_are_stored_or_dead_lettered(fuzz: FuzzStack, batch: list[Plan]) -> None:
     ctx, _, _ = await _run(fuzz, batch)
@@ -88,14 +88,14 @@ async def test_hostile_memories_are_stored_or_dead_lettered(fuzz: FuzzStack, bat
         await fuzz.agent.recall(WORD, board=ctx.board, mode=mode)
 
 
-@fuzz_settings()
+@fuzz_settings(8)
 @given(batch=plans_of(("direct", "broadcast", "topic"), min_size=20, max_size=40))
 async def test_hostile_messages_are_stored_or_dead_lettered(fuzz: FuzzStack, batch: list[Plan]) -> None:
     await _run(fuzz, batch)
     await fuzz.agent.search_messages(WORD)
 
 
-@fuzz_settings()
+@fuzz_settings(8)
 @given(batch=plans_of(("proposal", "ballot", "close", "outcome", "applied"), min_size=20, max_size=40))
 async def test_hostile_vote_messages_are_stored_or_dead_lettered(fuzz: FuzzStack, batch: list[Plan]) -> None:
     await _run(fuzz, batch)
