@@ -44,6 +44,7 @@ from nats.micro.service import Service
 from psycopg_pool import AsyncConnectionPool
 from pydantic import BaseModel
 
+from blackboard.client.lifecycle import first_error
 from blackboard.db import open_pool
 from blackboard.embeddings import EmbeddingProvider
 from blackboard.protocol import codec
@@ -173,9 +174,7 @@ class SearchService:
             if isinstance(exc, asyncio.CancelledError):
                 ready.cancel()
                 raise
-            while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
-                exc = exc.exceptions[0]
-            ready.set_exception(exc)
+            ready.set_exception(first_error(exc))
         finally:
             self._group = None
             self._pool = None

@@ -6,6 +6,8 @@ import asyncio
 from collections.abc import Coroutine, Mapping
 from typing import Any
 
+from blackboard.client.lifecycle import first_error
+
 __all__ = ["run_until_stopped"]
 
 
@@ -30,10 +32,5 @@ async def run_until_stopped(stop: asyncio.Event, work: Mapping[str, Coroutine[An
     except BaseExceptionGroup as group_error:
         _, errors = group_error.split(_Stopped)
         if errors is not None:
-            raise _first_leaf(errors) from None
+            raise first_error(errors) from None
 
-
-def _first_leaf(error: BaseException) -> BaseException:
-    while isinstance(error, BaseExceptionGroup) and error.exceptions:
-        error = error.exceptions[0]
-    return error

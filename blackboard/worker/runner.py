@@ -25,6 +25,7 @@ from nats.js import JetStreamContext
 from psycopg_pool import AsyncConnectionPool
 
 from blackboard.client.connection import connect_nats
+from blackboard.client.lifecycle import first_error
 from blackboard.client.streams import ensure_streams
 from blackboard.db import migrate, open_pool
 from blackboard.protocol.errors import ConfigurationError
@@ -125,7 +126,7 @@ class Worker:
             if isinstance(exc, asyncio.CancelledError):
                 ready.cancel()
                 raise
-            ready.set_exception(_first_error(exc))  # start() raises it; the host ends quietly
+            ready.set_exception(first_error(exc))  # start() raises it; the host ends quietly
         finally:
             self._nc = None
             self.pool = None
@@ -331,13 +332,6 @@ async def _quietly(close: Callable[[], Awaitable[object]]) -> None:
         await close()
     except Exception as exc:
         log.debug("closing %r failed: %r", close, exc)
-
-
-def _first_error(exc: BaseException) -> BaseException:
-    """The error a task group failed with (its first leaf), as start() reports it."""
-    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
-        exc = exc.exceptions[0]
-    return exc
 
 
 def _log_crash(host: asyncio.Task[None]) -> None:
