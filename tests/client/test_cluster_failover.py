@@ -4,8 +4,10 @@ One node of three is killed (``kill -9``) again and again, the board stream's
 leader more often than not, while agents write plain and compare-and-set
 entries with the default ``nats.write_timeout``: no write fails, every
 acknowledged write is on the board at its revision, and none is applied twice.
-Each node comes back (and catches up) before the next is killed, so the
-cluster is always one failure and one leader election away from taking writes.
+A killed leader stays down until the two nodes left have elected another
+(so every leader kill is a real election), and each node comes back and
+catches up before the next is killed: the cluster is always one failure and at
+most one leader election away from taking writes.
 """
 
 from __future__ import annotations
@@ -47,24 +49,22 @@ def _r3_settings(cluster: NatsCluster) -> Settings:
         "board": settings.board.model_copy(update={"replicas": 3})})
 
 
-async def _leader(js: JetStreamContext, stream: str, not_: str | None = None) -> str:
-    """The stream's leader once it has one (other than ``not_``) and every replica is current."""
+async def _leader(js: JetStreamContext, stream: str, *, other_than: str | None = None) -> str:
+    """The stream's leader: with ``other_than``, once it is another node (elected while that
+    node is down); without, once every replica is current (a restarted node caught up)."""
     async with asyncio.timeout(90):  # a cluster that does not recover fails the test, not CI
-        return await _settled(js, stream, not_)
-
-
-async def _settled(js: JetStreamContext, stream: str, not_: str | None) -> str:
-    while True:
-        try:
-            info = await js.stream_info(stream)
-        except (nats.errors.Error, TimeoutError):  # no leader to answer yet
+        while True:
+            try:
+                c = (await js.stream_info(stream)).cluster
+            except (nats.errors.Error, TimeoutError):  # no leader to answer yet
+                c = None
+            if c is not None and c.leader:
+                if other_than is not None and c.leader != other_than:
+                    return c.leader
+                if other_than is None and len(c.replicas or []) == 2 \
+                        and all(r.current and not r.offline for r in c.replicas or []):
+                    return c.leader
             await asyncio.sleep(0.2)
-            continue
-        c = info.cluster
-        if c is not None and c.leader and c.leader != not_ and len(c.replicas or []) == 2 \
-                and all(r.current and not r.offline for r in c.replicas or []):
-            return c.leader
-        await asyncio.sleep(0.2)
 
 
 async def test_no_write_fails_while_one_node_of_three_is_killed_repeatedly(cluster: NatsCluster) -> None:
@@ -116,9 +116,11 @@ async def test_no_write_fails_while_one_node_of_three_is_killed_repeatedly(clust
                     names = [cluster.name(i) for i in range(cluster.size)]
                     name = leader if victim == "leader" else next(n for n in names if n != leader)
                     cluster.kill(cluster.index_of(name))
+                    if victim == "leader":  # the two left elect a new leader
+                        await _leader(js, subjects.kv_stream, other_than=name)
                     await asyncio.sleep(0.5)
                     await asyncio.to_thread(cluster.start, cluster.index_of(name))
-                    leader = await _leader(js, subjects.kv_stream, not_=name if victim == "leader" else None)
+                    leader = await _leader(js, subjects.kv_stream)
                 stop.set()
 
             await asyncio.gather(killer(), *(put_writer(w) for w in range(4)), *(cas_writer(w) for w in range(2)))
