@@ -635,9 +635,9 @@ class Pipeline:
     def __init__(self, store: BoardStore, *, author: str = "") -> None:
         self.store = store
         self.author = author
-        self._sent: list[tuple[_Prepared, asyncio.Future[Any]]] = []
-        #: The futures handed to the caller, one per write of ``_sent`` (its revision or error).
-        self._results: list[asyncio.Future[int]] = []
+        #: Each write sent, with the future handed to the caller (its revision or typed error):
+        #: the publisher resolves it from the ack, ``flush`` when it sends the write again.
+        self._sent: list[tuple[_Prepared, asyncio.Future[int]]] = []
 
     async def __aenter__(self) -> Pipeline:
         return self
@@ -668,30 +668,18 @@ class Pipeline:
     async def _send(self, prep: _Prepared) -> asyncio.Future[int]:
         # The publisher waits by itself while max_pending_writes acks are
         # outstanding, which bounds memory.
+        store = self.store
         try:
-            fut = await self.store._publisher.send(prep.subject, prep.payload, prep.headers)
+            fut = await store._publisher.send(prep.subject, prep.payload, prep.headers,
+                                              refusal=lambda exc: store._map_api_error(exc, prep))
         except _PIPELINE_RETRYABLE:
             fut = asyncio.get_running_loop().create_future()  # resolved by the retrying path in flush
         except nats.errors.ConnectionClosedError as exc:
             raise NotConnectedError("the NATS connection is closed") from exc
         except nats.errors.MaxPayloadError as exc:
-            raise PayloadTooLargeError(len(prep.payload), self.store._nc.max_payload) from exc
+            raise PayloadTooLargeError(len(prep.payload), store._nc.max_payload) from exc
         self._sent.append((prep, fut))
-        result: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-        self._results.append(result)
-        fut.add_done_callback(lambda done: self._settle(prep, done, result))
-        return result
-
-    def _settle(self, prep: _Prepared, ack: asyncio.Future[Any], result: asyncio.Future[int]) -> None:
-        """Resolve ``result`` from its ack as it comes in: the revision, or a refusal's typed
-        error; anything else (no ack, a transport error) is left to ``flush``, which re-sends."""
-        if result.done() or ack.cancelled():
-            return
-        exc = ack.exception()
-        if exc is None:
-            result.set_result(int(ack.result().seq))
-        elif isinstance(exc, nats.js.errors.APIError):
-            _resolve_error(result, self.store._map_api_error(exc, prep))
+        return fut
 
     async def flush(self) -> list[int]:
         """Wait for every write sent so far; return their revisions in order.
@@ -700,44 +688,42 @@ class Pipeline:
             BlackboardError: the first failed write's error.
         """
         sent, self._sent = self._sent, []
-        results, self._results = self._results, []
         if not sent:
             return []
         try:
-            return await self._settle_all(sent, results)
+            return await self._settle_all(sent)
         finally:
-            for result in results:  # flush itself failed or was cancelled: no future stays pending
-                if not result.done():
-                    result.cancel()
+            # flush itself failed or was cancelled: no future stays pending
+            self.store._publisher.forget(*(fut for _, fut in sent if not fut.done()))
 
-    async def _settle_all(self, sent: list[tuple[_Prepared, asyncio.Future[Any]]],
-                          results: list[asyncio.Future[int]]) -> list[int]:
+    async def _settle_all(self, sent: list[tuple[_Prepared, asyncio.Future[int]]]) -> list[int]:
+        publisher = self.store._publisher
         # Until every ack is in, or the rest should be sent again (no ack for
         # write_attempt_timeout, or the connection that carried them replaced).
-        await self.store._publisher.wait_acks(f for _, f in sent)
+        await publisher.wait_acks(fut for _, fut in sent)
         revisions: list[int] = []
         first_error: BlackboardError | None = None
-        for (prep, fut), result in zip(sent, results, strict=True):
-            try:
-                if fut.done() and not fut.cancelled() and fut.exception() is None:
-                    revisions.append(int(fut.result().seq))
-                    if not result.done():
-                        result.set_result(revisions[-1])
+        for prep, fut in sent:
+            if fut.done() and not fut.cancelled():
+                exc = fut.exception()  # the publisher maps a refusal to its typed error
+                if exc is None:
+                    revisions.append(fut.result())
                     continue
-                exc = fut.exception() if fut.done() and not fut.cancelled() else None
-                if isinstance(exc, nats.js.errors.APIError):
-                    raise self.store._map_api_error(exc, prep) from exc
-                if not fut.done():
-                    self.store._publisher.forget(fut)
-                # No ack (or a transport error): re-send with the same Msg-Id.
+                if isinstance(exc, BlackboardError):
+                    revisions.append(-1)
+                    first_error = first_error or exc
+                    continue
+            try:
+                # No ack (or cancelled by its caller): re-send with the same Msg-Id.
+                publisher.forget(fut, cancel=False)
                 revisions.append(await self.store._publish_prepared(prep, resend=True))
-                if not result.done():
-                    result.set_result(revisions[-1])
+                if not fut.done():
+                    fut.set_result(revisions[-1])
             except BlackboardError as err:
                 revisions.append(-1)
                 first_error = first_error or err
-                if not result.done():
-                    _resolve_error(result, err)
+                if not fut.done():
+                    _resolve_error(fut, err)
         if first_error is not None:
             raise first_error
         return revisions

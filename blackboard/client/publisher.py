@@ -13,7 +13,11 @@ long of the cluster being able to take it, not after a long request timeout.
 
 Acks come back on one wildcard inbox subscription per publisher (no request
 object, task or ``wait_for`` per message), which keeps the SDK's write path
-as fast as raw nats-py.
+as fast as raw nats-py. For the same reason nothing is armed per write: the
+ack handler releases the write's slot, one timer per publisher checks the
+writes still waiting (only while some are), and a pipelined write's future is
+resolved by the ack handler itself to what its caller needs (the revision or
+the typed refusal), with no callback chained to it.
 """
 
 from __future__ import annotations
@@ -21,10 +25,11 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import math
 import secrets
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, overload
 
 import nats.errors
 import nats.js.errors
@@ -61,8 +66,9 @@ _WRONG_LAST_SEQ = 10071
 #: process", clustered streams), or another write on the subject is ("wrong
 #: last sequence" without a number, to a compare-and-set write).
 _IN_PROCESS = frozenset({10158, 10164})
-#: Seconds between checks of an unacknowledged attempt (a reconnect, its
-#: ``write_attempt_timeout``): only writes waiting that long pay for a check.
+#: Seconds between checks of the unacknowledged attempts (a reconnect, their
+#: ``write_attempt_timeout``, the write timeout): one timer per publisher, armed
+#: only while writes wait, so a write acknowledged at once costs no timer.
 _TICK = 0.1
 
 ApiErrorMapper = Callable[[nats.js.errors.APIError], BlackboardError]
@@ -101,8 +107,20 @@ class Publisher:
         self._token_counter = itertools.count(1)
         self._inbox: str | None = None
         self._sub: Any = None
-        self._acks: dict[str, asyncio.Future[Ack]] = {}
+        #: Sends awaiting their ack, by reply token; each holds one of ``_slots``,
+        #: released when it leaves this dict (answered, forgotten, or failed to go out).
+        self._acks: dict[str, asyncio.Future[Any]] = {}
         self._slots: asyncio.Semaphore | None = None
+        #: Pipelined sends (``send(..., refusal=...)``), by token: how a refusal becomes the typed error.
+        self._refusals: dict[str, ApiErrorMapper] = {}
+        #: Pipelined sends answered with no ack (no responders, an unreadable answer): left open
+        #: for their caller to send again (``wait_acks`` counts them as answered).
+        self._unanswered: set[asyncio.Future[Any]] = set()
+        #: ``publish`` attempts waiting for their ack: (epoch, sent at, deadline), checked by one timer.
+        self._attempts: dict[asyncio.Future[Any], tuple[int, float, float]] = {}
+        self._ticker: asyncio.TimerHandle | None = None
+        #: When the ticker last saw the connection down (seconds count only while connected).
+        self._offline_at = -math.inf
 
     def msg_id(self) -> str:
         """A new unique ``Nats-Msg-Id``."""
@@ -119,54 +137,101 @@ class Publisher:
 
     async def _on_ack(self, msg: Msg) -> None:
         assert self._inbox is not None
-        fut = self._acks.pop(msg.subject[len(self._inbox):], None)
-        if fut is None or fut.done():
+        token = msg.subject[len(self._inbox):]
+        fut = self._acks.pop(token, None)
+        if fut is None:
+            return
+        self._release()
+        refusal = self._refusals.pop(token, None) if self._refusals else None
+        if fut.done():  # cancelled by its caller
             return
         headers = msg.headers
         if headers and headers.get(Header.STATUS.value) == "503":
-            fut.set_exception(nats.errors.NoRespondersError())
+            self._fail(fut, refusal, nats.errors.NoRespondersError())
             return
         try:
             resp = json.loads(msg.data)
         except ValueError:
-            fut.set_exception(TransportError(f"unreadable JetStream ack: {msg.data[:100]!r}"))
+            self._fail(fut, refusal, TransportError(f"unreadable JetStream ack: {msg.data[:100]!r}"))
             return
         error = resp.get("error")
-        if error:
-            fut.set_exception(_api_error(error))
-        else:
+        if error is None and refusal is not None:
+            fut.set_result(int(resp["seq"]))
+        elif error is None:
             fut.set_result(Ack(resp.get("stream", ""), int(resp["seq"]), bool(resp.get("duplicate"))))
+        elif refusal is not None:
+            fut.set_exception(refusal(_api_error(error)))
+            fut.exception()  # seen: the pipeline's flush reports it, a caller need not
+        else:
+            fut.set_exception(_api_error(error))
 
-    async def send(self, subject: str, payload: bytes, headers: dict[str, str]) -> asyncio.Future[Ack]:
+    def _fail(self, fut: asyncio.Future[Any], refusal: ApiErrorMapper | None, exc: Exception) -> None:
+        """No ack for this send: ``publish`` retries on the exception; a pipelined send's future
+        stays open for its caller to send it again (``wait_acks`` counts it as answered)."""
+        if refusal is None:
+            fut.set_exception(exc)
+        else:
+            self._unanswered.add(fut)
+
+    def _release(self) -> None:
+        assert self._slots is not None
+        self._slots.release()
+
+    @overload
+    async def send(self, subject: str, payload: bytes, headers: dict[str, str]) -> asyncio.Future[Ack]: ...
+
+    @overload
+    async def send(self, subject: str, payload: bytes, headers: dict[str, str], *,
+                   refusal: ApiErrorMapper) -> asyncio.Future[int]: ...
+
+    async def send(self, subject: str, payload: bytes, headers: dict[str, str], *,
+                   refusal: ApiErrorMapper | None = None) -> asyncio.Future[Any]:
         """Send without waiting for the ack; returns a future of it.
 
         Waits while ``max_pending_writes`` acks are outstanding. The future
-        never times out by itself: callers bound the wait.
+        never times out by itself: callers bound the wait. With ``refusal``
+        (a pipelined write) the future resolves to the stored revision, or
+        to ``refusal(api_error)`` when JetStream refuses the write; when no
+        ack comes (or no responders answer) it stays open, for the caller to
+        send the write again (``wait_acks``, then ``forget(..., cancel=False)``).
         """
         inbox = await self._ensure_inbox()
         slots = self._slots
         assert slots is not None
         await slots.acquire()
         token = f"{next(self._token_counter):x}"
-        fut: asyncio.Future[Ack] = asyncio.get_running_loop().create_future()
-        fut.add_done_callback(lambda _: slots.release())
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._acks[token] = fut
+        if refusal is not None:
+            self._refusals[token] = refusal
         try:
             await self.nc.publish(subject, payload, reply=inbox + token, headers=headers)
         except BaseException:
-            self._acks.pop(token, None)
+            if self._acks.pop(token, None) is not None:
+                slots.release()
+            self._refusals.pop(token, None)
             fut.cancel()
             raise
         return fut
 
-    def forget(self, fut: asyncio.Future[Ack]) -> None:
-        """Stop tracking an unanswered future (after a timeout)."""
-        for token, f in list(self._acks.items()):
-            if f is fut:
-                del self._acks[token]
-                break
-        if not fut.done():
-            fut.cancel()
+    def forget(self, *futs: asyncio.Future[Any], cancel: bool = True) -> None:
+        """Stop tracking unanswered sends (after a timeout), releasing their slots.
+
+        ``cancel=False`` leaves the futures open, for a caller that resolves
+        them itself (a pipelined write it sends again).
+        """
+        if not futs:
+            return
+        forgotten = set(futs)
+        for token in [t for t, f in self._acks.items() if f in forgotten]:
+            del self._acks[token]
+            self._refusals.pop(token, None)
+            self._release()
+        self._unanswered.difference_update(forgotten)
+        if cancel:
+            for fut in futs:
+                if not fut.done():
+                    fut.cancel()
 
     def _epoch(self) -> int:
         """The connection a publish made now goes out on (``reconnects`` counts
@@ -179,87 +244,103 @@ class Publisher:
 
         Raises:
             nats.errors.TimeoutError: the attempt is abandoned (the future is
-                forgotten): its connection was replaced, it went unanswered for
-                ``write_attempt_timeout`` connected seconds, or ``deadline`` passed.
+                forgotten by :meth:`_check_attempts`): its connection was replaced,
+                it went unanswered for ``write_attempt_timeout`` connected seconds,
+                or ``deadline`` passed.
         """
         loop = asyncio.get_running_loop()
-        nc = self.nc
-        attempt = self.settings.write_attempt_timeout
-        # Seconds count only while connected: while reconnecting the write
-        # waits in the client's buffer, and is flushed on reconnect.
-        since = loop.time()
-        handle: asyncio.TimerHandle
-
-        def check() -> None:
-            nonlocal since, handle
-            if fut.done():
-                return
-            now = loop.time()
-            if not nc.is_connected:
-                since = now
-            elif nc.stats["reconnects"] > epoch or now - since >= attempt:
-                self.forget(fut)
-                return
-            if now >= deadline:
-                self.forget(fut)
-                return
-            handle = loop.call_later(min(_TICK, attempt), check)
-
-        handle = loop.call_later(min(_TICK, attempt), check)
+        self._attempts[fut] = (epoch, loop.time(), deadline)
+        if self._ticker is None:
+            self._ticker = loop.call_later(min(_TICK, self.settings.write_attempt_timeout), self._check_attempts)
         try:
             return await fut
         except asyncio.CancelledError:
             if fut.cancelled() and not asyncio.current_task().cancelling():  # type: ignore[union-attr]
                 raise nats.errors.TimeoutError from None
+            self.forget(fut)  # the caller was cancelled: free the slot now, the ack may never come
             raise
         finally:
-            handle.cancel()
+            del self._attempts[fut]
 
-    async def wait_acks(self, futs: Iterable[asyncio.Future[Ack]]) -> None:
-        """Wait for pipelined sends' acks until all are in, or until the rest
-        should be sent again: no ack arrived for ``write_attempt_timeout``
-        connected seconds, or the connection was re-established since (what
-        was in flight on the old one may be lost). Never raises for them."""
+    def _check_attempts(self) -> None:
+        """The publisher's timer: abandon the attempts to send again (see :meth:`_wait`);
+        re-armed while attempts wait."""
+        self._ticker = None
+        if not self._attempts:
+            return
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        nc = self.nc
+        attempt = self.settings.write_attempt_timeout
+        if not nc.is_connected:
+            # Seconds count only while connected: while reconnecting the write
+            # waits in the client's buffer, and is flushed on reconnect.
+            self._offline_at = now
+            expired = [f for f, (_, _, deadline) in self._attempts.items() if now >= deadline]
+        else:
+            reconnects, offline_at = nc.stats["reconnects"], self._offline_at
+            expired = [f for f, (epoch, sent_at, deadline) in self._attempts.items()
+                       if reconnects > epoch or now - max(sent_at, offline_at) >= attempt or now >= deadline]
+        self.forget(*expired)
+        self._ticker = loop.call_later(min(_TICK, attempt), self._check_attempts)
+
+    async def wait_acks(self, futs: Iterable[asyncio.Future[Any]]) -> None:
+        """Wait for pipelined sends' acks until all are answered, or until the
+        rest should be sent again: none of them was answered for
+        ``write_attempt_timeout`` connected seconds, or the connection was
+        re-established since (what was in flight on the old one may be lost).
+        Never raises for them.
+
+        Acks mostly come in order: this waits on the first open future, then
+        on the next one still open, so a flush costs a wake-up per batch of
+        acks read, not a callback per write; a timer checks for progress."""
         pending = [f for f in futs if not f.done()]
         if not pending:
             return
         loop = asyncio.get_running_loop()
         nc = self.nc
         attempt = self.settings.write_attempt_timeout
+        unanswered = self._unanswered
         epoch = nc.stats["reconnects"]
-        waiter: asyncio.Future[None] = loop.create_future()
-        left = len(pending)
+        waiter: asyncio.Future[None] | None = None
+        stop = False
+        answered = 0
         last = loop.time()
         handle: asyncio.TimerHandle
 
-        def done(_: object) -> None:
-            nonlocal left, last
-            left -= 1
-            last = loop.time()
-            if left == 0 and not waiter.done():
+        def wake(_: object = None) -> None:
+            if waiter is not None and not waiter.done():
                 waiter.set_result(None)
 
         def check() -> None:
-            nonlocal last, handle
-            if waiter.done():
-                return
+            nonlocal answered, last, stop, handle
             now = loop.time()
+            count = sum(1 for f in pending if f.done() or f in unanswered)
+            if count > answered:
+                answered, last = count, now
             if not nc.is_connected:
                 last = now
             elif nc.stats["reconnects"] != epoch or now - last >= attempt:
-                waiter.set_result(None)
+                stop = True
+            if stop or count == len(pending):
+                wake()
                 return
             handle = loop.call_later(min(_TICK, attempt), check)
 
-        for f in pending:
-            f.add_done_callback(done)
         handle = loop.call_later(min(_TICK, attempt), check)
         try:
-            await waiter
+            for fut in pending:
+                while not (fut.done() or fut in unanswered or stop):
+                    waiter = loop.create_future()
+                    fut.add_done_callback(wake)
+                    try:
+                        await waiter
+                    finally:
+                        fut.remove_done_callback(wake)
+                if stop:
+                    return
         finally:
             handle.cancel()
-            for f in pending:
-                f.remove_done_callback(done)
 
     # ------------------------------------------------------------ publishing
     async def publish(
@@ -394,6 +475,11 @@ class Publisher:
             if not fut.done():
                 fut.cancel()
         self._acks.clear()
+        self._refusals.clear()
+        self._unanswered.clear()
+        if self._ticker is not None:
+            self._ticker.cancel()
+            self._ticker = None
         if self._sub is not None:
             sub, self._sub, self._inbox = self._sub, None, None
             try:
