@@ -50,13 +50,39 @@ from blackboard.worker._tasks import run_until_stopped
 from blackboard.worker.decode import DeadLetter, RawMessage, parse_ack_reply
 from blackboard.worker.stream_handler import Conn, StreamHandler
 
-__all__ = ["RETRYABLE", "ConsumerLag", "IngestLoop", "IngestStats", "backoff_delays", "error_line", "to_raw"]
+__all__ = [
+    "RETRYABLE",
+    "ROW_FAULT_CLASSES",
+    "ConsumerLag",
+    "IngestLoop",
+    "IngestStats",
+    "backoff_delays",
+    "error_line",
+    "is_retryable",
+    "to_raw",
+]
 
 log = logging.getLogger("blackboard.worker.ingest")
 
 #: Errors after which the same batch is simply retried (connection trouble,
 #: deadlock or serialization failure between workers).
 RETRYABLE = (psycopg.OperationalError, psycopg.errors.TransactionRollback, PoolTimeout)
+#: SQLSTATE classes of errors a row's content causes, whatever psycopg's class
+#: (``ProgramLimitExceeded``, an index row over PostgreSQL's size limit, is an
+#: ``OperationalError``): data exception, integrity constraint violation,
+#: program limit exceeded. The same row fails the same way on every retry, so
+#: the batch is written row by row and the row dead-lettered instead.
+ROW_FAULT_CLASSES = frozenset({"22", "23", "54"})
+
+
+def is_retryable(exc: BaseException) -> bool:
+    """Whether a failed write is retried as it is: connection trouble (no SQLSTATE,
+    class 08, an administrator's shutdown, resources), a deadlock or serialization
+    failure, a pool timeout; not an error of :data:`ROW_FAULT_CLASSES`."""
+    if not isinstance(exc, RETRYABLE):
+        return False
+    state = getattr(exc, "sqlstate", None)
+    return not (isinstance(state, str) and state[:2] in ROW_FAULT_CLASSES)
 
 
 def error_line(exc: BaseException) -> str:
@@ -377,12 +403,26 @@ class IngestLoop:
         own = slot is None
         if slot is None:
             slot = _ConnSlot(self._pool)
+        isolate = isolated = False
         try:
             while True:
                 try:
+                    if isolate:
+                        rows, dead = await self._isolate(rows, dead)
+                        isolate, isolated = False, True
                     await self._write(rows, dead, slot)
                     break
-                except RETRYABLE as exc:
+                except Exception as exc:
+                    # Refused again once isolated (the dead letters themselves?): back
+                    # off like a retryable error rather than spin.
+                    if not isolated and not is_retryable(exc):
+                        # A row PostgreSQL refuses (a constraint, a value or an index
+                        # row out of range), or one the writer cannot build or
+                        # serialize: write row by row, dead-lettering the ones that fail.
+                        log.warning("%s: batch refused (%s: %s); writing row by row", self.durable,
+                                    type(exc).__name__, error_line(exc))
+                        isolate = True
+                        continue
                     self.stats.retries += 1
                     self.stats.last_error = repr(exc)
                     wait = delay()
@@ -398,13 +438,6 @@ class IngestLoop:
                             return False
                     else:
                         await asyncio.sleep(wait)
-                except Exception as exc:
-                    # A row PostgreSQL refuses (a constraint, a value out of range), or
-                    # one the writer cannot build or serialize: write row by row,
-                    # dead-lettering the ones that fail.
-                    log.warning("%s: batch refused (%s: %s); writing row by row", self.durable,
-                                type(exc).__name__, error_line(exc))
-                    rows, dead = await self._isolate(rows, dead)
         finally:
             if own:
                 await slot.release()
@@ -448,9 +481,9 @@ class IngestLoop:
                     async with conn.transaction():
                         await self.handler.write(conn, [row])
                     good.append((msg, row))
-                except RETRYABLE:
-                    raise
                 except psycopg.Error as exc:
+                    if is_retryable(exc):  # the connection, not the row: retry the batch
+                        raise
                     dead.append(DeadLetter.of(to_raw(msg), f"refused by PostgreSQL: {exc}"))
                 except Exception as exc:  # the per-message guard, on the write side
                     dead.append(self._unexpected(to_raw(msg), "writing", exc))
