@@ -24,8 +24,10 @@ from blackboard.protocol.errors import LimitExceededError
 
 __all__ = [
     "MAX_DEPTH",
+    "MAX_ID_CHARS",
     "MAX_INT",
     "MAX_ITEMS",
+    "MAX_LABEL_CHARS",
     "MAX_REPLY_DEPTH",
     "MAX_STRING_BYTES",
     "MAX_TIMESTAMP",
@@ -57,6 +59,16 @@ MAX_REPLY_DEPTH: Final = MAX_DEPTH + 8
 MAX_STRING_BYTES: Final = 64 * 1024 * 1024
 #: Elements of one array, or pairs of one map.
 MAX_ITEMS: Final = 1_000_000
+#: Characters of a record's id (a memory's, a message's, a ballot's), and of
+#: each id a forget names. Ids are indexed by PostgreSQL.
+MAX_ID_CHARS: Final = 128
+#: Characters of every other short text PostgreSQL indexes: an entry's author,
+#: a tag (entries and memories), a message's type, correlation id, reply
+#: subject and topic. A btree index row holds at most 2,704 bytes (a GIN key
+#: about as much): 256 characters are at most 1,024 bytes of UTF-8, so an index
+#: row of them, its other columns included, always fits; one unbounded string
+#: made PostgreSQL refuse its row ("index row requires 11464 bytes").
+MAX_LABEL_CHARS: Final = 256
 #: Integers are 64-bit: what msgpack carries (int64 and uint64).
 MIN_INT: Final = -(2**63)
 MAX_INT: Final = 2**64 - 1

@@ -28,7 +28,7 @@ from datetime import UTC, datetime
 from typing import Any, Final, TypeVar, get_args
 
 from blackboard.protocol.errors import InvalidKeyError
-from blackboard.protocol.limits import MAX_DEPTH, check_value, timestamp_ok
+from blackboard.protocol.limits import MAX_DEPTH, MAX_LABEL_CHARS, check_value, timestamp_ok
 from blackboard.protocol.schemas import (
     EntryEnvelope,
     MemoryForget,
@@ -124,12 +124,13 @@ def _timestamp(value: Any) -> datetime | None:
     return dt if dt.tzinfo is not None and timestamp_ok(dt) else None
 
 
-def _str_list(value: Any) -> list[str] | None:
-    """A ``list[str]`` as the schema keeps it (exact ``str`` items), else None."""
+def _label_list(value: Any) -> list[str] | None:
+    """A ``list[Label]`` as the schema keeps it (exact ``str`` items of at most
+    ``MAX_LABEL_CHARS``), else None."""
     if type(value) is not list:
         return None
     for v in value:
-        if type(v) is not str:
+        if type(v) is not str or len(v) > MAX_LABEL_CHARS:
             return None
     return value
 
@@ -195,10 +196,10 @@ def fast_entry(obj: Any) -> EntryEnvelope | None:
     author = obj.get("author")
     created = _timestamp(obj.get("created_at"))
     if (type(v) is not int or v not in _ENTRY_VERSIONS or type(ctype) is not str or type(author) is not str
-            or created is None):
+            or len(author) > MAX_LABEL_CHARS or created is None):
         return None
     tags = obj.get("tags", _MISSING)
-    tags = [] if tags is _MISSING else _str_list(tags)
+    tags = [] if tags is _MISSING else _label_list(tags)
     metadata = obj.get("metadata", _MISSING)
     metadata = {} if metadata is _MISSING else _str_dict(metadata)
     if tags is None or metadata is None:
@@ -251,8 +252,8 @@ def entry_wire(value: Any, *, author: str, content_type: str, tags: Sequence[str
         stamp = created_at.isoformat()
     else:
         stamp = None
-    if (stamp is not None and type(author) is str and type(content_type) is str
-            and _str_list(tag_list) is not None and _str_dict(meta) is not None):
+    if (stamp is not None and type(author) is str and len(author) <= MAX_LABEL_CHARS and type(content_type) is str
+            and _label_list(tag_list) is not None and _str_dict(meta) is not None):
         return {
             "v": _ENTRY_V, "value": value, "content_type": content_type, "tags": tag_list, "metadata": dict(meta),
             "author": author, "created_at": stamp,
@@ -297,7 +298,7 @@ def fast_memory(obj: Any) -> MemoryRecord | None:
         return None
     created = _timestamp(get("created_at"))
     tags = get("tags", _MISSING)
-    tags = [] if tags is _MISSING else _str_list(tags)
+    tags = [] if tags is _MISSING else _label_list(tags)
     metadata = get("metadata", _MISSING)
     metadata = {} if metadata is _MISSING else _str_dict(metadata)
     board = get("board")
@@ -350,7 +351,7 @@ def memory_wire(*, id: str, board: str, agent: str, text: str, created_at: datet
             and type(kind) is str and kind in _MEM_KINDS
             and (t is float or t is int) and _MEM_IMPORTANCE_MIN <= importance <= _MEM_IMPORTANCE_MAX
             and (source is None or type(source) is str) and type(read_only) is bool
-            and _str_list(tag_list) is not None and _str_dict(meta) is not None
+            and _label_list(tag_list) is not None and _str_dict(meta) is not None
             and type(created_at) is datetime and created_at.tzinfo is not None and timestamp_ok(created_at)
             and _is_name(board) and _is_name(agent)):
         return {

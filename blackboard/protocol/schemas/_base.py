@@ -9,15 +9,16 @@ from pydantic import (
     BaseModel,
     BeforeValidator,
     ConfigDict,
+    StringConstraints,
     ValidationError,
 )
 
 from blackboard.protocol.canonical import canonical_bytes
 from blackboard.protocol.errors import InvalidPayloadError, LimitExceededError
-from blackboard.protocol.limits import check_timestamp
+from blackboard.protocol.limits import MAX_ID_CHARS, MAX_LABEL_CHARS, check_timestamp
 from blackboard.protocol.subjects import validate_name
 
-__all__ = ["Name", "Timestamp", "WireModel", "utcnow", "validate_wire"]
+__all__ = ["Id", "Label", "Name", "Timestamp", "WireModel", "utcnow", "validate_wire"]
 
 M = TypeVar("M", bound="WireModel")
 
@@ -50,6 +51,13 @@ def _check_name(value: str) -> str:
 
 #: A board, section, agent, proposal or topic token (see ``subjects.validate_name``).
 Name = Annotated[str, AfterValidator(_check_name)]
+
+
+#: A short text PostgreSQL indexes (a tag, an author, a message's type...):
+#: at most ``limits.MAX_LABEL_CHARS`` characters.
+Label = Annotated[str, StringConstraints(max_length=MAX_LABEL_CHARS)]
+#: A record's id: 1 to ``limits.MAX_ID_CHARS`` characters.
+Id = Annotated[str, StringConstraints(min_length=1, max_length=MAX_ID_CHARS)]
 
 
 class WireModel(BaseModel):

@@ -4,7 +4,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from blackboard.protocol.schemas._base import Timestamp, WireModel
+from blackboard.protocol.schemas._base import Label, Timestamp, WireModel
 
 __all__ = ["ENTRY_SCHEMA_VERSION", "EntryEnvelope"]
 
@@ -25,7 +25,7 @@ class EntryEnvelope(WireModel):
         "application/json",
         description="MIME type of value, e.g. text/plain, application/json, image/png.",
     )
-    tags: list[str] = Field(default_factory=list, description="Free-form labels.")
+    tags: list[Label] = Field(default_factory=list, description="Free-form labels (each at most 256 characters).")
     metadata: dict[str, Any] = Field(default_factory=dict, description="Free-form metadata.")
-    author: str = Field(description="Agent id of the writer.")
+    author: Label = Field(description="Agent id of the writer (at most 256 characters).")
     created_at: Timestamp = Field(description="Writer's clock, RFC 3339 / ISO 8601 with a UTC offset.")

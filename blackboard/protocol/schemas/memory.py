@@ -4,7 +4,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from blackboard.protocol.schemas._base import Name, Timestamp, WireModel
+from blackboard.protocol.schemas._base import Id, Label, Name, Timestamp, WireModel
 
 __all__ = ["MemoryKind", "MemoryRecord"]
 
@@ -20,7 +20,7 @@ class MemoryRecord(WireModel):
     agent: Name = Field(description="Agent id of the writer.")
     kind: MemoryKind = "episodic"
     text: str = Field(min_length=1, description="The memory's text (what is embedded and searched).")
-    tags: list[str] = Field(default_factory=list)
+    tags: list[Label] = Field(default_factory=list, description="Free-form labels (each at most 256 characters).")
     metadata: dict[str, Any] = Field(default_factory=dict)
     importance: float = Field(0.5, ge=0.0, le=1.0)
     source: str | None = Field(None, description="Where it came from (file path, URL...).")
@@ -39,5 +39,5 @@ class MemoryForget(WireModel):
     op: Literal["forget"] = Field("forget", description="Discriminator: always 'forget'.")
     board: Name = Field(description="Scope of the memories.")
     agent: Name = Field(description="Agent id of the writer.")
-    ids: list[str] = Field(min_length=1, description="Ids of the memories to forget.")
+    ids: list[Id] = Field(min_length=1, description="Ids of the memories to forget (each 1-128 characters).")
     created_at: Timestamp = Field(description="Writer's clock.")

@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from blackboard.protocol.limits import MAX_DEPTH, check_value
+from blackboard.protocol.limits import MAX_DEPTH, MAX_ID_CHARS, MAX_LABEL_CHARS, check_value
 from blackboard.protocol.schemas._base import Name, Timestamp, WireModel
 from blackboard.protocol.subjects import Subjects
 
@@ -32,7 +32,7 @@ class MessageEnvelope(WireModel):
     v: Literal[1] = Field(default=1, description="Schema version.")
     id: str = Field(
         min_length=1,
-        max_length=128,
+        max_length=MAX_ID_CHARS,
         description="Unique message id chosen by the sender (deduplication key).",
     )
     sender: Name = Field(description="Agent id of the sender.")
@@ -47,20 +47,25 @@ class MessageEnvelope(WireModel):
     topic: str | None = Field(
         default=None,
         min_length=1,
+        max_length=MAX_LABEL_CHARS,
         description="Dot-separated topic of a topic message (required for kind 'topic'), e.g. 'build.failed'.",
     )
     type: str = Field(
         min_length=1,
-        max_length=256,
+        max_length=MAX_LABEL_CHARS,
         description="Application-defined message type, e.g. 'task.handoff'.",
     )
     body: Any = Field(
         default=None, description="The payload: any JSON value, or bytes (msgpack only)."
     )
     correlation_id: str | None = Field(
-        default=None, description="Ties a reply to its request, or messages of one conversation."
+        default=None,
+        max_length=MAX_LABEL_CHARS,
+        description="Ties a reply to its request, or messages of one conversation.",
     )
-    reply_to: str | None = Field(default=None, description="Subject to send a reply to (requests).")
+    reply_to: str | None = Field(
+        default=None, max_length=MAX_LABEL_CHARS, description="Subject to send a reply to (requests)."
+    )
     created_at: Timestamp = Field(description="Sender's clock, RFC 3339 in UTC.")
     metadata: dict[str, Any] = Field(default_factory=dict, description="Free-form metadata.")
 

@@ -138,7 +138,12 @@ class Proposal(WireModel):
         # Bounded first: canonical_json recurses (a decoded payload is already
         # bounded by the codec; this bounds a proposal built in Python).
         check_value(self.candidates, MAX_DEPTH - 1)
-        texts = [canonical_json(c) for c in self.candidates]
+        try:
+            texts = [canonical_json(c) for c in self.candidates]
+        except (TypeError, ValueError) as exc:
+            # bytes, NaN, a map with non-string keys: candidates are JSON values
+            # (docs/voting.md), stored and compared as JSON by every reader.
+            raise ValueError(f"candidates must be JSON values: {exc}") from exc
         if len(set(texts)) != len(texts):
             raise ValueError("candidates must be pairwise distinct")
         if self.voters is None:
