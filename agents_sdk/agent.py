@@ -88,7 +88,10 @@ class Agent:
 
     def board(self, name: str) -> Board:
         """The handle of board ``name`` (cheap; cached per name)."""
-        board = self._boards.get(name)
+        try:
+            board = self._boards.get(name)
+        except TypeError:  # unhashable (a dict, a list): Board refuses it with InvalidKeyError
+            board = None
         if board is None:
             board = self._boards[name] = Board(self, name)
         return board
@@ -218,11 +221,11 @@ class Agent:
 
     async def join(self, board: str | Board) -> None:
         """Receive ``board``'s broadcasts in the inbox from now on (durable)."""
-        await self.messaging.join(board if isinstance(board, str) else board.name)
+        await self.messaging.join(board.name if isinstance(board, Board) else board)
 
     async def leave(self, board: str | Board) -> None:
         """Stop receiving ``board``'s broadcasts."""
-        await self.messaging.leave(board if isinstance(board, str) else board.name)
+        await self.messaging.leave(board.name if isinstance(board, Board) else board)
 
     async def subscribe(self, pattern: str) -> None:
         """Receive topic messages matching ``pattern`` in the inbox from now on (durable)."""

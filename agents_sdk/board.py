@@ -22,7 +22,12 @@ from agents_sdk.view import View
 from blackboard.client.board_store import BoardStore, Pipeline, Watch, WatchStart, WriteOp
 from blackboard.protocol.codec import Encoding
 from blackboard.protocol.entries import Entry, Operation, default_content_type
-from blackboard.protocol.errors import ConflictError, NotFoundError
+from blackboard.protocol.errors import (
+    ConflictError,
+    InvalidKeyError,
+    InvalidPayloadError,
+    NotFoundError,
+)
 from blackboard.protocol.schemas import Policy, PolicyKind
 from blackboard.protocol.subjects import validate_name
 
@@ -174,7 +179,8 @@ class Board:
         if section is None and key is None:
             return await self._store.purge_board(self.name)
         if section is None or key is None:
-            raise ValueError("purge takes both section and key, or neither")
+            raise InvalidKeyError(str(section if key is None else key),
+                                  "purge takes both section and key, or neither")
         rev = await self._store.delete(self.name, section, key, purge=True)
         self._written(section, key, rev, None, None, (), None, Operation.PURGE)
         return 1
@@ -236,6 +242,8 @@ class Board:
         :class:`~agents_sdk.objects.ObjectRef` (``{"$object": {...}}``).
         Returns the entry's revision.
         """
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise InvalidPayloadError("attached data must be bytes")
         name = object_name(self.name, section, key, hashlib.sha256(data).hexdigest())
         ref = await self.agent.objects.put(name, data, content_type=content_type)
         return await self.put(section, key, ref.to_value(), content_type=content_type, tags=tags,

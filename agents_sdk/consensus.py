@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import ValidationError
 
+from agents_sdk._args import name_list, sequence_arg
 from blackboard.client.consensus import ProposalFollower, VoteFollower, VoteStore
 from blackboard.consensus.log import (
     ProposalLog,
@@ -117,12 +118,13 @@ def _deadline(value: DeadlineSpec) -> datetime | None:
         if value.tzinfo is None:
             raise InvalidPayloadError("the deadline must be timezone-aware")
         deadline = value.astimezone(UTC)
-    elif isinstance(value, timedelta):
-        deadline = now + value
-    elif isinstance(value, int | float) and not isinstance(value, bool):
-        deadline = now + timedelta(seconds=float(value))
+    elif isinstance(value, timedelta | int | float) and not isinstance(value, bool):
+        try:
+            deadline = now + (value if isinstance(value, timedelta) else timedelta(seconds=float(value)))
+        except (OverflowError, ValueError) as exc:  # 1e30 seconds, NaN
+            raise InvalidPayloadError("the deadline is out of range") from exc
     else:
-        raise InvalidPayloadError(f"a deadline is a datetime, a timedelta or seconds, not {value!r}")
+        raise InvalidPayloadError(f"a deadline is a datetime, a timedelta or seconds, not {type(value).__name__}")
     if deadline <= now:
         raise InvalidPayloadError(f"the deadline {deadline.isoformat()} is not in the future")
     return deadline
@@ -238,9 +240,9 @@ class Voting:
         try:
             proposal = Proposal(
                 id=proposal_id or uuid.uuid4().hex, board=board, section=section, key=key, question=question,
-                candidates=[value] if candidates is None else list(candidates),
+                candidates=[value] if candidates is None else sequence_arg(candidates, "candidates"),
                 policy=policy if isinstance(policy, Policy) else Policy(kind=policy),
-                voters=None if voters is None else list(voters), proposer=self.context.agent_id,
+                voters=None if voters is None else name_list(voters, "voters"), proposer=self.context.agent_id,
                 created_at=datetime.now(UTC), deadline=_deadline(deadline))
         except ValidationError as exc:
             first = exc.errors()[0]
@@ -251,9 +253,10 @@ class Voting:
         return ProposalHandle(self, proposal, sequence)
 
     async def _proposal(self, board: str, proposal_id: str) -> tuple[Proposal, int] | None:
+        validate_name(proposal_id, "proposal id")  # before the lookup: a dict or list is unhashable
         found = self._proposals.get((board, proposal_id))
         if found is None:
-            found = await self.store.read_proposal(board, validate_name(proposal_id, "proposal id"))
+            found = await self.store.read_proposal(board, proposal_id)
             if found is not None:
                 self._proposals[(board, proposal_id)] = found
         return found

@@ -23,7 +23,12 @@ from nats.js import api
 from nats.js.object_store import ObjectStore as NatsObjectStore
 
 from blackboard.protocol.entries import Entry
-from blackboard.protocol.errors import InvalidPayloadError, NotFoundError, TransportError
+from blackboard.protocol.errors import (
+    InvalidKeyError,
+    InvalidPayloadError,
+    NotFoundError,
+    TransportError,
+)
 from blackboard.protocol.subjects import Header, encode_key, validate_name
 
 __all__ = ["OBJECT_REF_KEY", "ObjectRef", "ObjectStore"]
@@ -59,6 +64,17 @@ class ObjectRef:
             raise InvalidPayloadError(f"malformed object reference: {exc}") from exc
 
 
+def _check_name(name: Any) -> None:
+    """An object's name is a non-empty string (the object store encodes it).
+
+    Raises:
+        InvalidKeyError: it is not.
+    """
+    if not isinstance(name, str) or not name:
+        raise InvalidKeyError(name if isinstance(name, str) else f"<{type(name).__name__}>",
+                              "an object name must be a non-empty string")
+
+
 def object_name(board: str, section: str, key: str, digest: str) -> str:
     """``<board>/<section>/<key-token>/<sha256>``: immutable per content."""
     return f"{validate_name(board, 'board')}/{validate_name(section, 'section')}/{encode_key(key)}/{digest}"
@@ -86,8 +102,11 @@ class ObjectStore:
         Raises:
             TransportError: the object store refused or timed out.
         """
+        _check_name(name)
         if not isinstance(data, (bytes, bytearray, memoryview)):
             raise InvalidPayloadError("object data must be bytes")
+        if not isinstance(content_type, str):
+            raise InvalidPayloadError(f"content_type must be a string, not {type(content_type).__name__}")
         data = bytes(data)
         digest = hashlib.sha256(data).hexdigest()
         store = await self._get_store()
@@ -104,7 +123,9 @@ class ObjectStore:
 
         Raises:
             NotFoundError: no such object.
+            InvalidKeyError: ``name`` is not a non-empty string.
         """
+        _check_name(name)
         store = await self._get_store()
         try:
             result = await store.get(name)
@@ -115,6 +136,7 @@ class ObjectStore:
         return bytes(result.data or b"")
 
     async def delete(self, name: str) -> None:
+        _check_name(name)
         store = await self._get_store()
         try:
             await store.delete(name)

@@ -25,6 +25,7 @@ from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
 from pydantic import BaseModel, ValidationError
 
+from agents_sdk._args import mapping_arg, sequence_arg
 from blackboard.protocol import codec
 from blackboard.protocol.errors import InvalidPayloadError, NotFoundError, SearchError
 from blackboard.protocol.limits import MAX_REPLY_DEPTH
@@ -111,9 +112,9 @@ def search_filters(filters: SearchFilters | None, args: Mapping[str, Any]) -> Se
         if name not in SearchFilters.model_fields:
             raise TypeError(f"unexpected search filter {name!r}")
         if name == "metadata":
-            value = dict(value)
+            value = mapping_arg(value, name)
         elif name not in ("author", "since", "until"):
-            value = list(value)
+            value = sequence_arg(value, name)
         update[name] = value
     for one, many in _ONE_OF.items():
         if args.get(one) is not None:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+from agents_sdk._args import sequence_arg
 from blackboard.client.publisher import RETRYABLE, Ack
 from blackboard.protocol import codec
 from blackboard.protocol.errors import InvalidPayloadError, PayloadTooLargeError
@@ -65,6 +66,7 @@ class LongTermMemory:
             id=memory_id, board=board, agent=self._agent_id, kind=m.kind, text=m.text, tags=m.tags,
             metadata=m.metadata, importance=m.importance, source=m.source, read_only=m.read_only,
             created_at=datetime.now(UTC))
+        memory_id = record["id"]  # as the schema made it (bytes given as the id are text now)
         payload = codec.encode(record)
         if len(payload) > self._max:
             raise PayloadTooLargeError(len(payload), self._max)
@@ -92,7 +94,7 @@ class LongTermMemory:
         Raises:
             InvalidPayloadError: no ids.
         """
-        ids = [str(i) for i in ids]
+        ids = [str(i) for i in sequence_arg(ids, "ids")]
         if not ids:
             raise InvalidPayloadError("forget needs at least one memory id")
         board = board or DEFAULT_MEMORY_BOARD

@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+from agents_sdk._args import mapping_arg, name_list
 from blackboard.protocol import codec
 from blackboard.protocol.errors import InvalidPayloadError
 from blackboard.protocol.schemas import MessageEnvelope, MessageKind, validate_wire
@@ -32,7 +33,7 @@ def new_envelope(*, id: str, sender: str, kind: MessageKind, type: str, body: An
         InvalidKeyError: an agent id, board or topic token is invalid.
         InvalidPayloadError: another field is invalid (empty type, ...).
     """
-    for name in (sender, *recipients):
+    for name in (sender, *name_list(recipients, "recipients")):
         validate_name(name, "agent id")
     if board is not None:
         validate_name(board, "board")
@@ -42,7 +43,7 @@ def new_envelope(*, id: str, sender: str, kind: MessageKind, type: str, body: An
         return MessageEnvelope(id=id, sender=sender, kind=kind, recipients=list(recipients), board=board,
                                topic=topic, type=type, body=body, correlation_id=correlation_id,
                                reply_to=reply_to, created_at=created_at or datetime.now(UTC),
-                               metadata=dict(metadata or {}))
+                               metadata=mapping_arg(metadata, "metadata"))
     except ValueError as exc:  # pydantic's ValidationError is a ValueError
         raise InvalidPayloadError(f"invalid message: {exc}") from exc
 

@@ -37,6 +37,7 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.js import JetStreamContext, api
 
+from agents_sdk._args import positive_count, seconds, str_list
 from agents_sdk.lifecycle import TaskHost
 from agents_sdk.messaging.envelope import decode_envelope
 from blackboard.client.consumers import consumer_limit_error, is_consumer_limit
@@ -455,14 +456,16 @@ class Inbox:
     def __init__(self, consumer: InboxConsumer, settings: Settings, *, types: Collection[str] | None = None,
                  batch: int | None = None, timeout: float | None = None, limit: int | None = None,
                  include_own: bool = False) -> None:
-        if batch is not None and batch < 1:
-            raise ValueError("batch must be at least 1")
-        if limit is not None and limit < 0:
-            raise ValueError("limit must be >= 0")
+        if batch is not None:
+            positive_count(batch, "batch")
+        if limit is not None:
+            positive_count(limit, "limit", minimum=0)
+        if timeout is not None:
+            seconds(timeout, "timeout")
         self._consumer = consumer
         self._nc = consumer._nc
         self._settings = settings
-        self._types = frozenset(types) if types is not None else None
+        self._types = frozenset(str_list(types, "types")) if types is not None else None
         self._batch = batch or settings.messaging.inbox_batch
         self._timeout = timeout
         self._limit = limit

@@ -27,6 +27,7 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
+from agents_sdk._args import seconds
 from agents_sdk.lifecycle import TaskHost
 from agents_sdk.messaging.envelope import (
     decode_envelope,
@@ -95,7 +96,7 @@ class Requester:
             PayloadTooLargeError, InvalidPayloadError, NotConnectedError: the request cannot be sent.
         """
         subject = Subjects.rpc(to)
-        wait = self._settings.messaging.request_timeout if timeout is None else timeout
+        wait = self._settings.messaging.request_timeout if timeout is None else seconds(timeout, "timeout")
         await self._ensure_reply_sub()
         token = f"{next(self._tokens):x}"
         reply_to = Subjects.reply_inbox(self._reply_prefix, token)

@@ -23,6 +23,7 @@ import nats.js.errors
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 
+from agents_sdk._args import name_list
 from agents_sdk.messaging.envelope import encode_envelope, new_envelope
 from blackboard.client.publisher import Publisher
 from blackboard.protocol import codec
@@ -32,7 +33,7 @@ from blackboard.protocol.errors import (
     PayloadTooLargeError,
     TransportError,
 )
-from blackboard.protocol.subjects import Header, Subjects
+from blackboard.protocol.subjects import Header, Subjects, validate_name
 from blackboard.settings import Settings
 
 __all__ = ["Sender", "Sent"]
@@ -92,7 +93,8 @@ class Sender:
             InvalidPayloadError, PayloadTooLargeError: the message cannot be sent.
             NotConnectedError, OperationTimeoutError: not acknowledged within ``nats.write_timeout``.
         """
-        recipients = [to] if isinstance(to, str) else list(dict.fromkeys(to))
+        recipients = [to] if isinstance(to, str) else list(dict.fromkeys(
+            r if isinstance(r, str) else validate_name(r, "agent id") for r in name_list(to, "to")))
         if not recipients:
             raise InvalidKeyError("", "a direct message needs at least one recipient")
         env = new_envelope(id=id or self.new_id(), sender=self.agent, kind="direct", type=type, body=body,

@@ -92,6 +92,29 @@ class _Prepared:
     expected: int | None
 
 
+def _tag_tuple(tags: Any) -> tuple[str, ...]:
+    """Tags given as another sequence than a tuple, as a tuple (the schema checks each tag).
+
+    Raises:
+        InvalidPayloadError: a string, bytes, a mapping or no sequence at all.
+    """
+    if type(tags) is list:  # the common case, without the ABC check below
+        return tuple(tags)
+    if isinstance(tags, str | bytes | bytearray | Mapping):
+        raise InvalidPayloadError(f"tags must be a list of strings, not {type(tags).__name__}")
+    try:
+        return tuple(tags)
+    except TypeError as exc:
+        raise InvalidPayloadError(f"tags must be a list of strings, not {type(tags).__name__}") from exc
+
+
+def _ttl_ok(ttl: Any) -> bool:
+    """Whether ``ttl`` is a number of seconds a message TTL can be: finite, at least 1."""
+    if isinstance(ttl, bool) or not isinstance(ttl, int | float):
+        return False
+    return ttl >= 1 and (isinstance(ttl, int) or math.isfinite(ttl))
+
+
 class BoardStore:
     """Board operations over one NATS connection. No IO in ``__init__``.
 
@@ -133,7 +156,8 @@ class BoardStore:
         msg_id: str | None = None,
     ) -> _Prepared:
         subject = self.subjects.entry(board, section, key)
-        payload = encode_entry(value, author=author, content_type=content_type, tags=tuple(tags),
+        payload = encode_entry(value, author=author, content_type=content_type,
+                               tags=tags if type(tags) is tuple else _tag_tuple(tags),
                                metadata=metadata, encoding=encoding)
         if len(payload) > self._max:
             raise PayloadTooLargeError(len(payload), self._max)
@@ -141,12 +165,13 @@ class BoardStore:
         if encoding == "json":
             headers[Header.ENCODING.value] = "json"
         if expected_revision is not None:
-            if expected_revision < 0:
-                raise ValueError("expected_revision must be >= 0")
+            if type(expected_revision) is not int or expected_revision < 0:
+                got = "a negative one" if type(expected_revision) is int else type(expected_revision).__name__
+                raise InvalidPayloadError(f"expected_revision must be an integer >= 0, not {got}")
             headers[Header.EXPECTED_LAST_SUBJECT_SEQUENCE.value] = str(expected_revision)
         if ttl is not None:
-            if ttl < 1:
-                raise ValueError("ttl must be at least 1 second")
+            if not _ttl_ok(ttl):
+                raise InvalidPayloadError("ttl must be a finite number of seconds, at least 1")
             headers[Header.MSG_TTL.value] = f"{math.ceil(ttl)}s"
         return _Prepared(subject, payload, headers, f"{board}.{section}.{key}", expected_revision)
 

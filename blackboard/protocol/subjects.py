@@ -122,6 +122,12 @@ class Header(StrEnum):
     BASE_REVISION = "Bb-Base-Revision"
 
 
+def _shown(value: object) -> str:
+    """A refused token as an error shows it: a string as it is, anything else by its
+    type (``str()`` of a value nested thousands deep would raise RecursionError)."""
+    return value if isinstance(value, str) else f"<{type(value).__name__}>"
+
+
 def validate_name(value: str, what: str = "name") -> str:
     """Check a board, section, agent, proposal or topic token.
 
@@ -131,7 +137,7 @@ def validate_name(value: str, what: str = "name") -> str:
     """
     if not isinstance(value, str) or not _NAME_RE.fullmatch(value):
         raise InvalidKeyError(
-            str(value), f"{what} must be 1-128 characters of letters, digits, '_' or '-'"
+            _shown(value), f"{what} must be 1-128 characters of letters, digits, '_' or '-'"
         )
     return value
 
@@ -143,7 +149,7 @@ def encode_key(key: str) -> str:
         InvalidKeyError: the key is empty, not a string, or too long once encoded.
     """
     if not isinstance(key, str) or key == "":
-        raise InvalidKeyError(str(key), "a key must be a non-empty string")
+        raise InvalidKeyError(_shown(key), "a key must be a non-empty string")
     if _PLAIN_KEY_RE.fullmatch(key):
         return key
     try:
@@ -238,7 +244,10 @@ class Subjects:
         self._sections: dict[tuple[str, str], str] = {}
 
     def _section_prefix(self, board: str, section: str) -> str:
-        prefix = self._sections.get((board, section))
+        try:
+            prefix = self._sections.get((board, section))
+        except TypeError:  # an unhashable board or section (a dict, a list): refused below
+            prefix = None
         if prefix is None:
             prefix = f"{validate_name(board, 'board')}.{validate_name(section, 'section')}."
             if len(self._sections) >= 4096:
