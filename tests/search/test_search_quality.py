@@ -511,9 +511,11 @@ def test_fuse_convex_normalises_weights_and_missing_items() -> None:
                            {"semantic": 3.0, "keyword": 1.0})
     assert [f.item for f in weighted] == [1, 2]
     assert weighted[0].score == pytest.approx(0.75)
-    # A retriever whose scores are all equal adds nothing; an item it lacks counts as its lowest.
+    # A retriever whose scores are all equal (and above 0) ranks nothing among its items: each
+    # gets its top, 1.0, as a lone candidate does (issue 18: min_score dropped a lone hit that
+    # scored 0.0); the ranking comes from the other retriever alone.
     flat = fuse_convex({"semantic": {1: 0.2, 2: 0.8}, "keyword": {1: 1.0, 2: 1.0}})
-    assert [(f.item, f.score) for f in flat] == [(2, pytest.approx(0.5)), (1, 0.0)]
+    assert [(f.item, f.score) for f in flat] == [(2, pytest.approx(1.0)), (1, pytest.approx(0.5))]
     lacking = fuse_convex({"semantic": {1: 0.9, 2: 0.1}, "keyword": {2: 5.0, 1: 1.0, 3: 3.0}})
     assert {f.item: round(f.score, 3) for f in lacking}[3] == pytest.approx(0.25)
     top = fuse_convex({"semantic": {7: 0.3, 8: 0.1}, "keyword": {7: 2.0, 8: 1.0}}, parts={"semantic": {7: 0.3}})
