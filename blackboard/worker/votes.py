@@ -46,9 +46,11 @@ from blackboard.settings import Settings
 from blackboard.worker.decode import RawMessage
 from blackboard.worker.stream_handler import Conn, StreamHandler
 
-__all__ = ["CloserStats", "VoteCloser", "VoteRow", "decode_vote", "vote_handler", "write_votes"]
+__all__ = ["CloserStats", "VoteCloser", "VoteRow", "decode_vote", "retry_wait", "vote_handler", "write_votes"]
 
 log = logging.getLogger("blackboard.worker.votes")
+#: The longest wait between two tries of a proposal that keeps failing to commit (seconds).
+_MAX_RETRY_WAIT = 60.0
 
 M = TypeVar("M", Proposal, Ballot)
 
@@ -236,6 +238,10 @@ class VoteCloser:
         self._commits: dict[tuple[str, str], asyncio.Task[None]] = {}
         self._group: asyncio.TaskGroup | None = None
         self._retry_at: dict[tuple[str, str], float] = {}
+        #: Failures in a row per proposal: each doubles the wait before the next try (up to
+        #: _MAX_RETRY_WAIT), so a proposal that cannot commit (e.g. a garbage outcome occupies
+        #: its subject) costs a try a minute, not one a second for ever.
+        self._failures: dict[tuple[str, str], int] = {}
         self._asked: dict[tuple[str, str], float] = {}
         self._wake = asyncio.Event()
         self._follower = self.store.follow(Subjects.votes_all(), self._feed)
@@ -270,6 +276,7 @@ class VoteCloser:
             del self._logs[key]
             self._asked.pop(key, None)
             self._retry_at.pop(key, None)
+            self._failures.pop(key, None)
         elif plog.decided is not None or plog.recorded is not None:
             self._wake.set()
 
@@ -333,6 +340,7 @@ class VoteCloser:
             try:
                 await self.store.commit(outcome, known=plog)
                 self.stats.commits += 1
+                self._failures.pop(key, None)
                 # Leave the stream time to show the commit before looking again.
                 self._retry_at[key] = time.monotonic() + max(1.0, self.settings.worker.vote_commit_grace)
             except BlackboardError as exc:
@@ -347,8 +355,17 @@ class VoteCloser:
     def _failed(self, key: tuple[str, str], exc: BaseException) -> None:
         self.stats.errors += 1
         self.stats.last_error = repr(exc)
-        self._retry_at[key] = time.monotonic() + max(1.0, self.settings.worker.deadline_interval)
-        log.warning("proposal %s.%s: %r (will retry)", key[0], key[1], exc)
+        failures = self._failures[key] = self._failures.get(key, 0) + 1
+        wait = retry_wait(failures, max(1.0, self.settings.worker.deadline_interval))
+        self._retry_at[key] = time.monotonic() + wait
+        log.warning("proposal %s.%s: %r (failure %d in a row; next try in %.0fs)", key[0], key[1], exc,
+                    failures, wait)
+
+
+def retry_wait(failures: int, base: float) -> float:
+    """Seconds before the next try of a proposal that failed ``failures`` times in a row:
+    ``base`` after the first failure, doubling after each one, at most a minute."""
+    return min(_MAX_RETRY_WAIT, base * 2.0 ** max(0, failures - 1))
 
 
 async def _first(*events: asyncio.Event) -> None:

@@ -17,6 +17,7 @@ import pytest
 from blackboard.devstack import EmbeddedNats, EmbeddedPostgres
 from blackboard.protocol.subjects import Subjects
 from blackboard.settings import Settings, WorkerSettings
+from tests._worker_helpers import fresh_db
 from tests.conftest import make_settings
 
 
@@ -115,7 +116,9 @@ def _read_until(proc: subprocess.Popen[str], needle: str, timeout: float) -> lis
 def test_blackboard_worker_logs_ready_at_the_default_level_and_workers_of_a_group_share_consumers(
         nats_server: EmbeddedNats, postgres_server: EmbeddedPostgres, unique: str) -> None:
     names = ("alpha", "beta")
-    settings = make_settings(nats_server.url, postgres_server.dsn)
+    # Its own database: these workers ingest every stream of the session's server from the
+    # start, and the shared database's embedding queue is what other tests wait on.
+    settings = make_settings(nats_server.url, fresh_db(postgres_server, f"cli{unique}"))
     env = _env(WORKER__EMBED="false", WORKER__SERVE_SEARCH="false")
     procs: list[subprocess.Popen[str]] = []
     try:

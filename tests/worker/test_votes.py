@@ -286,3 +286,13 @@ async def test_a_worker_killed_during_a_proposal_is_restarted_and_closes_it_at_t
         proc.terminate()
         await asyncio.to_thread(proc.wait, 20)
         await nc.close()
+
+
+async def test_a_proposal_that_keeps_failing_to_commit_waits_longer_each_time() -> None:
+    # A garbage outcome published first occupies a proposal's outcome subject, so its commit
+    # fails until an operator steps in: the closer must not try again every second for ever.
+    from blackboard.worker.votes import retry_wait
+
+    waits = [retry_wait(n, 1.0) for n in range(1, 10)]
+    assert waits == [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 60.0, 60.0, 60.0]
+    assert retry_wait(1, 2.5) == 2.5 and retry_wait(40, 2.5) == 60.0
