@@ -28,6 +28,7 @@ from blackboard.client.streams import ensure_streams
 from blackboard.protocol.subjects import Header, Subjects
 from blackboard.settings import NatsSettings, Settings
 from tests._cluster import NatsCluster
+from tests._write_load import WriteLoad
 from tests.conftest import make_settings
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.slow, pytest.mark.cluster]
@@ -73,8 +74,6 @@ async def test_no_write_fails_while_one_node_of_three_is_killed_repeatedly(clust
     nc = await connect_nats(settings.nats, name="killer")
     js = nc.jetstream(timeout=2)
     await ensure_streams(js, settings, ready_timeout=60)
-    plain: dict[str, tuple[int, int]] = {}  # key -> (revision, value)
-    cas: dict[str, list[int]] = {}  # key -> revisions of its acknowledged increments
     try:
         async with Agent.connect("failover", settings=settings) as agent:
             board = agent.board("r3")
@@ -90,24 +89,7 @@ async def test_no_write_fails_while_one_node_of_three_is_killed_repeatedly(clust
             assert prep.headers[Header.EXPECTED_LAST_SUBJECT_SEQUENCE.value] == str(first)
 
             stop = asyncio.Event()
-
-            async def put_writer(w: int) -> None:
-                i = after = 0
-                while after < 20:
-                    key = f"p{w}-{i}"
-                    plain[key] = (await board.put("s", key, i), i)
-                    i += 1
-                    after += stop.is_set()
-                    await asyncio.sleep(0.005)
-
-            async def cas_writer(w: int) -> None:
-                key = f"c{w}"
-                revs = cas[key] = [await board.put("s", key, 0)]
-                after = 0
-                while after < 20:
-                    revs.append(await board.update("s", key, len(revs), expected_revision=revs[-1]))
-                    after += stop.is_set()
-                    await asyncio.sleep(0.005)
+            load = WriteLoad(board, stop, settle=20, pause=0.005)
 
             async def killer() -> None:
                 leader = await _leader(js, subjects.kv_stream)
@@ -123,22 +105,8 @@ async def test_no_write_fails_while_one_node_of_three_is_killed_repeatedly(clust
                     leader = await _leader(js, subjects.kv_stream)
                 stop.set()
 
-            await asyncio.gather(killer(), *(put_writer(w) for w in range(4)), *(cas_writer(w) for w in range(2)))
-
-            # Nothing lost: every acknowledged write is there, at its revision.
-            for key, (rev, value) in plain.items():
-                entry = await board.get("s", key)
-                assert (entry.revision, entry.value) == (rev, value)
-            for key, revs in cas.items():
-                assert revs == sorted(set(revs))
-                entry = await board.get("s", key)
-                assert (entry.revision, entry.value) == (revs[-1], len(revs) - 1)
-                history = await board.history("s", key)
-                assert [e.value for e in history] == list(range(len(revs) - len(history), len(revs)))
-            # Nothing applied twice: one message per plain key.
-            info = await js.stream_info(subjects.kv_stream, subjects_filter=subjects.entry_filter("r3", "s"))
-            counts = info.state.subjects or {}
-            assert [counts.get(subjects.entry("r3", "s", key)) for key in plain] == [1] * len(plain)
-            assert len(plain) > 100
+            await load.run(killer(), puts=4, cas=2)
+            await load.check(js, subjects)
+            assert len(load.plain) > 100
     finally:
         await nc.close()

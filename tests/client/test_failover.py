@@ -26,6 +26,7 @@ from blackboard.client.publisher import Publisher
 from blackboard.devstack import EmbeddedNats
 from blackboard.protocol.errors import ConflictError
 from blackboard.settings import NatsSettings, Settings
+from tests._write_load import KV_HISTORY, WriteLoad
 from tests.conftest import make_settings
 
 pytestmark = [pytest.mark.asyncio]
@@ -163,46 +164,10 @@ async def test_writes_in_flight_through_server_restarts_are_all_acknowledged_onc
     server = nats_factory()
     settings = make_settings(server.url)
     settings = settings.model_copy(update={"nats": settings.nats.model_copy(update=_PATIENT)})
-    plain: dict[str, tuple[int, int]] = {}  # key -> (revision, value)
-    cas: dict[str, list[int]] = {}  # key -> the revisions of its acknowledged increments
     async with Agent.connect("restarts", settings=settings) as agent:
-        board = agent.board("failover")
         stop = asyncio.Event()
-
-        async def put_writer(w: int) -> None:
-            i = after = 0
-            while after < 30:
-                key = f"p{w}-{i}"
-                plain[key] = (await board.put("s", key, i), i)
-                i += 1
-                after += stop.is_set()
-
-        async def cas_writer(w: int) -> None:
-            key = f"c{w}"
-            revs = cas[key] = [await board.put("s", key, 0)]
-            after = 0
-            while after < 30:
-                revs.append(await board.update("s", key, len(revs), expected_revision=revs[-1]))
-                after += stop.is_set()
-
-        await asyncio.gather(_restarts(server, 2, stop), *(put_writer(w) for w in range(6)),
-                             *(cas_writer(w) for w in range(3)))
+        load = WriteLoad(agent.board("failover"), stop, settle=30)
+        await load.run(_restarts(server, 2, stop), puts=6, cas=3)
         assert server.running
-
-        # Nothing lost: every acknowledged write is there, at its revision.
-        for key, (rev, value) in plain.items():
-            entry = await board.get("s", key)
-            assert (entry.revision, entry.value) == (rev, value)
-        for key, revs in cas.items():
-            assert revs == sorted(set(revs))
-            entry = await board.get("s", key)
-            assert (entry.revision, entry.value) == (revs[-1], len(revs) - 1)
-            history = await board.history("s", key)  # the last 64 revisions: consecutive increments
-            assert [e.value for e in history] == list(range(len(revs) - len(history), len(revs)))
-        # Nothing applied twice: one message per plain key on the stream.
-        subjects = agent.store.subjects
-        info = await agent.nc.jetstream().stream_info(subjects.kv_stream,
-                                                      subjects_filter=subjects.entry_filter("failover", "s"))
-        counts = info.state.subjects or {}
-        assert [counts.get(subjects.entry("failover", "s", key)) for key in plain] == [1] * len(plain)
-        assert sum(counts.values()) == len(plain) + sum(min(len(revs), 64) for revs in cas.values())
+        counts = await load.check(agent.nc.jetstream(), agent.store.subjects)
+        assert sum(counts.values()) == len(load.plain) + sum(min(len(revs), KV_HISTORY) for revs in load.cas.values())
