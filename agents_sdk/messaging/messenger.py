@@ -163,28 +163,13 @@ class Messenger:
     async def request(self, to: str, type: str, body: Any = None, *, timeout: float | None = None,
                       board: str | None = None, metadata: Mapping[str, Any] | None = None,
                       encoding: codec.Encoding = "msgpack") -> Any:
-        """Ask agent ``to`` and wait for its reply; returns the reply body.
-
-        Raises:
-            InvalidKeyError: an invalid agent id.
-            NoResponderError: no agent ``to`` is listening for requests.
-            NoHandlerError: ``to`` listens but has no handler for ``type``.
-            RequestTimeoutError: no reply within ``timeout`` (default ``messaging.request_timeout``).
-            RemoteError: the handler raised (``error`` is its exception class name).
-            PayloadTooLargeError, InvalidPayloadError, NotConnectedError: the request cannot be sent.
-        """
+        """Ask agent ``to`` and wait for its reply; returns the reply body; see :meth:`Requester.request`."""
         return await self.requester.request(to, type, body, timeout=timeout, board=board, metadata=metadata,
                                             encoding=encoding)
 
     async def handle(self, type: str, fn: Handler) -> None:
-        """Answer requests of ``type`` with ``fn`` (``"*"``: every type without its own handler).
-
-        ``fn(request: Message)`` returns the reply body (it may be a coroutine
-        function); an exception becomes an error reply (``Bb-Error`` header),
-        raised at the caller as :class:`~blackboard.protocol.errors.RemoteError`.
-        Requests are handled concurrently. Returns once the server routes
-        requests to this agent.
-        """
+        """Answer requests of ``type`` with ``fn`` (``"*"``: every type without its own handler);
+        see :meth:`Responder.handle`."""
         await self.responder.handle(type, fn)
 
     async def unhandle(self, type: str) -> None:
