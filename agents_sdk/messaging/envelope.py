@@ -33,14 +33,15 @@ def new_envelope(*, id: str, sender: str, kind: MessageKind, type: str, body: An
         InvalidKeyError: an agent id, board or topic token is invalid.
         InvalidPayloadError: another field is invalid (empty type, ...).
     """
-    for name in (sender, *name_list(recipients, "recipients")):
+    names = name_list(recipients, "recipients")
+    for name in (sender, *names):
         validate_name(name, "agent id")
     if board is not None:
         validate_name(board, "board")
     if not isinstance(type, str) or not type:
         raise InvalidPayloadError("a message type must be a non-empty string")
     try:
-        return MessageEnvelope(id=id, sender=sender, kind=kind, recipients=list(recipients), board=board,
+        return MessageEnvelope(id=id, sender=sender, kind=kind, recipients=names, board=board,
                                topic=topic, type=type, body=body, correlation_id=correlation_id,
                                reply_to=reply_to, created_at=created_at or datetime.now(UTC),
                                metadata=mapping_arg(metadata, "metadata"))
