@@ -4,6 +4,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
+from blackboard.protocol.limits import MAX_ID_CHARS
 from blackboard.protocol.schemas._base import Id, Label, Name, Timestamp, WireModel
 
 __all__ = ["MemoryKind", "MemoryRecord"]
@@ -15,7 +16,7 @@ class MemoryRecord(WireModel):
     """A long-term memory, published on ``bb.mem.<board>.<agent>`` and persisted by the worker."""
 
     v: Literal[1] = Field(1, description="Schema version.")
-    id: str = Field(min_length=1, max_length=128, description="Unique id chosen by the writer.")
+    id: str = Field(min_length=1, max_length=MAX_ID_CHARS, description="Unique id chosen by the writer.")
     board: Name = Field(description="Scope of the memory (a board name).")
     agent: Name = Field(description="Agent id of the writer.")
     kind: MemoryKind = "episodic"

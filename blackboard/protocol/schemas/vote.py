@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 
-from blackboard.protocol.limits import MAX_DEPTH, check_value
+from blackboard.protocol.limits import MAX_DEPTH, MAX_ID_CHARS, check_value
 from blackboard.protocol.schemas._base import Name, Timestamp, WireModel
 
 __all__ = [
@@ -166,7 +166,7 @@ class Ballot(WireModel):
     v: Literal[1] = Field(default=1, description="Schema version.")
     id: str = Field(
         min_length=1,
-        max_length=128,
+        max_length=MAX_ID_CHARS,
         description="Unique ballot id chosen by the voter (idempotency key: a ballot "
         "repeating an id already seen is a duplicate and ignored).",
     )
