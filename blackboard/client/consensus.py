@@ -135,7 +135,7 @@ class VoteStore:
 
     # ------------------------------------------------------------- publishing
     async def _publish(self, subject: str, payload: bytes, headers: dict[str, str], what: str,
-                       key: str, expected: int | None, stream: str = VOTE_STREAM) -> Ack:
+                       key: str, expected: int | None) -> Ack:
         def conflict(exc: nats.js.errors.APIError) -> BlackboardError:
             if exc.err_code == _WRONG_LAST_SEQ:
                 match = _SEQ_RE.search(exc.description or "")
@@ -146,7 +146,7 @@ class VoteStore:
         if expected is not None:
             headers[Header.EXPECTED_LAST_SUBJECT_SEQUENCE.value] = str(expected)
         return await self._publisher.publish(subject, payload, headers, what=what, map_api_error=conflict,
-                                             stream=stream)
+                                             stream=VOTE_STREAM)
 
     async def close(self) -> None:
         """Release the reply and ack subscriptions (and the board store's, if it is this store's own)."""
@@ -197,20 +197,21 @@ class VoteStore:
     async def _request(self, subject: str, payload: bytes, what: str) -> Msg:
         return await self._publisher.request(subject, payload, what=what)
 
-    async def _direct(self, stream: str, what: str, *, last_by_subject: str) -> Msg | None:
-        msg = await self._request(Subjects.direct_get(stream, last_by_subject), b"", what)
+    async def _direct(self, subject: str) -> Msg | None:
+        """The last message on a vote subject (direct get), or ``None``."""
+        msg = await self._request(Subjects.direct_get(VOTE_STREAM, subject), b"", subject)
         status = (msg.headers or {}).get(Header.STATUS.value)
         if status == "404":
             return None
         if status:
-            raise TransportError(f"direct get of {what} failed: {status} "
+            raise TransportError(f"direct get of {subject} failed: {status} "
                                  f"{(msg.headers or {}).get('Description', '')}")
         return msg
 
     async def read(self, board: str, proposal_id: str, kind: VoteKind) -> VoteMessage | None:
         """The last message of one kind of a proposal (direct get), or ``None``."""
         subject = Subjects.vote(board, proposal_id, kind)
-        msg = await self._direct(VOTE_STREAM, subject, last_by_subject=subject)
+        msg = await self._direct(subject)
         if msg is None:
             return None
         headers = dict(msg.headers or {})
