@@ -359,7 +359,7 @@ class BoardStore:
         message is not a readable entry), or ``None`` if the key has no later revision."""
         subject = self.subjects.entry(board, section, key)
         what = f"{board}.{section}.{key}"
-        msg = await self._request(Subjects.direct_get(self.subjects.kv_stream),
+        msg = await self._request(self._direct_prefix,
                                   codec.encode({"seq": max(1, after + 1), "next_by_subj": subject}, "json"), what)
         headers = msg.headers or {}
         if headers.get(Header.STATUS.value) == "404":
