@@ -272,7 +272,7 @@ class Subjects:
         """
         if board is None:
             if section is not None or key is not None:
-                raise InvalidKeyError(str(section or key), "a section or key needs a board")
+                raise InvalidKeyError(_shown(section or key), "a section or key needs a board")
             return self.kv_prefix + ">"
         validate_name(board, "board")
         if section is None:
@@ -340,7 +340,7 @@ class Subjects:
         ``pattern=False`` (publishing) refuses wildcards.
         """
         if not isinstance(topic, str):
-            raise InvalidKeyError(str(topic), "a topic must be a string")
+            raise InvalidKeyError(_shown(topic), "a topic must be a string")
         tokens = topic.split(".")
         for i, tok in enumerate(tokens):
             if pattern and (tok == "*" or (tok == ">" and i == len(tokens) - 1)):

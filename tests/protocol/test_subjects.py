@@ -168,3 +168,14 @@ def test_api_subjects_consumer_names_and_message_ids() -> None:
             Subjects.worker_consumer(bad, "entries")
         with pytest.raises(InvalidKeyError):
             Subjects.apply_msg_id("b", bad)
+
+
+def test_a_topic_or_filter_token_nested_too_deep_to_print_is_refused_with_a_typed_error() -> None:
+    # str() of a list nested 100,000 deep raises RecursionError; the refusal must not call it.
+    deep: list[object] = []
+    for _ in range(100_000):
+        deep = [deep]
+    with pytest.raises(InvalidKeyError, match="<list>"):
+        Subjects.topic(deep)  # type: ignore[arg-type]
+    with pytest.raises(InvalidKeyError, match="<list>"):
+        Subjects().entry_filter(None, deep)  # type: ignore[arg-type]
