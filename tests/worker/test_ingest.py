@@ -58,13 +58,23 @@ async def nc(pg_settings: Settings) -> AsyncIterator[NATS]:
     await conn.close()
 
 
+@pytest.fixture
+def own_db(pg_settings: Settings, postgres_server: EmbeddedPostgres, unique: str) -> Settings:
+    """The session's NATS server with a database of the test's own: a worker waiting until
+    everything is embedded waits on the database's whole embedding queue, which in the shared
+    database holds whatever earlier tests' workers left there."""
+    from tests.conftest import make_settings
+
+    return make_settings(pg_settings.nats.url, fresh_db(postgres_server, unique))
+
+
 def _worker_settings(settings: Settings, unique: str, **kw: Any) -> Settings:
     return worker_settings(settings, name=f"w{unique}", batch_wait=0.02, lag_interval=60.0, **kw)
 
 
-async def test_entries_every_revision_once_and_current_state(pg_settings: Settings, nc: NATS,
+async def test_entries_every_revision_once_and_current_state(own_db: Settings, nc: NATS,
                                                             unique: str) -> None:
-    s = _worker_settings(pg_settings, unique)
+    s = _worker_settings(own_db, unique)
     js: JetStreamContext = nc.jetstream()
     subj = Subjects(s.board.bucket)
     seqs = [await put_entry(js, subj, unique, "notes", "plan", {"step": i}, tags=["t"]) for i in range(3)]
@@ -86,8 +96,8 @@ async def test_entries_every_revision_once_and_current_state(pg_settings: Settin
     assert cur[("files", "blob")][2] is None and codec.decode(bytes(cur[("files", "blob")][3])) == b"\x00\x01binary"
 
 
-async def test_memories_stored_and_embedded(pg_settings: Settings, nc: NATS, unique: str) -> None:
-    s = _worker_settings(pg_settings, unique)
+async def test_memories_stored_and_embedded(own_db: Settings, nc: NATS, unique: str) -> None:
+    s = _worker_settings(own_db, unique)
     js = nc.jetstream()
     await remember(js, unique, "alice", f"{unique}-1", "the deploy failed on friday", tags=["ops"],
                    metadata={"service": "api"}, kind="episodic", importance=0.9)
@@ -106,8 +116,8 @@ async def test_memories_stored_and_embedded(pg_settings: Settings, nc: NATS, uni
     assert len(vecs) == 2
 
 
-async def test_memory_with_same_id_is_replaced_forward_only(pg_settings: Settings, nc: NATS, unique: str) -> None:
-    s = _worker_settings(pg_settings, unique)
+async def test_memory_with_same_id_is_replaced_forward_only(own_db: Settings, nc: NATS, unique: str) -> None:
+    s = _worker_settings(own_db, unique)
     js = nc.jetstream()
     await remember(js, unique, "alice", f"{unique}-m", "first version")
     await remember(js, unique, "alice", f"{unique}-m", "second version")
@@ -116,9 +126,9 @@ async def test_memory_with_same_id_is_replaced_forward_only(pg_settings: Setting
     assert _rows(s, "SELECT text FROM bb_memories WHERE id = %s", f"{unique}-m") == [("second version",)]
 
 
-async def test_forget_deletes_memories_and_keeps_them_deleted(pg_settings: Settings, nc: NATS,
+async def test_forget_deletes_memories_and_keeps_them_deleted(own_db: Settings, nc: NATS,
                                                               unique: str) -> None:
-    s = _worker_settings(pg_settings, unique)
+    s = _worker_settings(own_db, unique)
     js = nc.jetstream()
     old = memory_payload(f"{unique}-a", unique, "alice", "an old copy")
     await remember(js, unique, "alice", f"{unique}-a", "forget me")
@@ -144,9 +154,9 @@ async def test_forget_deletes_memories_and_keeps_them_deleted(pg_settings: Setti
                      unique)) == 1
 
 
-async def test_garbage_goes_to_dead_letters_and_worker_keeps_going(pg_settings: Settings, nc: NATS,
+async def test_garbage_goes_to_dead_letters_and_worker_keeps_going(own_db: Settings, nc: NATS,
                                                                    unique: str) -> None:
-    s = _worker_settings(pg_settings, unique, max_message_bytes=4096)
+    s = _worker_settings(own_db, unique, max_message_bytes=4096)
     js = nc.jetstream()
     subj = Subjects(s.board.bucket)
     mem = Subjects.memory(unique, "eve")
@@ -225,13 +235,10 @@ class _CountingProvider(HashProvider):
 
 
 async def test_the_model_stage_embeds_two_batches_at_a_time_and_each_item_once(
-        postgres_server: EmbeddedPostgres, pg_settings: Settings, nc: NATS, unique: str) -> None:
+        own_db: Settings, nc: NATS, unique: str) -> None:
     """Two batches in the model at once (the provider bounds its own calls); every memory gets
     exactly one vector, of its revision; the model's busy time is counted once, not per batch."""
-    from tests.conftest import make_settings
-
-    s = _worker_settings(make_settings(pg_settings.nats.url, fresh_db(postgres_server, unique)), unique,
-                         embed_batch_size=4)
+    s = _worker_settings(own_db, unique, embed_batch_size=4)
     js = nc.jetstream()
     seqs = {f"{unique}-{i}": await remember(js, unique, "a", f"{unique}-{i}", f"memory number {i} about deploys")
             for i in range(40)}
@@ -252,12 +259,10 @@ async def test_the_model_stage_embeds_two_batches_at_a_time_and_each_item_once(
 
 
 async def test_a_vector_holding_nan_leaves_its_item_unembedded_and_the_embedder_going(
-        postgres_server: EmbeddedPostgres, pg_settings: Settings, nc: NATS, unique: str) -> None:
+        own_db: Settings, nc: NATS, unique: str) -> None:
     """PostgreSQL refuses NaN in a vector, and the halfvec index refuses components past 65,504: neither
     may fail the batch again and again (the embedding stage would stall behind it)."""
-    from tests.conftest import make_settings
-
-    s = _worker_settings(make_settings(pg_settings.nats.url, fresh_db(postgres_server, unique)), unique)
+    s = _worker_settings(own_db, unique)
     js = nc.jetstream()
     texts = {f"{unique}-ok": "a plain memory about deploys", f"{unique}-poison": "a poison memory",
              f"{unique}-loud": "a loud memory about deploys"}
