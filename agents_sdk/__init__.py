@@ -11,6 +11,7 @@ from agents_sdk.view import View
 from blackboard.client.board_store import Watch, WriteOp
 from blackboard.protocol.entries import Change, Entry, Operation
 from blackboard.protocol.errors import (
+    AuthenticationError,
     BlackboardError,
     BudgetExceededError,
     ConfigurationError,
@@ -32,6 +33,7 @@ from blackboard.protocol.errors import (
     OperationTimeoutError,
     OutcomeTimeoutError,
     PayloadTooLargeError,
+    PermissionDeniedError,
     ProposalClosedError,
     ProposalNotFoundError,
     RemoteError,
@@ -46,6 +48,7 @@ from blackboard.settings import Settings
 
 __all__ = [
     "Agent",
+    "AuthenticationError",
     "Ballot",
     "BallotReceipt",
     "BlackboardError",
@@ -85,6 +88,7 @@ __all__ = [
     "Outcome",
     "OutcomeTimeoutError",
     "PayloadTooLargeError",
+    "PermissionDeniedError",
     "Policy",
     "Proposal",
     "ProposalClosedError",

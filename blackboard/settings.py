@@ -29,6 +29,7 @@ __all__ = [
     "NatsSettings",
     "PostgresSettings",
     "SearchSettings",
+    "SecuritySettings",
     "Settings",
     "WorkerSettings",
     "describe_errors",
@@ -49,8 +50,20 @@ class NatsSettings(BaseModel):
     password: SecretStr | None = None
     #: NATS auth token.
     token: SecretStr | None = None
-    #: NATS credentials file (JWT + nkey).
+    #: NATS credentials file (``.creds``: user JWT + nkey seed) of this process's identity.
+    #: ``Agent.connect(..., credentials=...)`` wins over it; see docs/security.md.
     creds_file: Path | None = None
+    #: A directory of ``<id>.creds`` files (one per identity); an agent takes ``<agent id>.creds``.
+    #: Searched after ``creds_file``; then ``<dev.data_dir>/auth/creds`` (what ``blackboard dev`` writes).
+    credentials_dir: Path | None = None
+    #: CA certificate (PEM) to verify the NATS server's TLS certificate with (``tls://`` URLs).
+    #: None: the system's CAs, or ``<credentials dir>/ca.pem`` when the credential came from a
+    #: directory that holds one (what ``blackboard dev`` writes).
+    tls_ca_file: Path | None = None
+    #: DEV ONLY, INSECURE: connect without any credential to a server that runs without
+    #: authorization, where any process can act as any agent, read every board and erase
+    #: data. Never set it for a shared or production deployment (docs/security.md).
+    insecure_open_bus: bool = False
     #: Seconds one connection attempt may take.
     connect_timeout: float = Field(2.0, gt=0)
     #: Seconds a request (a get, an API call) may take; reads retry until ``write_timeout``.
@@ -336,6 +349,17 @@ class DevSettings(BaseModel):
     pg_shared_buffers: str | None = None
 
 
+class SecuritySettings(BaseModel):
+    """Identities and rights (docs/security.md)."""
+
+    #: The declared policy (TOML) the system service reads each principal's rights from
+    #: (search over granted boards, inbox subscriptions). None: ``<authority_dir>/policy.toml``.
+    policy_file: Path | None = None
+    #: Where ``blackboard auth`` keeps the signing keys, the policy and the registry of
+    #: identities. None: ``<dev.data_dir>/auth``.
+    authority_dir: Path | None = None
+
+
 class Settings(BaseSettings):
     """Every setting of the system, from ``BLACKBOARD_*`` environment variables."""
 
@@ -354,6 +378,7 @@ class Settings(BaseSettings):
     search: SearchSettings = SearchSettings()
     messaging: MessagingSettings = MessagingSettings()
     dev: DevSettings = DevSettings()
+    security: SecuritySettings = SecuritySettings()
 
 
 #: Settings whose values an error message must not repeat.

@@ -5,6 +5,8 @@
 
     BlackboardError
     ├── ConfigurationError
+    ├── AuthenticationError              (principal: no credential, a credential for another id, or refused by the server)
+    ├── PermissionDeniedError            (operation: the server or the system service refused a right the identity lacks)
     ├── InvalidKeyError                  (key, reason)
     ├── InvalidPayloadError              (reason)
     │   ├── PayloadTooLargeError         (size, limit)
@@ -42,6 +44,7 @@
 from __future__ import annotations
 
 __all__ = [
+    "AuthenticationError",
     "BlackboardError",
     "BudgetExceededError",
     "ConfigurationError",
@@ -68,6 +71,7 @@ __all__ = [
     "OperationTimeoutError",
     "OutcomeTimeoutError",
     "PayloadTooLargeError",
+    "PermissionDeniedError",
     "ProposalClosedError",
     "ProposalNotFoundError",
     "RemoteError",
@@ -85,6 +89,29 @@ class BlackboardError(Exception):
 
 class ConfigurationError(BlackboardError):
     """Settings are missing or inconsistent."""
+
+
+class AuthenticationError(BlackboardError):
+    """An identity could not be established: no credential was found for the agent id,
+    the credential names another id, or the server refused it (unknown, expired or revoked).
+
+    ``principal`` is the id that was asked for (None when not known).
+    """
+
+    def __init__(self, message: str, principal: str | None = None) -> None:
+        self.principal = principal
+        super().__init__(message)
+
+
+class PermissionDeniedError(BlackboardError):
+    """The server (or the system service) refused an operation the identity holds no right for.
+
+    ``operation`` names what was refused, e.g. ``publish to bb.vote.b1.p1.outcome``.
+    """
+
+    def __init__(self, message: str, operation: str | None = None) -> None:
+        self.operation = operation
+        super().__init__(message)
 
 
 class InvalidKeyError(BlackboardError, ValueError):
