@@ -24,6 +24,7 @@ import warnings
 from pathlib import Path
 
 from blackboard.protocol.errors import DevStackError
+from blackboard.security.tls import TlsFiles
 
 __all__ = ["EmbeddedNats", "EmbeddedPostgres", "default_shared_buffers", "free_port"]
 
@@ -160,16 +161,28 @@ class EmbeddedNats(_Process):
     name = "nats-server"
 
     def __init__(self, data_dir: Path, *, host: str = "127.0.0.1", port: int = 4222,
-                 sync_interval: str = "1s") -> None:
+                 sync_interval: str = "1s", auth_config: Path | None = None,
+                 tls: TlsFiles | None = None) -> None:
+        """``auth_config``: the operator-mode config the identity authority renders
+        (``Authority.write_server_config``), included as it is; None runs the
+        server WITHOUT authorization (an open bus: dev-only, see docs/security.md).
+        ``tls``: certificate files; clients then connect with ``tls://``."""
         super().__init__()
         self.data_dir = Path(data_dir).resolve()
         self.host = host
         self.port = port or free_port(host)
         self.sync_interval = sync_interval
+        self.auth_config = auth_config
+        self.tls = tls
 
     @property
     def url(self) -> str:
-        return f"nats://{self.host}:{self.port}"
+        return f"{'tls' if self.tls else 'nats'}://{self.host}:{self.port}"
+
+    def reload(self) -> None:
+        """Make the running server read its config again (SIGHUP): revocations take effect."""
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.send_signal(signal.SIGHUP)
 
     def _write_config(self) -> Path:
         self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -184,6 +197,10 @@ class EmbeddedNats(_Process):
             f'  store_dir: "{store}"\n'
             f"  sync_interval: {self.sync_interval}\n"
             "}\n"
+            + (f'include "{self.auth_config}"\n' if self.auth_config is not None else
+               "# NO AUTHORIZATION: an open bus (dev only; docs/security.md)\n")
+            + (f'tls {{\n  cert_file: "{self.tls.cert}"\n  key_file: "{self.tls.key}"\n  timeout: 5\n}}\n'
+               if self.tls is not None else "")
         )
         return conf
 

@@ -14,8 +14,10 @@ Layout (``<bucket>`` defaults to ``blackboard``)::
     bb.msg.topic.<topic tokens...>                  topic messages
     bb.rpc.<agent>                                  request/reply (core NATS)
     inbox-<agent>                                   an agent's durable inbox consumer on BB_MSG
-    bb.vote.<board>.<proposal>.proposal|ballot|close|outcome|applied   consensus voting
-    bb.search.<endpoint>                            search micro service
+    bb.vote.<board>.<proposal>.proposal|close|outcome|applied   consensus voting
+    bb.vote.<board>.<proposal>.ballot.<voter>       a ballot (the subject's voter is authoritative)
+    bb.search.<principal>.<endpoint>                search micro service (as that principal)
+    bb.inbox.<principal>                            inbox administration (the system service)
     <worker>-<handler>                              the worker's durable consumer of one stream
 
 JetStream API and reply subjects (formatted and parsed here too)::
@@ -39,6 +41,7 @@ import re
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
+from typing import NamedTuple
 
 from blackboard.protocol.errors import InvalidKeyError
 
@@ -50,12 +53,15 @@ __all__ = [
     "SEARCH_SERVICE",
     "VOTE_KINDS",
     "VOTE_STREAM",
+    "Grants",
     "Header",
     "KeyParts",
     "Subjects",
+    "VoteSubject",
     "decode_key",
     "encode_key",
     "pattern_covers",
+    "pattern_regex",
     "patterns_overlap",
     "subject_matches",
     "validate_name",
@@ -80,6 +86,16 @@ VOTE_STREAM = "BB_VOTE"
 #: Message kinds of a proposal's subjects (see docs/voting.md): the proposal,
 #: ballots, deadline close requests, the recorded outcome and its application.
 VOTE_KINDS = ("proposal", "ballot", "close", "outcome", "applied")
+
+
+class VoteSubject(NamedTuple):
+    """A parsed vote subject (:meth:`Subjects.parse_vote`); ``voter`` is set for ballots only."""
+
+    board: str
+    proposal_id: str
+    kind: str
+    voter: str | None = None
+
 SEARCH_SERVICE = "blackboard-search"
 #: Queue group of request handlers on ``bb.rpc.<agent>`` (processes of one agent share the load).
 RPC_QUEUE_GROUP = "bb-rpc"
@@ -220,6 +236,22 @@ def patterns_overlap(a: str, b: str) -> bool:
         if x[i] != y[i] and x[i] != "*" and y[i] != "*":
             return False
     return True
+
+
+def pattern_regex(pattern: str) -> str:
+    """A POSIX regular expression (PostgreSQL's ``~``) matching exactly the subjects that the
+    NATS ``pattern`` matches (:func:`subject_matches`): anchored, literal tokens escaped,
+    ``*`` one token, a trailing ``>`` one or more."""
+    out = []
+    tokens = pattern.split(".")
+    for i, tok in enumerate(tokens):
+        if tok == ">" and i == len(tokens) - 1:
+            out.append(r"[^.]+(\.[^.]+)*")
+        elif tok == "*":
+            out.append(r"[^.]+")
+        else:
+            out.append(re.escape(tok))
+    return "^" + r"\.".join(out) + "$"
 
 
 @dataclass(frozen=True, slots=True)
@@ -395,32 +427,52 @@ class Subjects:
 
     # -- voting ----------------------------------------------------------
     @staticmethod
-    def vote(board: str, proposal_id: str, kind: str) -> str:
-        """``bb.vote.<board>.<proposal>.<kind>``; ``kind`` is one of :data:`VOTE_KINDS`."""
-        if kind not in VOTE_KINDS:
-            raise InvalidKeyError(kind, f"vote subject kind must be one of {', '.join(VOTE_KINDS)}")
-        return f"bb.vote.{validate_name(board, 'board')}.{validate_name(proposal_id, 'proposal id')}.{kind}"
+    def vote(board: str, proposal_id: str, kind: str, voter: str | None = None) -> str:
+        """``bb.vote.<board>.<proposal>.<kind>``, or ``bb.vote.<board>.<proposal>.ballot.<voter>``.
 
-    @staticmethod
-    def parse_vote(subject: str) -> tuple[str, str, str]:
-        """Split a vote subject into ``(board, proposal_id, kind)``.
+        ``kind`` is one of :data:`VOTE_KINDS`; a ballot's subject carries its
+        voter (6 tokens), every other kind has none (5 tokens).
 
         Raises:
-            InvalidKeyError: not a ``bb.vote.<board>.<proposal>.<kind>`` subject.
+            InvalidKeyError: an invalid token, a ballot without voter, or a voter on another kind.
+        """
+        if kind not in VOTE_KINDS:
+            raise InvalidKeyError(kind, f"vote subject kind must be one of {', '.join(VOTE_KINDS)}")
+        base = f"bb.vote.{validate_name(board, 'board')}.{validate_name(proposal_id, 'proposal id')}.{kind}"
+        if kind == "ballot":
+            if voter is None:
+                raise InvalidKeyError(base, "a ballot subject names its voter")
+            return f"{base}.{validate_name(voter, 'voter')}"
+        if voter is not None:
+            raise InvalidKeyError(base, f"a {kind} subject has no voter")
+        return base
+
+    @staticmethod
+    def parse_vote(subject: str) -> VoteSubject:
+        """Split a vote subject into ``(board, proposal_id, kind, voter)`` (``voter`` is ``None``
+        except for a ballot).
+
+        Raises:
+            InvalidKeyError: not a ``bb.vote.<board>.<proposal>.<kind>`` subject (with
+                ``.<voter>`` after ``ballot``, and only there).
         """
         parts = subject.split(".")
-        if len(parts) != 5 or parts[:2] != ["bb", "vote"] or parts[4] not in VOTE_KINDS:
+        if len(parts) not in (5, 6) or parts[:2] != ["bb", "vote"] or parts[4] not in VOTE_KINDS \
+                or (len(parts) == 6) != (parts[4] == "ballot"):
             raise InvalidKeyError(subject, "not a vote subject")
-        return validate_name(parts[2], "board"), validate_name(parts[3], "proposal id"), parts[4]
+        voter = validate_name(parts[5], "voter") if len(parts) == 6 else None
+        return VoteSubject(validate_name(parts[2], "board"), validate_name(parts[3], "proposal id"), parts[4], voter)
 
     @staticmethod
     def vote_filter(board: str | None = None, proposal_id: str | None = None) -> str:
+        """Every vote subject (``bb.vote.>``), a board's (``bb.vote.<board>.>``) or one
+        proposal's (``bb.vote.<board>.<proposal>.>``: ballots have 6 tokens, so never ``.*``)."""
         if board is None:
             return "bb.vote.>"
         validate_name(board, "board")
         if proposal_id is None:
             return f"bb.vote.{board}.>"
-        return f"bb.vote.{board}.{validate_name(proposal_id, 'proposal id')}.*"
+        return f"bb.vote.{board}.{validate_name(proposal_id, 'proposal id')}.>"
 
     @staticmethod
     def votes_all() -> str:
@@ -470,7 +522,198 @@ class Subjects:
                 pass
         raise InvalidKeyError(reply, "not a JetStream ack subject")
 
-    # -- search service ----------------------------------------------------
+    # -- the system service: search, inbox administration --------------------
     @staticmethod
-    def search(endpoint: str) -> str:
-        return f"bb.search.{validate_name(endpoint, 'endpoint')}"
+    def search(principal: str, endpoint: str) -> str:
+        """A search request as ``principal``: ``bb.search.<principal>.<endpoint>`` (the server lets
+        only that principal publish there; the service reads it back with :meth:`parse_search`)."""
+        return f"bb.search.{validate_name(principal, 'principal')}.{validate_name(endpoint, 'endpoint')}"
+
+    @staticmethod
+    def search_endpoint(endpoint: str) -> str:
+        """What the search service's ``endpoint`` listens on: ``bb.search.*.<endpoint>``."""
+        return f"bb.search.*.{validate_name(endpoint, 'endpoint')}"
+
+    @staticmethod
+    def parse_search(subject: str) -> tuple[str, str]:
+        """``(principal, endpoint)`` of a search request's subject.
+
+        Raises:
+            InvalidKeyError: not a ``bb.search.<principal>.<endpoint>`` subject with valid names.
+        """
+        parts = subject.split(".")
+        if len(parts) != 4 or parts[0] != "bb" or parts[1] != "search":
+            raise InvalidKeyError(subject, "not a search subject bb.search.<principal>.<endpoint>")
+        return validate_name(parts[2], "principal"), validate_name(parts[3], "endpoint")
+
+    @staticmethod
+    def inbox_admin(principal: str) -> str:
+        """An inbox administration request as ``principal``: ``bb.inbox.<principal>``."""
+        return f"bb.inbox.{validate_name(principal, 'principal')}"
+
+    @staticmethod
+    def inbox_admin_all() -> str:
+        """What the inbox administration endpoint listens on: ``bb.inbox.*``."""
+        return "bb.inbox.*"
+
+    @staticmethod
+    def parse_inbox_admin(subject: str) -> str:
+        """The principal of an inbox administration request's subject.
+
+        Raises:
+            InvalidKeyError: not a ``bb.inbox.<principal>`` subject with a valid name.
+        """
+        parts = subject.split(".")
+        if len(parts) != 3 or parts[0] != "bb" or parts[1] != "inbox":
+            raise InvalidKeyError(subject, "not an inbox administration subject bb.inbox.<principal>")
+        return validate_name(parts[2], "principal")
+
+    @staticmethod
+    def parse_message_filter(subject: str) -> tuple[str, str]:
+        """What a ``BB_MSG`` filter subject selects: ``("direct", agent)``, ``("broadcast", board)``
+        or ``("topic", topic pattern)``.
+
+        Raises:
+            InvalidKeyError: anything else (``bb.msg.>``, a wildcard agent or board, another stream's
+                subject, an invalid token).
+        """
+        if not isinstance(subject, str):
+            raise InvalidKeyError(_shown(subject), "a message filter must be a string")
+        parts = subject.split(".", 3)
+        if len(parts) == 4 and parts[0] == "bb" and parts[1] == "msg":
+            if parts[2] == "agent":
+                return "direct", validate_name(parts[3], "agent")
+            if parts[2] == "board":
+                return "broadcast", validate_name(parts[3], "board")
+            if parts[2] == "topic":
+                Subjects.topic(parts[3])
+                return "topic", parts[3]
+        raise InvalidKeyError(subject, "not a direct, broadcast or topic subject of BB_MSG")
+
+
+# -- permission patterns (blackboard/security/permissions.py renders them into user JWTs) --
+def _grant_token(value: str, what: str) -> str:
+    """A board or principal token of a permission pattern: a name, or ``*`` for every one."""
+    return value if value == "*" else validate_name(value, what)
+
+
+class Grants:
+    """Subject patterns of the permissions an identity is granted (docs/security.md).
+
+    Each pattern is one a NATS user permission allows; ``board`` may be ``*``
+    (every board). Built here, like every other subject.
+    """
+
+    __slots__ = ("bucket", "kv_prefix", "kv_stream", "objects_bucket")
+
+    def __init__(self, bucket: str = "blackboard", objects_bucket: str = "blackboard-objects") -> None:
+        self.bucket = validate_name(bucket, "bucket")
+        self.kv_stream = f"KV_{bucket}"
+        self.kv_prefix = f"$KV.{bucket}"
+        self.objects_bucket = validate_name(objects_bucket, "objects bucket")
+
+    # board entries
+    def entries(self, board: str) -> str:
+        """Write (publish) every key of a board: ``$KV.<bucket>.<board>.>``."""
+        return f"{self.kv_prefix}.{_grant_token(board, 'board')}.>"
+
+    def entry_get(self, board: str) -> str:
+        """Direct get (last by subject) of a board's keys."""
+        return f"$JS.API.DIRECT.GET.{self.kv_stream}.{self.entries(board)}"
+
+    def entry_consumer(self, board: str) -> str:
+        """Create a consumer (named, one filter inside the board) on the board stream."""
+        return f"$JS.API.CONSUMER.CREATE.{self.kv_stream}.*.{self.entries(board)}"
+
+    # votes
+    @staticmethod
+    def votes(board: str) -> str:
+        return f"bb.vote.{_grant_token(board, 'board')}.>"
+
+    def vote_get(self, board: str) -> str:
+        return f"$JS.API.DIRECT.GET.{VOTE_STREAM}.{self.votes(board)}"
+
+    def vote_consumer(self, board: str) -> str:
+        return f"$JS.API.CONSUMER.CREATE.{VOTE_STREAM}.*.{self.votes(board)}"
+
+    @staticmethod
+    def proposals(board: str) -> str:
+        return f"bb.vote.{_grant_token(board, 'board')}.*.proposal"
+
+    @staticmethod
+    def ballots(board: str, voter: str) -> str:
+        """A voter's own ballots on a board's proposals (the voter is the subject's last token)."""
+        return f"bb.vote.{_grant_token(board, 'board')}.*.ballot.{validate_name(voter, 'voter')}"
+
+    # memories and messages
+    @staticmethod
+    def memories(board: str, agent: str) -> str:
+        return f"bb.mem.{_grant_token(board, 'board')}.{validate_name(agent, 'agent')}"
+
+    @staticmethod
+    def broadcasts(board: str) -> str:
+        return f"bb.msg.board.{_grant_token(board, 'board')}"
+
+    @staticmethod
+    def direct_messages(agent: str) -> str:
+        """``bb.msg.agent.<agent>``; ``*``: to any agent."""
+        return f"bb.msg.agent.{_grant_token(agent, 'agent')}"
+
+    @staticmethod
+    def topics(pattern: str) -> str:
+        """``bb.msg.topic.<pattern>`` (``>`` for every topic)."""
+        return "bb.msg.topic.>" if pattern == ">" else Subjects.topic(pattern)
+
+    @staticmethod
+    def rpc(agent: str) -> str:
+        return f"bb.rpc.{_grant_token(agent, 'agent')}"
+
+    @staticmethod
+    def inbox_api(agent: str) -> list[str]:
+        """Pull, ack, info and reset of the agent's own durable inbox consumer."""
+        consumer = Subjects.inbox_consumer(agent)
+        return [f"$JS.API.CONSUMER.MSG.NEXT.{MESSAGE_STREAM}.{consumer}",
+                f"$JS.API.CONSUMER.INFO.{MESSAGE_STREAM}.{consumer}",
+                f"$JS.API.CONSUMER.RESET.{MESSAGE_STREAM}.{consumer}",
+                f"$JS.ACK.{MESSAGE_STREAM}.{consumer}.>"]
+
+    # the system service
+    @staticmethod
+    def search(principal: str) -> str:
+        """Search requests as ``principal``: ``bb.search.<principal>.*``."""
+        return f"bb.search.{validate_name(principal, 'principal')}.*"
+
+    @staticmethod
+    def inbox_admin(principal: str) -> str:
+        """Inbox administration requests as ``principal``: ``bb.inbox.<principal>``."""
+        return f"bb.inbox.{validate_name(principal, 'principal')}"
+
+    # replies and the JetStream API
+    @staticmethod
+    def reply_prefix(principal: str) -> str:
+        """The reply-inbox prefix of a principal's connections: ``_INBOX.<principal>``."""
+        return f"_INBOX.{validate_name(principal, 'principal')}"
+
+    @staticmethod
+    def replies(principal: str) -> str:
+        return f"_INBOX.{validate_name(principal, 'principal')}.>"
+
+    @staticmethod
+    def account_info() -> str:
+        return "$JS.API.INFO"
+
+    def objects(self) -> list[str]:
+        """Read the object store (its stream info, direct gets, consumers of its chunks)."""
+        stream = f"OBJ_{self.objects_bucket}"
+        return [f"$JS.API.STREAM.INFO.{stream}", f"$JS.API.STREAM.MSG.GET.{stream}",
+                f"$JS.API.DIRECT.GET.{stream}", f"$JS.API.DIRECT.GET.{stream}.>",
+                f"$JS.API.CONSUMER.CREATE.{stream}", f"$JS.API.CONSUMER.CREATE.{stream}.>",
+                f"$JS.API.CONSUMER.DELETE.{stream}.*"]
+
+    def object_writes(self) -> list[str]:
+        """Write objects: their chunks and metadata, and purging an object's old chunks."""
+        return [f"$O.{self.objects_bucket}.>", f"$JS.API.STREAM.PURGE.OBJ_{self.objects_bucket}"]
+
+    @staticmethod
+    def everything() -> str:
+        return ">"

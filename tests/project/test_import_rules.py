@@ -15,11 +15,12 @@ against four rules.
    settings    ``blackboard.settings``, ``blackboard.settings_doc``  nothing of ours
    protocol    ``blackboard.protocol``                              nothing of ours
    consensus   ``blackboard.consensus`` (pure)                      protocol
-   client      ``blackboard.client``                                settings, protocol, consensus
-   sdk         ``agents_sdk``                                       settings, protocol, consensus, client
+   security    ``blackboard.security`` (identities, rights)         settings, protocol
+   client      ``blackboard.client``                                settings, protocol, consensus, security
+   sdk         ``agents_sdk``                                       ..., consensus, security, client
    db          ``blackboard.db``                                    settings, protocol
    embeddings  ``blackboard.embeddings``                            settings, protocol
-   devstack    ``blackboard.devstack``                              settings, protocol
+   devstack    ``blackboard.devstack``                              settings, protocol, security
    search      ``blackboard.search``                                ..., client, db, embeddings
    worker      ``blackboard.worker``                                ..., client, db, embeddings, search
    root        ``blackboard`` (the package's ``__init__``, a facade)  settings, protocol, client
@@ -71,19 +72,20 @@ LAYERS: tuple[tuple[str, tuple[str, ...], frozenset[str]], ...] = (
     ("settings", ("blackboard.settings", "blackboard.settings_doc"), frozenset()),
     ("protocol", ("blackboard.protocol",), frozenset()),
     ("consensus", ("blackboard.consensus",), frozenset({"protocol"})),
-    ("client", ("blackboard.client",), frozenset({"settings", "protocol", "consensus"})),
-    ("sdk", ("agents_sdk",), frozenset({"settings", "protocol", "consensus", "client"})),
+    ("security", ("blackboard.security",), frozenset({"settings", "protocol"})),
+    ("client", ("blackboard.client",), frozenset({"settings", "protocol", "consensus", "security"})),
+    ("sdk", ("agents_sdk",), frozenset({"settings", "protocol", "consensus", "security", "client"})),
     ("db", ("blackboard.db",), frozenset({"settings", "protocol"})),
     ("embeddings", ("blackboard.embeddings",), frozenset({"settings", "protocol"})),
-    ("devstack", ("blackboard.devstack",), frozenset({"settings", "protocol"})),
+    ("devstack", ("blackboard.devstack",), frozenset({"settings", "protocol", "security"})),
     ("search", ("blackboard.search",),
-     frozenset({"settings", "protocol", "consensus", "client", "db", "embeddings"})),
+     frozenset({"settings", "protocol", "consensus", "security", "client", "db", "embeddings"})),
     ("worker", ("blackboard.worker",),
-     frozenset({"settings", "protocol", "consensus", "client", "db", "embeddings", "search"})),
+     frozenset({"settings", "protocol", "consensus", "security", "client", "db", "embeddings", "search"})),
     ("root", ("blackboard",), frozenset({"settings", "protocol", "client"})),
     ("apps", ("blackboard.apps", "blackboard.__main__"),
-     frozenset({"settings", "protocol", "consensus", "client", "sdk", "db", "embeddings", "devstack",
-                "search", "worker", "root"})),
+     frozenset({"settings", "protocol", "consensus", "security", "client", "sdk", "db", "embeddings",
+                "devstack", "search", "worker", "root"})),
 )
 #: The top-level packages checked.
 PACKAGES = ("blackboard", "agents_sdk")

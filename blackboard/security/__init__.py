@@ -1,0 +1,1 @@
+"""Identities and access: policy, permissions, credentials, the authority (docs/security.md)."""
