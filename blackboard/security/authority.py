@@ -214,6 +214,23 @@ class Authority:
             self.write_server_config()
         return creds, changed
 
+    def credentials_for(self, principal: str) -> Credentials:
+        """``principal``'s current credential: its ``creds/<id>.creds`` while that key is
+        active, else a new one issued now (the principal must be declared in the policy).
+
+        For hosts that hold the authority (an operator's machine, ``blackboard dev``,
+        the test suite); an agent's host holds only its own ``.creds`` file.
+
+        Raises:
+            ConfigurationError: the principal is not declared in the policy.
+        """
+        path = self.credentials_path(principal)
+        if path.exists():
+            creds = Credentials.parse(path.read_text(encoding="utf-8"), source=str(path))
+            if any(i.public_key == creds.public_key and i.active for i in self.identities()):
+                return creds
+        return self.issue(principal)[0]
+
     def credentials_path(self, principal: str) -> Path:
         return self.creds_dir / f"{validate_name(principal, 'principal')}.creds"
 

@@ -24,8 +24,9 @@ A policy is a TOML document (docs/security.md)::
 
 Rights on a board are ``read``, ``write``, ``vote`` and ``admin`` (which
 implies the other three); the board ``"*"`` means every board. An agent's
-rights are the union of its roles' and its own. An id matching several
-``[agents]`` entries gets the union of them all (an exact entry and globs).
+rights are the union of its roles' and its own. An id is declared by its
+exact table if there is one, else by the longest glob that matches it (so
+``"ci-untrusted-*"`` can narrow what ``"ci-*"`` grants).
 """
 
 from __future__ import annotations
@@ -266,15 +267,22 @@ class AccessPolicy:
         return cls.parse(text, source=str(path))
 
     # -- queries -------------------------------------------------------------
-    def kind_of(self, principal: str) -> Kind | None:
-        """The kind of a declared principal (exact id first, then globs), or None."""
+    def _entry(self, principal: str) -> tuple[Kind, _Grant] | None:
+        """The entry that declares ``principal``: its exact id, else the longest glob matching it."""
         for kind, entries in self._principals.items():
             if principal in entries:
-                return kind
+                return kind, entries[principal]
+        best: tuple[int, Kind, _Grant] | None = None
         for kind, entries in self._principals.items():
-            if any(fnmatch.fnmatchcase(principal, name) for name in entries):
-                return kind
-        return None
+            for name, grant in entries.items():
+                if fnmatch.fnmatchcase(principal, name) and (best is None or len(name) > best[0]):
+                    best = (len(name), kind, grant)
+        return None if best is None else (best[1], best[2])
+
+    def kind_of(self, principal: str) -> Kind | None:
+        """The kind of a declared principal, or None."""
+        entry = self._entry(principal)
+        return None if entry is None else entry[0]
 
     def declared(self) -> dict[Kind, list[str]]:
         """The principals (ids and globs) of each kind, as written."""
@@ -282,11 +290,11 @@ class AccessPolicy:
 
     def rights(self, principal: str) -> Rights | None:
         """A principal's rights, or None if the policy does not declare it."""
-        kind = self.kind_of(principal)
-        if kind is None:
+        entry = self._entry(principal)
+        if entry is None:
             return None
-        entries = self._principals[kind]
-        grants = [g for name, g in entries.items() if name == principal or fnmatch.fnmatchcase(principal, name)]
+        kind, grant = entry
+        grants = [grant]
         boards: dict[str, set[Right]] = {}
         topics: list[str] | None = None
         objects: ObjectAccess = "none"
@@ -332,9 +340,13 @@ boards = { "*" = ["read"] }
 topics = [">"]
 objects = "read"
 
-# One table per agent id (or a glob such as "ci-*"); `blackboard auth add`
-# appends one.
+# One table per agent id (or a glob such as "ci-*": the longest glob that
+# matches an id declares it); `blackboard auth add` appends one.
 [agents.planner]
+roles = ["member"]
+
+# The example team (python -m examples.team): team-<id>-planner, -actor-1, -actor-2.
+[agents."team-*"]
 roles = ["member"]
 
 # The system: ingest, search, inbox administration, vote commits.
