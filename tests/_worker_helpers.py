@@ -210,21 +210,16 @@ class GlitchyProvider(HashProvider):
         return out
 
 
-def _admin(server: EmbeddedPostgres) -> str:
-    return f"postgresql://postgres@{server.host}:{server.port}/postgres"
-
-
 def fresh_db(server: EmbeddedPostgres, name: str) -> str:
-    """Create database ``name`` on ``server`` (empty: no migrations); its DSN."""
-    with psycopg.connect(_admin(server), autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    return f"postgresql://postgres@{server.host}:{server.port}/{name}"
+    """Create database ``name`` on ``server`` (empty: no migrations), owned by the application
+    role as the server's own database is (pgvector created in it by the superuser); the
+    application role's DSN of it."""
+    return server.create_database(name)
 
 
 def drop_db(server: EmbeddedPostgres, name: str) -> None:
-    """Drop database ``name`` on ``server``, closing its sessions."""
-    with psycopg.connect(_admin(server), autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+    """Drop database ``name`` on ``server`` (as the superuser), closing its sessions."""
+    server.drop_database(name)
 
 
 def board_memories_handler(settings: Settings, board: str) -> StreamHandler:

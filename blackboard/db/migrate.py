@@ -49,6 +49,13 @@ ITERATIVE_SCANS_PGVECTOR = (0, 8, 0)
 _PGVECTOR = """
 SELECT (SELECT extversion FROM pg_extension WHERE extname = 'vector'),
        (SELECT default_version FROM pg_available_extensions WHERE name = 'vector')"""
+#: Whether this session's role may create pgvector (a superuser; or the extension is trusted,
+#: which pgvector is not, and the role may create in the database), with the names for the hint.
+_MAY_CREATE_PGVECTOR = """
+SELECT current_user, current_database(),
+       coalesce((SELECT rolsuper FROM pg_roles WHERE rolname = current_user), false)
+       OR (coalesce((SELECT bool_or(trusted) FROM pg_available_extension_versions WHERE name = 'vector'), false)
+           AND has_database_privilege(current_database(), 'CREATE'))"""
 
 
 def pgvector_version(text: str) -> tuple[int, ...]:
@@ -67,11 +74,14 @@ def _dotted(version: tuple[int, ...]) -> str:
 
 
 async def _check_pgvector(conn: psycopg.AsyncConnection[tuple[Any, ...]]) -> None:
-    """Refuse to migrate, with what to do, when the server's pgvector is missing or too old.
+    """Refuse to migrate, with what to do, when the server's pgvector is missing or too old, or
+    when migration 0001 could not create it (the role is not a superuser: the extension is
+    created in the database by one beforehand, docs/operations.md).
 
     Raises:
         MigrationError: pgvector is not installed on the server, or older than
-            :data:`MIN_PGVECTOR` (in this database, or on the server).
+            :data:`MIN_PGVECTOR` (in this database, or on the server), or not created in
+            this database and the role may not create it.
     """
     row = await (await conn.execute(_PGVECTOR)).fetchone()
     installed, available = (row or (None, None))
@@ -81,12 +91,19 @@ async def _check_pgvector(conn: psycopg.AsyncConnection[tuple[Any, ...]]) -> Non
     version = pgvector_version(str(installed or available))
     if version < MIN_PGVECTOR:
         if installed is not None and available is not None and pgvector_version(str(available)) >= MIN_PGVECTOR:
-            hint = f"the server has {available}: run ALTER EXTENSION vector UPDATE in this database"
+            hint = (f"the server has {available}: run ALTER EXTENSION vector UPDATE in this database "
+                    "(as a superuser or the extension's owner)")
         else:
             hint = "install a newer pgvector on the server, then run ALTER EXTENSION vector UPDATE"
         where = "in this database" if installed is not None else "on the server"
         raise MigrationError(0, f"pgvector {installed or available} is {where}; blackboard needs "
                                 f"{_dotted(MIN_PGVECTOR)} or later: {hint}")
+    if installed is None:
+        row = await (await conn.execute(_MAY_CREATE_PGVECTOR)).fetchone()
+        if row is not None and not row[2]:
+            raise MigrationError(0, f"pgvector is not created in database {row[1]!r} and role {row[0]!r} may "
+                                    "not create it (only a superuser may): run CREATE EXTENSION vector; "
+                                    "in that database as a superuser, then migrate again (docs/operations.md)")
     if version < ITERATIVE_SCANS_PGVECTOR:
         log.warning("pgvector %s has no iterative index scans (%s): filtered semantic searches re-run "
                     "exactly more often", installed or available, _dotted(ITERATIVE_SCANS_PGVECTOR))
@@ -150,7 +167,8 @@ async def migrate(settings: Settings, *, directory: Path = MIGRATIONS_DIR) -> li
 
     Raises:
         MigrationError: a migration failed, an applied file changed, or the
-            server's pgvector is missing or older than :data:`MIN_PGVECTOR`.
+            server's pgvector is missing or older than :data:`MIN_PGVECTOR`, or is not
+            created in the database and the role may not create it (not a superuser).
         StorageError: PostgreSQL is not reachable.
     """
     migrations = load_migrations(directory)

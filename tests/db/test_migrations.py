@@ -227,11 +227,16 @@ async def test_migrate_refuses_a_pgvector_older_than_it_needs_and_says_what_to_d
     migrate_module = importlib.import_module("blackboard.db.migrate")  # (blackboard.db.migrate is the function)
     dsn = fresh_db(postgres_server, unique)
     settings = make_settings(nats_server.url, dsn)
+    admin = postgres_server.database_dsn(unique, admin=True)
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute("DROP EXTENSION vector")  # a database pgvector was never created in
     monkeypatch.setattr(migrate_module, "MIN_PGVECTOR", (99, 0, 0))
     with pytest.raises(MigrationError, match=r"pgvector 0\.\d+\.\d+ is on the server; blackboard needs 99\.0\.0"):
         await migrate(settings)
     assert "bb_memories" not in _tables(dsn)
     monkeypatch.undo()
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute("CREATE EXTENSION vector")  # the application role may not (tests/db/test_roles.py)
     await migrate(settings)
     monkeypatch.setattr(migrate_module, "MIN_PGVECTOR", (99, 0, 0))
     with pytest.raises(MigrationError, match=r"is in this database; blackboard needs 99\.0\.0 or later: install"):
