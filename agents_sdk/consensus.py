@@ -7,12 +7,20 @@
     await other_agents_board.vote(p.id, "Paris", reason="the atlas says so")
     outcome = await p.outcome()          # committed exactly once, board entry written
 
-A voter learns its ballot's fate synchronously: ``vote`` publishes the ballot,
-then follows the proposal's stream up to the ballot's own sequence and runs the
+A voter learns its ballot's fate synchronously: ``vote`` publishes the ballot
+(on its own subject, ``bb.vote.<board>.<proposal>.ballot.<agent id>``), then
+follows the proposal's stream up to the ballot's own sequence and runs the
 pure tally, so a rejected ballot raises its typed error (and stays recorded as
-rejected). The voter whose ballot decides, the proposer waiting on
-``outcome()`` and the worker may all commit; the protocol in
-:mod:`blackboard.client.consensus` keeps it exactly once. Rules: ``docs/voting.md``.
+rejected).
+
+The outcome is committed by the worker's committer
+(:class:`blackboard.worker.committer.VoteCommitter`): an agent publishes
+proposals and its own ballots only, and waits for the committed outcome
+(``OutcomeTimeoutError`` when none arrives in time). Only on an insecure open
+bus (``settings.nats.insecure_open_bus``, where no worker may run) does an
+agent also record outcomes, ask for deadline closes and apply accepted
+values itself; the protocol in :mod:`blackboard.client.consensus` keeps that
+exactly once whoever races. Rules: ``docs/voting.md``.
 """
 
 from __future__ import annotations
@@ -63,10 +71,11 @@ if TYPE_CHECKING:
 
 __all__ = ["NO_VALUE", "BallotReceipt", "ProposalHandle", "VoteEvent", "VoteWatch", "Voting"]
 
-#: Followed proposals kept per agent; beyond it, committed ones are dropped first.
-_MAX_FOLLOWED = 512
+#: Followed proposals kept per agent (each holds a consumer on ``BB_VOTE``);
+#: beyond it, unused ones are stopped, committed ones first.
+_MAX_FOLLOWED = 32
 #: Seconds ``outcome()`` leaves a decision to its committer (the deciding voter,
-#: the closing worker) before committing it itself.
+#: the closing worker) before committing it itself (on an open bus only).
 COMMIT_GRACE = 0.25
 
 
@@ -170,7 +179,8 @@ class ProposalHandle:
                                        ballot_id=ballot_id)
 
     async def outcome(self, timeout: float | None = None) -> Outcome:
-        """Wait for the committed outcome (committing it if this agent sees the decision first).
+        """Wait for the committed outcome (the worker commits it; on an open bus, this
+        agent commits it if it sees the decision first).
 
         Raises:
             OutcomeTimeoutError: no outcome within ``timeout`` seconds.
@@ -179,20 +189,27 @@ class ProposalHandle:
 
     async def counts(self) -> TallyCounts:
         """The current tally (counted ballots per choice), from the stream."""
-        follower = await self._voting.follower(self.board, self.id)
-        await follower.catch_up()
-        assert follower.log.tally is not None  # the proposal exists: it has a handle
-        return follower.log.tally.counts()
+        return await self._voting.counts(self.board, self.id)
 
     async def commit(self) -> Outcome | None:
-        """Commit the outcome if the proposal is decided (idempotent, safe to race);
-        ``None`` while it is open."""
+        """The committed outcome if the proposal is decided (waiting for the worker to
+        commit it; on an open bus, committing it: idempotent, safe to race);
+        ``None`` while it is open.
+
+        Raises:
+            OutcomeTimeoutError: decided, but not committed within the write timeout.
+        """
         return await self._voting.commit(self.board, self.id)
 
     async def close(self, timeout: float | None = None) -> Outcome | None:
-        """Close the proposal at its deadline, as the worker does: if the deadline
-        has passed, ask for the close and return the committed outcome.
-        ``None`` if it has not passed (on this machine's clock)."""
+        """The outcome of a proposal whose deadline has passed (on this machine's
+        clock), once closed and committed: the worker closes it at the deadline
+        (on an open bus, this agent asks for the close and commits it).
+        ``None`` if the deadline has not passed.
+
+        Raises:
+            OutcomeTimeoutError: not closed and committed within ``timeout`` seconds.
+        """
         return await self._voting.close_expired(self.board, self.id, timeout=timeout)
 
 
@@ -203,7 +220,13 @@ class Voting:
         #: The agent's shared state (its id is the proposer and voter).
         self.context = context
         self.store = VoteStore(context.nc, context.settings, name=context.agent_id, board=context.store)
+        #: Record outcomes, ask for deadline closes and apply accepted values
+        #: ourselves: only on an insecure open bus (elsewhere the worker does,
+        #: and the server's permissions forbid it to agents).
+        self.self_commit = context.settings.nats.insecure_open_bus
         self._followers: collections.OrderedDict[tuple[str, str], ProposalFollower] = collections.OrderedDict()
+        #: Callers currently using each follower (an unused one may be stopped).
+        self._users: collections.Counter[tuple[str, str]] = collections.Counter()
         #: One lock per proposal whose follower is being started (callers wait for one start).
         self._starting: dict[tuple[str, str], asyncio.Lock] = {}
         self._closed = False
@@ -281,7 +304,9 @@ class Voting:
         proposal), ``"reject"`` or ``"abstain"``; with ``index=True``, a
         candidate's index. A later ballot of the same agent replaces its
         earlier one while the proposal is open. Every ballot is stored, so a
-        rejected one stays on record with its reason.
+        rejected one stays on record with its reason. When this ballot decides
+        the proposal, ``vote`` returns once the outcome is committed (by the
+        worker; on an open bus, by this agent).
 
         Returns:
             The receipt of a counted ballot (with the committed outcome if this
@@ -293,6 +318,8 @@ class Voting:
             ProposalClosedError: the proposal was already decided.
             DeadlinePassedError: the server stored the ballot after the deadline.
             InvalidBallotError: not a candidate, or a ballot id already counted.
+            OutcomeTimeoutError: this ballot decided, but no outcome was committed
+                within the write timeout (no worker runs?); the ballot counted.
             NotConnectedError, OperationTimeoutError: no answer in time.
         """
         found = await self._proposal(board, proposal_id)
@@ -302,45 +329,68 @@ class Voting:
                             choice=wire, reason=reason, created_at=datetime.now(UTC))
         except ValidationError as exc:
             raise InvalidBallotError(proposal_id, str(exc.errors()[0]["msg"])) from exc
-        follower = await self.follower(board, proposal_id) if found else None
-        sequence = await self.store.publish_ballot(board, ballot)
-        if follower is None:
-            # Unknown when we looked; it counts only if a proposal was stored before the ballot.
-            again = await self.store.read_proposal(board, proposal_id)
-            if again is None or again[1] > sequence:
-                raise ProposalNotFoundError(proposal_id)
-            follower = await self.follower(board, proposal_id)
-        await self._read_to(follower, sequence)
-        plog = follower.log
-        if sequence not in plog.fates:
-            raise InvalidBallotError(proposal_id, "the stored ballot does not decode")
-        rejection = plog.fates[sequence]
-        if rejection is not None:
-            raise rejection_error(proposal_id, rejection)
-        decided = plog.decided
-        outcome = None
-        if decided is not None and decided.deciding_sequence == sequence:
-            outcome = await self.store.commit(decided, known=plog)
+        async with contextlib.AsyncExitStack() as stack:
+            follower = await stack.enter_async_context(self._following(board, proposal_id)) if found else None
+            sequence = await self.store.publish_ballot(board, ballot)
+            if follower is None:
+                # Unknown when we looked; it counts only if a proposal was stored before the ballot.
+                again = await self.store.read_proposal(board, proposal_id)
+                if again is None or again[1] > sequence:
+                    raise ProposalNotFoundError(proposal_id)
+                follower = await stack.enter_async_context(self._following(board, proposal_id))
+            await follower.catch_up(up_to=sequence)
+            plog = follower.log
+            if sequence not in plog.fates:
+                raise InvalidBallotError(proposal_id, "the stored ballot does not decode")
+            rejection = plog.fates[sequence]
+            if rejection is not None:
+                raise rejection_error(proposal_id, rejection)
+            decided = plog.decided
+            outcome = None
+            if decided is not None and decided.deciding_sequence == sequence:
+                outcome = await self._committed(follower, decided, self._write_timeout)
         return BallotReceipt(proposal_id, ballot.id, sequence, outcome)
 
-    async def _read_to(self, follower: ProposalFollower, sequence: int) -> None:
-        """Read the proposal's stream up to ``sequence`` (a stored message of it)."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.context.settings.nats.write_timeout
-        delay = 0.01
-        while True:
-            await follower.catch_up(up_to=sequence)
-            if follower.log.last_sequence >= sequence:
-                return
-            if loop.time() + delay > deadline:  # a replica serving reads lags far behind
-                raise OperationTimeoutError(f"message {sequence} of proposal {follower.log.proposal_id!r} "
-                                            "is not readable yet")
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 0.5)
+    @property
+    def _write_timeout(self) -> float:
+        return self.context.settings.nats.write_timeout
+
+    async def _committed(self, follower: ProposalFollower, decided: Outcome | None,
+                         timeout: float | None) -> Outcome:
+        """The committed outcome of a decided proposal: committed here on an open bus,
+        else waited for (the worker commits it).
+
+        Raises:
+            OutcomeTimeoutError: not committed within ``timeout`` seconds.
+        """
+        plog = follower.log
+        pid = plog.proposal_id
+        if plog.committed is not None:
+            return plog.committed
+        if self.self_commit and decided is not None:
+            loop = asyncio.get_running_loop()
+            end = None if timeout is None else loop.time() + timeout
+            try:
+                return await asyncio.wait_for(self.store.commit(decided, known=plog),
+                                              None if end is None else max(0.0, end - loop.time()))
+            except OperationTimeoutError:
+                raise
+            except TimeoutError as exc:
+                raise OutcomeTimeoutError(pid, timeout or 0.0) from exc
+        try:
+            await follower.wait_for(lambda log: log.committed is not None, timeout)
+        except OperationTimeoutError as exc:
+            raise OutcomeTimeoutError(pid, timeout or 0.0) from exc
+        assert plog.committed is not None
+        return plog.committed
 
     # -------------------------------------------------------------- outcomes
     async def follower(self, board: str, proposal_id: str) -> ProposalFollower:
-        """The (shared, started) follower of one proposal's stream."""
+        """The (shared, started) follower of one proposal's stream.
+
+        It may be stopped later to free its consumer, once unused: hold it with
+        ``async with voting.following(board, pid)`` while waiting on it.
+        """
         key = (board, proposal_id)
         follower = self._followers.get(key)
         if follower is not None:
@@ -355,6 +405,19 @@ class Voting:
             del self._starting[key]
         return follower
 
+    @contextlib.asynccontextmanager
+    async def _following(self, board: str, proposal_id: str) -> AsyncIterator[ProposalFollower]:
+        """The follower of a proposal, kept started while the block runs."""
+        key = (board, proposal_id)
+        self._users[key] += 1
+        try:
+            follower = await self.follower(board, proposal_id)
+            yield follower
+        finally:
+            self._users[key] -= 1
+            if self._users[key] <= 0:
+                del self._users[key]
+
     async def _start_follower(self, key: tuple[str, str]) -> ProposalFollower:
         if self._closed:
             raise NotConnectedError("the agent is closed")
@@ -364,16 +427,22 @@ class Voting:
             await follower.stop()
             raise NotConnectedError("the agent is closed")
         self._followers[key] = follower
-        if len(self._followers) > _MAX_FOLLOWED:
-            for old_key, old in list(self._followers.items()):
-                if old.log.committed is not None and old_key != key:
-                    del self._followers[old_key]
-                    await old.stop()
-                    break
+        await self._evict(key)
         return follower
 
+    async def _evict(self, keep: tuple[str, str]) -> None:
+        """Stop unused followers beyond :data:`_MAX_FOLLOWED` (committed ones first, then the
+        least recently used), freeing their consumers."""
+        while len(self._followers) > _MAX_FOLLOWED:
+            idle = [k for k in self._followers if k != keep and not self._users.get(k)]
+            if not idle:
+                return
+            done = [k for k in idle if self._followers[k].log.committed is not None]
+            victim = (done or idle)[0]
+            await self._followers.pop(victim).stop()
+
     async def outcome(self, board: str, proposal_id: str, *, timeout: float | None = None) -> Outcome:
-        """Wait for a proposal's committed outcome (committing it on the way if decided).
+        """Wait for a proposal's committed outcome (on an open bus, committing it on the way if decided).
 
         Raises:
             ProposalNotFoundError: no such proposal.
@@ -381,69 +450,95 @@ class Voting:
         """
         if await self._proposal(board, proposal_id) is None:
             raise ProposalNotFoundError(proposal_id)
-        follower = await self.follower(board, proposal_id)
-        loop = asyncio.get_running_loop()
-        end = None if timeout is None else loop.time() + timeout
+        async with self._following(board, proposal_id) as follower:
+            plog = follower.log
+            if not self.self_commit:
+                return await self._committed(follower, None, timeout)
+            loop = asyncio.get_running_loop()
+            end = None if timeout is None else loop.time() + timeout
 
-        def settled(log: ProposalLog) -> bool:
-            return log.committed is not None or log.decided is not None or log.recorded is not None
+            def settled(log: ProposalLog) -> bool:
+                return log.committed is not None or log.decided is not None or log.recorded is not None
 
-        try:
-            await follower.wait_for(settled, timeout)
-        except OperationTimeoutError as exc:
-            raise OutcomeTimeoutError(proposal_id, timeout or 0.0) from exc
-        plog = follower.log
-        if plog.committed is None:
-            # The deciding voter (or the closing worker) is committing; racing
-            # it only adds work. Commit ourselves if it does not show up.
-            grace = self.commit_grace if end is None else min(self.commit_grace, max(0.0, end - loop.time()))
-            with contextlib.suppress(OperationTimeoutError):
-                await follower.wait_for(lambda log: log.committed is not None, grace)
-        if plog.committed is not None:
-            return plog.committed
-        decided = plog.recorded.outcome if plog.recorded is not None else plog.decided
-        assert decided is not None
-        remaining = None if end is None else max(0.0, end - loop.time())
-        try:
-            return await asyncio.wait_for(self.store.commit(decided, known=plog), remaining)
-        except OperationTimeoutError:
-            raise
-        except TimeoutError as exc:
-            raise OutcomeTimeoutError(proposal_id, timeout or 0.0) from exc
+            try:
+                await follower.wait_for(settled, timeout)
+            except OperationTimeoutError as exc:
+                raise OutcomeTimeoutError(proposal_id, timeout or 0.0) from exc
+            if plog.committed is None:
+                # The deciding voter (or a closer) is committing; racing it only
+                # adds work. Commit ourselves if it does not show up.
+                grace = self.commit_grace if end is None else min(self.commit_grace, max(0.0, end - loop.time()))
+                with contextlib.suppress(OperationTimeoutError):
+                    await follower.wait_for(lambda log: log.committed is not None, grace)
+            decided = plog.recorded.outcome if plog.recorded is not None else plog.decided
+            remaining = None if end is None else max(0.0, end - loop.time())
+            return await self._committed(follower, decided, remaining)
+
+    async def counts(self, board: str, proposal_id: str) -> TallyCounts:
+        """The current tally of a proposal (counted ballots per choice), from the stream.
+
+        Raises:
+            ProposalNotFoundError: no such proposal (when read).
+        """
+        async with self._following(board, proposal_id) as follower:
+            await follower.catch_up()
+            if follower.log.tally is None:
+                raise ProposalNotFoundError(proposal_id)
+            return follower.log.tally.counts()
 
     async def commit(self, board: str, proposal_id: str) -> Outcome | None:
-        """Commit a decided proposal's outcome (idempotent); ``None`` while open."""
-        follower = await self.follower(board, proposal_id)
-        await follower.catch_up()
-        plog = follower.log
-        decided = plog.recorded.outcome if plog.recorded is not None else plog.decided
-        if decided is None:
-            return None
-        return await self.store.commit(decided, known=plog)
+        """The committed outcome of a decided proposal (on an open bus, committed here:
+        idempotent); ``None`` while open.
+
+        Raises:
+            OutcomeTimeoutError: decided, but not committed within the write timeout.
+        """
+        async with self._following(board, proposal_id) as follower:
+            await follower.catch_up()
+            plog = follower.log
+            decided = plog.recorded.outcome if plog.recorded is not None else plog.decided
+            if decided is None:
+                return None
+            return await self._committed(follower, decided, self._write_timeout)
 
     async def close_expired(self, board: str, proposal_id: str, *, timeout: float | None = None) -> Outcome | None:
-        """Close a proposal whose deadline passed (on this clock) and return its outcome."""
+        """Wait for the close of a proposal whose deadline passed (on this clock) and return
+        its committed outcome; ``None`` if the deadline has not passed.
+
+        The worker closes it at the deadline; on an open bus this agent asks
+        for the close itself (a ``close`` request, again every second while the
+        server's clock is behind) and commits the outcome.
+
+        Raises:
+            ProposalNotFoundError: no such proposal.
+            OutcomeTimeoutError: not closed and committed within ``timeout`` seconds.
+        """
         found = await self._proposal(board, proposal_id)
         if found is None:
             raise ProposalNotFoundError(proposal_id)
         deadline = found[0].deadline
         if deadline is None or datetime.now(UTC) <= deadline:
             return None
-        follower = await self.follower(board, proposal_id)
-        await follower.catch_up()
-        loop = asyncio.get_running_loop()
-        end = None if timeout is None else loop.time() + timeout
-        while follower.log.is_open:
-            # Closed by the first stored message stamped after the deadline; if
-            # the server's clock is behind ours, ask again a little later.
-            await self.store.publish_close(board, proposal_id)
-            step = 1.0 if end is None else min(1.0, end - loop.time())
-            try:
-                await follower.wait_for(lambda log: not log.is_open, max(0.0, step))
-            except OperationTimeoutError as exc:
-                if end is not None and loop.time() >= end:
-                    raise OutcomeTimeoutError(proposal_id, timeout or 0.0) from exc
-        return await self.commit(board, proposal_id)
+        async with self._following(board, proposal_id) as follower:
+            if not self.self_commit:
+                return await self._committed(follower, None, timeout)
+            await follower.catch_up()
+            loop = asyncio.get_running_loop()
+            end = None if timeout is None else loop.time() + timeout
+            while follower.log.is_open:
+                # Closed by the first stored message stamped after the deadline; if
+                # the server's clock is behind ours, ask again a little later.
+                await self.store.publish_close(board, proposal_id)
+                step = 1.0 if end is None else min(1.0, end - loop.time())
+                try:
+                    await follower.wait_for(lambda log: not log.is_open, max(0.0, step))
+                except OperationTimeoutError as exc:
+                    if end is not None and loop.time() >= end:
+                        raise OutcomeTimeoutError(proposal_id, timeout or 0.0) from exc
+            plog = follower.log
+            decided = plog.recorded.outcome if plog.recorded is not None else plog.decided
+            remaining = None if end is None else max(0.0, end - loop.time())
+            return await self._committed(follower, decided, remaining)
 
     # -------------------------------------------------------------- watching
     def watch(self, board: str, proposal_id: str | None = None, *,

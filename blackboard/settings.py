@@ -220,8 +220,9 @@ class WorkerSettings(BaseModel):
     embed: bool = True
     #: Seconds between deadline checks of open proposals.
     deadline_interval: float = Field(0.5, gt=0)
-    #: Seconds the worker leaves a decided (or recorded but unapplied) vote
-    #: outcome to the agents that saw the decision before committing it itself.
+    #: Seconds the worker's vote committer leaves a recorded but unapplied
+    #: outcome to the committer that recorded it before finishing the commit
+    #: itself (and, on an insecure open bus, a decided one to the agents).
     vote_commit_grace: float = Field(2.0, ge=0)
     #: Longest back-off while Postgres is unavailable.
     max_backoff: float = Field(5.0, gt=0)

@@ -2,8 +2,24 @@
 
 The IO layer around :mod:`blackboard.consensus.log` (pure) and
 :mod:`blackboard.consensus.tally` (pure), shared by the SDK (``agents_sdk.consensus``) and
-the worker (``blackboard.worker.votes``). The commit protocol, in short
-(``docs/voting.md`` has the whole of it):
+the worker's committer (``blackboard.worker.committer``).
+
+**Who publishes what.** An agent publishes proposals and its own ballots
+(``bb.vote.<board>.<proposal>.ballot.<voter>``) only. Outcomes, deadline close
+requests and "applied" records are published by the worker identity (its
+:class:`~blackboard.worker.committer.VoteCommitter`), or by agents themselves
+on an insecure open bus (``settings.nats.insecure_open_bus``), where no
+worker may run. The server's permissions enforce this under credentials.
+
+**How an agent reads.** Only with a direct get of the last message of one
+subject (``$JS.API.DIRECT.GET.BB_VOTE.<subject>``, no body; a subject with a
+trailing ``>`` gives the last message of a proposal) and with ordered
+consumers whose one filter is inside one board
+(:class:`~blackboard.client.follower.OrderedFollower`, created through the
+named API subject with the filter). :class:`ProposalFollower` follows one
+proposal that way.
+
+The commit protocol, in short (``docs/voting.md`` has the whole of it):
 
 1. **record**: the outcome is published on ``bb.vote.<board>.<proposal>.outcome``
    with ``Nats-Expected-Last-Subject-Sequence: 0``: the first committer wins,
@@ -20,29 +36,27 @@ the worker (``blackboard.worker.votes``). The commit protocol, in short
 3. **mark applied**: the outcome with its ``revision`` is published on
    ``.applied``, again with expected sequence 0.
 
-Every step is idempotent, so anyone (the deciding voter, the proposer, any
-worker) can run :meth:`VoteStore.commit` at any time, and a committer that
-crashes half-way is finished by the next one.
+Every step is idempotent, so any committer (every worker replica, and agents
+on an open bus) can run :meth:`VoteStore.commit` at any time, and a committer
+that crashes half-way is finished by the next one.
 """
 
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import re
 from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Literal
 
-import nats.errors
 import nats.js.errors
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
 from blackboard.client.board_store import BoardStore
 from blackboard.client.follower import OrderedFollower
-from blackboard.client.publisher import RETRYABLE, Ack, Publisher
+from blackboard.client.publisher import Ack, Publisher
 from blackboard.consensus.log import (
     ProposalLog,
     RecordedOutcome,
@@ -83,15 +97,16 @@ _MAX_APPLY_ROUNDS = 50
 
 
 def vote_message(msg: Msg) -> VoteMessage:
-    """A JetStream message of ``BB_VOTE`` (consumer delivery) as a :class:`VoteMessage`.
+    """A JetStream message of ``BB_VOTE`` (consumer delivery) as a :class:`VoteMessage`
+    (a ballot's with the voter its subject names).
 
     Raises:
         InvalidKeyError: not a vote subject.
     """
-    board, pid, kind = Subjects.parse_vote(msg.subject)
+    board, pid, kind, voter = Subjects.parse_vote(msg.subject)
     md = msg.metadata
     ts = jetstream_time(msg.reply) or md.timestamp
-    return VoteMessage(_kind(kind), board, pid, md.sequence.stream, ts, msg.data, dict(msg.headers or {}))
+    return VoteMessage(_kind(kind), board, pid, md.sequence.stream, ts, msg.data, dict(msg.headers or {}), voter)
 
 
 def _kind(kind: str) -> VoteKind:
@@ -128,10 +143,6 @@ class VoteStore:
         #: the one writer of board entries: outcomes are applied through it
         self.board = board if board is not None else BoardStore(nc, settings)
         self._publisher = Publisher(nc, self.js, settings.nats)
-        self._inbox: str | None = None
-        self._inbox_sub: Any = None
-        self._tokens = itertools.count(1)
-        self._replies: dict[str, tuple[asyncio.Future[list[Msg]], list[Msg]]] = {}
 
     # ------------------------------------------------------------- publishing
     async def _publish(self, subject: str, payload: bytes, headers: dict[str, str], what: str,
@@ -149,16 +160,10 @@ class VoteStore:
                                              stream=VOTE_STREAM)
 
     async def close(self) -> None:
-        """Release the reply and ack subscriptions (and the board store's, if it is this store's own)."""
+        """Release the ack subscription (and the board store's, if it is this store's own)."""
         await self._publisher.close()
         if self._owns_board:
             await self.board.close()
-        if self._inbox_sub is not None:
-            sub, self._inbox_sub, self._inbox = self._inbox_sub, None, None
-            try:
-                await sub.unsubscribe()
-            except nats.errors.Error:
-                pass
 
     async def publish_proposal(self, proposal: Proposal) -> int:
         """Store a proposal; its id must be new on its board.
@@ -176,8 +181,12 @@ class VoteStore:
         return int(ack.seq)
 
     async def publish_ballot(self, board: str, ballot: Ballot) -> int:
-        """Store a ballot (whatever its fate); returns its stream sequence."""
-        subject = Subjects.vote(board, ballot.proposal_id, "ballot")
+        """Store a ballot (whatever its fate) on its voter's subject
+        (``bb.vote.<board>.<proposal>.ballot.<voter>``); returns its stream sequence.
+
+        Under credentials only the voter itself may publish there.
+        """
+        subject = Subjects.vote(board, ballot.proposal_id, "ballot", ballot.voter)
         ack = await self._publish(subject, codec.encode(ballot.model_dump(mode="json")), {},
                                   f"ballot {ballot.id!r}", subject, None)
         return int(ack.seq)
@@ -185,7 +194,8 @@ class VoteStore:
     async def publish_close(self, board: str, proposal_id: str) -> int:
         """Ask for a deadline close: an empty message whose server timestamp is "now".
 
-        Closers that ask within the same second are deduplicated.
+        Closers that ask within the same second are deduplicated. Published by
+        the worker identity (or anyone on an open bus).
         """
         subject = Subjects.vote(board, proposal_id, "close")
         second = int(datetime.now(UTC).timestamp())
@@ -209,7 +219,8 @@ class VoteStore:
         return msg
 
     async def read(self, board: str, proposal_id: str, kind: VoteKind) -> VoteMessage | None:
-        """The last message of one kind of a proposal (direct get), or ``None``."""
+        """The last message of one kind of a proposal (direct get, last by subject), or
+        ``None``. Not for ballots (their subjects name voters)."""
         subject = Subjects.vote(board, proposal_id, kind)
         msg = await self._direct(subject)
         if msg is None:
@@ -217,6 +228,15 @@ class VoteStore:
         headers = dict(msg.headers or {})
         ts = parse_server_time(headers.get(Header.TIMESTAMP.value)) or datetime.now(UTC)
         return VoteMessage(kind, board, proposal_id, int(headers[Header.SEQUENCE.value]), ts, msg.data, headers)
+
+    async def last_sequence(self, board: str, proposal_id: str) -> int:
+        """The stream sequence of the last message stored on a proposal's subjects (0: none).
+
+        One direct get, last by the subject ``bb.vote.<board>.<proposal>.>``
+        (the server answers with the last message matching it).
+        """
+        msg = await self._direct(Subjects.vote_filter(board, proposal_id))
+        return 0 if msg is None else int((msg.headers or {})[Header.SEQUENCE.value])
 
     async def read_proposal(self, board: str, proposal_id: str) -> tuple[Proposal, int] | None:
         """The proposal and its stream sequence, or ``None`` if there is none (valid)."""
@@ -349,81 +369,6 @@ class VoteStore:
             raise TransportError(f"the application of {outcome.proposal_id!r} exists but cannot be read")
         return applied
 
-    async def _ensure_inbox(self) -> str:
-        if self._inbox is None:
-            prefix = self.nc.new_inbox()
-            self._inbox_sub = await self.nc.subscribe(Subjects.reply_inbox(prefix, "*"), cb=self._on_reply)
-            self._inbox = prefix + "."
-        return self._inbox
-
-    async def _on_reply(self, msg: Msg) -> None:
-        assert self._inbox is not None
-        pending = self._replies.get(msg.subject[len(self._inbox):])
-        if pending is None or pending[0].done():
-            return
-        pending[1].append(msg)
-        if (msg.headers or {}).get(Header.STATUS.value):  # EOB (204), 404, or an error
-            pending[0].set_result(pending[1])
-
-    async def _batch(self, payload: bytes, what: str) -> list[Msg]:
-        """A batched direct get: every reply up to the closing status message."""
-        loop = asyncio.get_running_loop()
-        ns = self.settings.nats
-        deadline = loop.time() + ns.write_timeout
-        delay = 0.05
-        while True:
-            inbox = await self._ensure_inbox()
-            token = f"{next(self._tokens):x}"
-            fut: asyncio.Future[list[Msg]] = loop.create_future()
-            self._replies[token] = (fut, [])
-            try:
-                await self.nc.publish(Subjects.direct_get(VOTE_STREAM), payload, reply=inbox + token)
-                return await asyncio.wait_for(fut, ns.request_timeout)
-            except nats.errors.ConnectionClosedError as exc:
-                raise NotConnectedError("the NATS connection is closed") from exc
-            except RETRYABLE as exc:
-                if loop.time() + delay >= deadline:
-                    raise self._publisher.timeout_error(f"reading {what}") from exc
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 1.0)
-            finally:
-                self._replies.pop(token, None)
-
-    async def fetch(self, filter_subject: str, start: int, *, up_to: int | None = None,
-                    batch: int = 256) -> tuple[list[VoteMessage], bool, int]:
-        """Stored vote messages matching ``filter_subject`` from sequence ``start``
-        on (to ``up_to``), in order: one batched direct get.
-
-        Returns:
-            The messages, whether more may follow, and the last sequence read
-            (``start - 1`` if none; messages on subjects that are not vote
-            subjects are skipped but counted as read).
-        """
-        request: dict[str, Any] = {"seq": max(1, start), "next_by_subj": filter_subject, "batch": batch}
-        if up_to is not None:
-            request["up_to_seq"] = up_to
-        replies = await self._batch(codec.encode(request, "json"), filter_subject)
-        msgs: list[VoteMessage] = []
-        last, count = start - 1, 0
-        for reply in replies:
-            headers = dict(reply.headers or {})
-            status = headers.get(Header.STATUS.value)
-            if status in ("204", "404"):
-                break
-            if status:
-                raise TransportError(f"direct get of {filter_subject} failed: {status} "
-                                     f"{headers.get('Description', '')}")
-            count += 1
-            seq = int(headers[Header.SEQUENCE.value])
-            last = max(last, seq)
-            try:
-                board, pid, kind = Subjects.parse_vote(headers[Header.SUBJECT.value])
-            except (KeyError, InvalidKeyError):
-                continue
-            ts = parse_server_time(headers.get(Header.TIMESTAMP.value)) or datetime.now(UTC)
-            msgs.append(VoteMessage(_kind(kind), board, pid, seq, ts, reply.data, headers))
-        return msgs, count >= batch, last
-
     # ------------------------------------------------------------- following
     def follow(self, filter_subject: str, on_message: Callable[[VoteMessage], None], *,
                start: Literal["all", "new"] = "all") -> VoteFollower:
@@ -439,47 +384,49 @@ class VoteFollower(OrderedFollower):
     server restart it resumes after the last delivered message, without gaps
     or repeats. ``ready`` is set once the messages stored before it started
     have been delivered; ``error`` keeps the last callback error (that message
-    is skipped, the follower goes on).
+    is skipped, the follower goes on). An agent's filter stays inside one
+    board (``bb.vote.<board>.>`` or one proposal's ``bb.vote.<board>.<proposal>.>``);
+    the worker follows ``bb.vote.>``.
     """
 
     def __init__(self, store: VoteStore, filter_subject: str, on_message: Callable[[VoteMessage], None],
                  *, start: Literal["all", "new"] = "all") -> None:
         super().__init__(store.js, VOTE_STREAM, filter_subject, lambda msg: on_message(vote_message(msg)),
-                         start=start)
+                         start=start, nc=store.nc)
 
 
 class ProposalFollower:
-    """One proposal's log, kept current without a JetStream consumer.
+    """One proposal's log, kept current by an ordered consumer on its subjects.
 
-    A plain subscription to the proposal's subjects only says "something
-    was stored"; the messages themselves (with their stream sequences and
-    server timestamps) are read in order with batched direct gets from the
-    last one seen, so nothing is missed or repeated, and a server holds no
-    state per follower (a stream allows a limited number of consumers).
-    Reading is lazy: a notice triggers a read only while someone waits
-    (:meth:`wait_for`); otherwise :meth:`catch_up` reads on demand. A notice
-    lost in a reconnect costs a waiter at most ``poll`` seconds.
+    The consumer (one filter, ``bb.vote.<board>.<proposal>.>``, replayed from
+    the stream's first message of the proposal) feeds every message, with its
+    stream sequence and exact server timestamp, to :attr:`log` in stream order.
+    :meth:`catch_up` waits until what was stored before it was called (or up
+    to a given sequence) has been fed; :meth:`wait_for` waits for a condition
+    on the log. Each follower holds one consumer on ``BB_VOTE`` while started
+    (a stream allows a limited number): stop followers that are no longer needed.
 
     ::
 
         async with ProposalFollower(store, board, pid) as f:
-            await f.wait_for(lambda log: log.decided is not None, timeout=5)
+            await f.wait_for(lambda log: log.committed is not None, timeout=5)
     """
 
-    def __init__(self, store: VoteStore, board: str, proposal_id: str, *, poll: float = 1.0) -> None:
+    def __init__(self, store: VoteStore, board: str, proposal_id: str) -> None:
         self.log = ProposalLog(board, proposal_id)
-        self.ready = asyncio.Event()
         self._store = store
         self._filter = Subjects.vote_filter(board, proposal_id)
-        self._poll = poll
-        self._next = 1  # the next stream sequence to read
-        self._sub: Any = None
-        self._lock = asyncio.Lock()
+        #: The stream sequence of the last message handled (vote subject or not).
+        self.read_sequence = 0
         self._changed = asyncio.Event()
-        self._poked = False
-        self._poker: asyncio.Task[None] | None = None
-        self._waiters = 0
         self._stopped = False
+        self._follower = OrderedFollower(store.js, VOTE_STREAM, self._filter, self._on_message, start="all",
+                                         nc=store.nc, what=f"follow proposal {board}.{proposal_id}")
+
+    @property
+    def ready(self) -> asyncio.Event:
+        """Set once the messages stored before the follower started have been fed."""
+        return self._follower.ready
 
     async def __aenter__(self) -> ProposalFollower:
         await self.start()
@@ -489,89 +436,81 @@ class ProposalFollower:
         await self.stop()
 
     async def start(self) -> None:
-        """Subscribe, then read what is stored (``ready`` is set after).
+        """Create the consumer; the stored messages are fed from then on (``ready`` says when).
 
         Raises:
-            NotConnectedError, OperationTimeoutError: NATS did not answer.
+            NotConnectedError: NATS is closed or did not answer.
+            ConsumerLimitError, TransportError: the server refused the consumer.
         """
-        if self._sub is not None:
-            return
-        try:
-            self._sub = await self._store.nc.subscribe(self._filter, cb=self._on_notice)
-        except nats.errors.ConnectionClosedError as exc:
-            raise NotConnectedError("the NATS connection is closed") from exc
-        await self.catch_up()
-        self.ready.set()
+        self._stopped = False
+        await self._follower.start()
 
     async def stop(self) -> None:
-        """Unsubscribe; waiters get ``NotConnectedError``."""
+        """Drop the consumer; waiters get ``NotConnectedError``."""
         self._stopped = True
-        if self._poker is not None:
-            self._poker.cancel()
-        if self._sub is not None:
-            sub, self._sub = self._sub, None
-            try:
-                await sub.unsubscribe()
-            except (TimeoutError, nats.errors.Error):
-                pass
-        self._changed.set()
+        await self._follower.stop()
+        self._notify()
 
-    async def _on_notice(self, msg: Msg) -> None:
-        self._poked = True
-        if self._waiters and (self._poker is None or self._poker.done()):
-            self._poker = asyncio.create_task(self._drain())
+    def _notify(self) -> None:
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
 
-    async def _drain(self) -> None:
-        while self._poked and not self._stopped:
-            self._poked = False
-            try:
-                await self.catch_up()
-            except BlackboardError as exc:  # the waiters' poll retries
-                log.debug("%s: catching up failed: %r", self._filter, exc)
-                return
+    def _on_message(self, msg: Msg) -> None:
+        try:
+            sequence = msg.metadata.sequence.stream
+        except (AttributeError, IndexError, ValueError):  # not a JetStream delivery
+            return
+        try:
+            self.log.feed(vote_message(msg))
+        except InvalidKeyError:
+            pass  # not a vote subject (a raw publish): nothing to feed, but read
+        self.read_sequence = max(self.read_sequence, sequence)
+        self._notify()
 
-    async def catch_up(self, up_to: int | None = None) -> None:
-        """Read and apply every stored message after the last one seen
-        (only up to sequence ``up_to`` when given)."""
-        async with self._lock:
-            while up_to is None or self._next <= up_to:
-                msgs, more, last = await self._store.fetch(self._filter, self._next, up_to=up_to)
-                for msg in msgs:
-                    self.log.feed(msg)
-                self._next = max(self._next, last + 1)
-                if msgs:
-                    self._changed.set()
-                    self._changed = asyncio.Event()
-                if not more:
-                    break
+    async def catch_up(self, up_to: int | None = None, *, timeout: float | None = None) -> None:
+        """Wait until every message stored on the proposal's subjects when this was
+        called (or up to sequence ``up_to``) has been fed to the log.
+
+        Without ``up_to``, one direct get (the last message of the proposal's
+        subjects) says how far that is. ``timeout`` defaults to the write timeout.
+
+        Raises:
+            OperationTimeoutError: not read that far in time (a replica serving
+                reads lags far behind, or the consumer cannot be created).
+            NotConnectedError: the follower was stopped.
+        """
+        if up_to is None:
+            up_to = await self._store.last_sequence(self.log.board, self.log.proposal_id)
+        if self.read_sequence >= up_to:
+            return
+        wait = self._store.settings.nats.write_timeout if timeout is None else timeout
+        try:
+            await self._wait(lambda: self.read_sequence >= up_to, wait)
+        except OperationTimeoutError as exc:
+            raise OperationTimeoutError(f"message {up_to} of proposal {self.log.proposal_id!r} is not "
+                                        f"readable after {wait:g}s (read up to {self.read_sequence})") from exc
 
     async def wait_for(self, predicate: Callable[[ProposalLog], bool], timeout: float | None = None) -> None:
-        """Wait until ``predicate(log)`` holds.
+        """Wait until ``predicate(log)`` holds (checked after every message fed).
 
         Raises:
             OperationTimeoutError: it did not within ``timeout`` seconds.
             NotConnectedError: the follower was stopped.
         """
+        await self._wait(lambda: predicate(self.log), timeout)
+
+    async def _wait(self, done: Callable[[], bool], timeout: float | None) -> None:
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
-        self._waiters += 1
-        try:
-            if self._poked:
-                self._poked = False
-                await self.catch_up()
-            while not predicate(self.log):
-                if self._stopped:
-                    raise NotConnectedError(f"stopped following {self.log.board}.{self.log.proposal_id}")
-                changed = self._changed
-                remaining = None if deadline is None else deadline - loop.time()
-                if remaining is not None and remaining <= 0:
-                    raise OperationTimeoutError(f"{self.log.board}.{self.log.proposal_id}: condition not met "
-                                                f"within {timeout:g}s")
-                wait = self._poll if remaining is None else min(self._poll, remaining)
-                try:
-                    await asyncio.wait_for(changed.wait(), wait)
-                except TimeoutError:
-                    if not self._stopped:
-                        await self.catch_up()
-        finally:
-            self._waiters -= 1
+        while not done():
+            if self._stopped:
+                raise NotConnectedError(f"stopped following {self.log.board}.{self.log.proposal_id}")
+            changed = self._changed
+            remaining = None if deadline is None else deadline - loop.time()
+            if remaining is not None and remaining <= 0:
+                raise OperationTimeoutError(f"{self.log.board}.{self.log.proposal_id}: condition not met "
+                                            f"within {timeout:g}s")
+            try:
+                await asyncio.wait_for(changed.wait(), remaining)
+            except TimeoutError:
+                pass

@@ -1,6 +1,6 @@
 """A proposal's message log, read in stream order: pure state, no IO.
 
-Every message on ``bb.vote.<board>.<proposal>.*`` (the proposal, ballots,
+Every message on ``bb.vote.<board>.<proposal>.>`` (the proposal, ballots,
 deadline close requests, the recorded outcome and its application) is fed to
 a :class:`ProposalLog` in stream order with its server timestamp. The log runs
 the pure tally (:mod:`blackboard.consensus.tally`), keeps the fate of every ballot, and
@@ -98,7 +98,14 @@ def same_outcome(a: Outcome, b: Outcome) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class VoteMessage:
-    """One message of a proposal's subjects, as the server stored it."""
+    """One message of a proposal's subjects, as the server stored it.
+
+    ``voter`` is the voter named by a ballot's subject
+    (``bb.vote.<board>.<proposal>.ballot.<voter>``), ``None`` for other kinds.
+    The subject's voter is authoritative: the server's permissions let only
+    that voter publish there, so a ballot whose payload names someone else
+    is not a ballot.
+    """
 
     kind: VoteKind
     board: str
@@ -107,6 +114,7 @@ class VoteMessage:
     timestamp: datetime
     data: bytes
     headers: Mapping[str, str] = field(default_factory=dict)
+    voter: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,7 +196,8 @@ class ProposalLog:
         """Apply one message (in stream order; a sequence seen before is ignored).
 
         Messages that do not decode are ignored (they are not proposals, ballots
-        or outcomes); so are a second proposal and second records.
+        or outcomes), and so is a ballot whose payload voter is not the
+        subject's (``msg.voter``); so are a second proposal and second records.
         """
         if msg.sequence <= self.last_sequence:
             return
@@ -220,6 +229,8 @@ class ProposalLog:
             ballot = decode_ballot(msg.data, msg.headers)
         except InvalidPayloadError:
             return
+        if ballot.voter != msg.voter:
+            return  # the payload claims another voter than the subject: not a ballot (docs/voting.md)
         if self.tally is None:
             self.fates[msg.sequence] = BallotRejection(
                 sequence=msg.sequence, ballot_id=ballot.id, voter=ballot.voter, reason="unknown_proposal")

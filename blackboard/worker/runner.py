@@ -1,4 +1,4 @@
-"""The worker process: ingest loops, the embedder and the search service.
+"""The worker process: ingest loops, the embedder, the vote committer and the search service.
 
 ``Worker(settings)`` is an async context manager: on entry it migrates the
 schema, makes sure the JetStream assets exist, opens the Postgres pool and
@@ -30,11 +30,11 @@ from blackboard.client.streams import ensure_streams
 from blackboard.db import migrate, open_pool
 from blackboard.protocol.errors import ConfigurationError
 from blackboard.settings import Settings
+from blackboard.worker.committer import VoteCommitter
 from blackboard.worker.embed_inbox import EmbedInbox
 from blackboard.worker.embedder import Embedder, EmbeddingProvider, load_provider
 from blackboard.worker.handlers import StreamHandler, default_handlers
 from blackboard.worker.ingest import ConsumerLag, IngestLoop, backoff_delays
-from blackboard.worker.votes import VoteCloser
 
 __all__ = ["Worker", "run_worker"]
 
@@ -73,8 +73,8 @@ class Worker:
         #: Moves ingest's hand-off rows into the embedding queue (with the embedder).
         self.inbox: EmbedInbox | None = None
         self.search: Any = None
-        #: Closes expired proposals and finishes vote commits (docs/voting.md).
-        self.votes: VoteCloser | None = None
+        #: Commits vote outcomes and closes proposals at their deadline (docs/voting.md).
+        self.committer: VoteCommitter | None = None
         self.started_at = 0.0
 
     # -- lifecycle ---------------------------------------------------------
@@ -154,8 +154,8 @@ class Worker:
             loop = IngestLoop(handler, js, self.pool, s, on_written=wake)
             await loop.setup()
             self.loops.append(loop)
-        self.votes = VoteCloser(nc, s)
-        await self.votes.setup()
+        self.committer = VoteCommitter(nc, s)
+        await self.committer.setup()
         return js
 
     def _start_components(self, group: asyncio.TaskGroup, js: JetStreamContext) -> None:
@@ -165,8 +165,8 @@ class Worker:
             self._spawn(group, "embedding inbox", self.inbox.run)
         for loop in self.loops:
             self._spawn(group, f"ingest {loop.handler.name}", loop.run)
-        if self.votes is not None:
-            self._spawn(group, "vote closer", self.votes.run)
+        if self.committer is not None:
+            self._spawn(group, "vote committer", self.committer.run)
 
     async def _start_search(self, group: asyncio.TaskGroup, services: contextlib.AsyncExitStack) -> None:
         if not self._serve_search:

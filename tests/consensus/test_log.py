@@ -22,7 +22,7 @@ from blackboard.consensus.log import (
 )
 from blackboard.consensus.tally import StampedBallot, tally
 from blackboard.protocol import codec
-from blackboard.protocol.errors import InvalidPayloadError
+from blackboard.protocol.errors import InvalidKeyError, InvalidPayloadError
 from blackboard.protocol.schemas import Ballot, Choice, Policy, Proposal
 from blackboard.protocol.subjects import Header, Subjects
 
@@ -44,11 +44,14 @@ class Log:
         self.seq = 0
 
     def send(self, kind: VoteKind, payload: Any = None, *, at: datetime | None = None,
-             headers: dict[str, str] | None = None, raw: bytes | None = None) -> int:
+             headers: dict[str, str] | None = None, raw: bytes | None = None, voter: str | None = None) -> int:
+        """``voter`` is the one a ballot's subject names (default: the payload's)."""
         self.seq += 1
         data = raw if raw is not None else (b"" if payload is None else codec.encode(payload))
+        if kind == "ballot" and voter is None and isinstance(payload, dict):
+            voter = payload.get("voter")
         self.log.feed(VoteMessage(kind, "b", "p1", self.seq, at or T0 + timedelta(seconds=self.seq), data,
-                                  headers or {}))
+                                  headers or {}, voter))
         return self.seq
 
     def propose(self, p: Proposal) -> int:
@@ -216,8 +219,46 @@ def test_the_log_and_a_recount_agree(votes: list[tuple[str, Choice, int]], kind:
 
 
 def test_subjects_of_a_proposal_parse_back() -> None:
-    for kind in ("proposal", "ballot", "close", "outcome", "applied"):
-        assert Subjects.parse_vote(Subjects.vote("b", "p1", kind)) == ("b", "p1", kind)
+    for kind in ("proposal", "close", "outcome", "applied"):
+        assert Subjects.parse_vote(Subjects.vote("b", "p1", kind)) == ("b", "p1", kind, None)
+    ballot = Subjects.vote("b", "p1", "ballot", "alice")
+    assert ballot == "bb.vote.b.p1.ballot.alice"
+    parsed = Subjects.parse_vote(ballot)
+    assert parsed == ("b", "p1", "ballot", "alice") and parsed.voter == "alice" and parsed.kind == "ballot"
+
+
+@pytest.mark.parametrize("subject", [
+    "bb.vote.b.p1.ballot",  # the version 1 ballot subject: no voter
+    "bb.vote.b.p1.outcome.alice",  # only a ballot names a voter
+    "bb.vote.b.p1.ballot.alice.x",
+    "bb.vote.b.p1.ballot.al!ce",
+    "bb.vote.b.p1",
+])
+def test_vote_subjects_without_their_voter_or_with_a_stray_one_do_not_parse(subject: str) -> None:
+    with pytest.raises(InvalidKeyError):
+        Subjects.parse_vote(subject)
+
+
+def test_a_ballot_subject_needs_its_voter_and_only_a_ballot_has_one() -> None:
+    with pytest.raises(InvalidKeyError):
+        Subjects.vote("b", "p1", "ballot")
+    with pytest.raises(InvalidKeyError):
+        Subjects.vote("b", "p1", "outcome", "alice")
+    with pytest.raises(InvalidKeyError):
+        Subjects.vote("b", "p1", "ballot", "a.b")
+    # A proposal's filter takes its 6-token ballots too.
+    assert Subjects.vote_filter("b", "p1") == "bb.vote.b.p1.>"
+
+
+def test_a_ballot_whose_payload_names_another_voter_than_its_subject_is_not_a_ballot() -> None:
+    s = Log()
+    s.propose(make_proposal())
+    own = s.vote("a", 0)
+    assert s.log.fates[own] is None  # a's own ballot counts
+    ballot = Ballot(id="x1", proposal_id="p1", voter="b", choice=1, created_at=T0)
+    seq = s.send("ballot", ballot.model_dump(mode="json"), voter="mallory")  # b's payload on mallory's subject
+    assert seq not in s.log.fates
+    assert s.log.tally is not None and s.log.tally.counts().votes == [1, 0]
 
 
 def test_public_voting_names_are_exported() -> None:

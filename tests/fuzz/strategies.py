@@ -25,6 +25,7 @@ from typing import Any
 import msgpack
 from hypothesis import strategies as st
 
+from blackboard.protocol.errors import InvalidKeyError
 from blackboard.protocol.subjects import MEMORY_STREAM, Subjects
 from blackboard.worker.decode import MemoryRow, RawMessage, decode_memory
 from tests._records_strategies import (
@@ -223,7 +224,13 @@ def _address(kind: str, rec: dict[str, Any], ctx: Ctx, serial: int) -> tuple[dic
         rec["proposal_id"] = pid
     elif kind in ("outcome", "applied"):
         rec.update(proposal_id=pid, board=b)
-    subject = Subjects.vote(b, pid, kind)
+    # A ballot's subject names its voter: the payload's when it is a valid token (a mutated one
+    # goes on v1's subject, where it is a dead letter, as a payload naming another voter is).
+    voter = rec.get("voter") if kind == "ballot" else None
+    try:
+        subject = Subjects.vote(b, pid, kind, voter)
+    except InvalidKeyError:
+        subject = Subjects.vote(b, pid, kind, "v1")
     return rec, subject, pid if kind == "proposal" else None
 
 
@@ -238,7 +245,7 @@ def _odd_subject(kind: str, ctx: Ctx, serial: int, which: int) -> str:
         "direct": [f"bb.msg.agent.{a}.extra", f"bb.msg.nope.{b}", f"bb.msg.agent.{a}x{serial}", f"bb.msg.{b}"],
         "broadcast": [f"bb.msg.board.{b}.x", f"bb.msg.board.{b}x{serial}", f"bb.msg.board.{'b' * 200}"],
         "topic": [f"bb.msg.topic.{b}", f"bb.msg.topic.{b}.t.x{serial}", f"bb.msg.topic.{b}!.t"],
-        "vote": [f"bb.vote.{b}.p{serial}", f"bb.vote.{b}.p{serial}.bogus", f"bb.vote.{b}.p{serial}.ballot.x",
+        "vote": [f"bb.vote.{b}.p{serial}", f"bb.vote.{b}.p{serial}.bogus", f"bb.vote.{b}.p{serial}.ballot",
                  f"bb.vote.{b}!.p{serial}.ballot", f"bb.vote.{b}.{'p' * 200}.proposal", f"bb.vote.{b}"],
     }
     group = "memory" if kind == "forget" else kind if kind in options else "vote"

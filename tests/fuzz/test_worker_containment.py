@@ -48,7 +48,7 @@ def _sentinels(ctx: Ctx) -> list[Wire]:
         Wire("entry", "sentinel", Subjects(ctx.bucket).entry(b, "fz", "sentinel"), entry_payload("still alive"), None),
         Wire("memory", "sentinel", Subjects.memory(b, a), memory_payload(f"{b}-sentinel", b, a, f"{WORD} alive"), None),
         Wire("direct", "sentinel", Subjects.direct(a), message, None),
-        Wire("ballot", "sentinel", Subjects.vote(b, "sentinel", "ballot"), ballot, None),
+        Wire("ballot", "sentinel", Subjects.vote(b, "sentinel", "ballot", "v1"), ballot, None),
     ]
 
 

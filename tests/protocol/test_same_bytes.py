@@ -42,6 +42,7 @@ from blackboard.worker.decode import (
     decode_memory,
 )
 from blackboard.worker.messages import MessageRow, decode_message
+from tests._committer import committer_settings, running_committer
 
 MAX_BYTES = 1 << 20
 CHARS = 100_000
@@ -275,7 +276,9 @@ async def test_sent_messages_are_decoded_by_the_worker_as_written(settings: Sett
 @pytest.mark.asyncio
 async def test_proposal_ballot_and_outcome_are_decoded_as_written(settings: Settings, unique: str) -> None:
     voter = f"v{unique}"
-    async with Agent.connect(voter, settings=settings) as agent:
+    # The worker's committer records and applies the outcome (agents do, too, on an open bus).
+    async with running_committer(committer_settings(settings), board=unique), \
+            Agent.connect(voter, settings=settings) as agent:
         board = agent.board(unique)
         handle = await board.propose("plans", "release", value={"date": "2025-02-01", "rc": 2.0},
                                      voters=[voter], question="ship it?",

@@ -1,5 +1,11 @@
 """Consensus voting on real servers: propose, vote, typed errors, outcome
-commits, watches, the exactly-once commit under races and crashes."""
+commits, watches, the exactly-once commit under races and crashes.
+
+Agents do not commit outcomes: the worker's committer does (here a
+``VoteCommitter`` of the test's board, :mod:`tests._committer`). The tests that
+take ``bus`` run twice: with the committer, and on an insecure open bus with no
+committer at all, where the agents commit themselves.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +15,7 @@ from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 
 import pytest
+import pytest_asyncio
 
 from agents_sdk import Agent
 from blackboard.client.connection import connect_nats
@@ -30,8 +37,27 @@ from blackboard.protocol.errors import (
 from blackboard.protocol.schemas import Ballot, Outcome, Policy
 from blackboard.protocol.subjects import Subjects
 from blackboard.settings import Settings
+from blackboard.worker.committer import VoteCommitter
+from tests._committer import committer_settings, connect_agent, open_bus, running_committer
 
 pytestmark = pytest.mark.asyncio
+
+
+@pytest_asyncio.fixture
+async def committer(settings: Settings, unique: str) -> AsyncIterator[VoteCommitter]:
+    """The worker's committer, following the test's board."""
+    async with running_committer(committer_settings(settings), board=unique) as c:
+        yield c
+
+
+@pytest_asyncio.fixture(params=["committer", "open_bus"])
+async def bus(request: pytest.FixtureRequest, settings: Settings, unique: str) -> AsyncIterator[Settings]:
+    """The agents' settings: with a committer running, or an open bus where agents commit themselves."""
+    if request.param == "open_bus":
+        yield open_bus(settings)
+        return
+    async with running_committer(committer_settings(settings), board=unique):
+        yield settings
 
 
 async def until_past(deadline: datetime | None, margin: float = 0.05) -> None:
@@ -42,7 +68,7 @@ async def until_past(deadline: datetime | None, margin: float = 0.05) -> None:
 
 @contextlib.asynccontextmanager
 async def agents(settings: Settings, prefix: str, n: int) -> AsyncIterator[list[Agent]]:
-    opened = [await Agent.connect(f"{prefix}-{i}", settings=settings) for i in range(n)]
+    opened = [await connect_agent(f"{prefix}-{i}", settings) for i in range(n)]
     try:
         yield opened
     finally:
@@ -50,17 +76,18 @@ async def agents(settings: Settings, prefix: str, n: int) -> AsyncIterator[list[
             await a.close()
 
 
-async def stored_kinds(store: VoteStore, board: str, pid: str) -> list[str]:
-    """The kinds of every message stored on a proposal's subjects, in order."""
-    kinds: list[str] = []
-
-    def on(msg: VoteMessage) -> None:
-        kinds.append(msg.kind)
-
-    follower = store.follow(Subjects.vote_filter(board, pid), on)
+async def stored_messages(store: VoteStore, board: str, pid: str) -> list[VoteMessage]:
+    """Every message stored on a proposal's subjects, in order."""
+    msgs: list[VoteMessage] = []
+    follower = store.follow(Subjects.vote_filter(board, pid), msgs.append)
     async with follower:
         await follower.ready.wait()
-    return kinds
+    return msgs
+
+
+async def stored_kinds(store: VoteStore, board: str, pid: str) -> list[str]:
+    """The kinds of every message stored on a proposal's subjects, in order."""
+    return [msg.kind for msg in await stored_messages(store, board, pid)]
 
 
 async def applications(agent: Agent, board: str, section: str, key: str, pid: str) -> list[int]:
@@ -69,8 +96,8 @@ async def applications(agent: Agent, board: str, section: str, key: str, pid: st
             if not e.deleted and (e.metadata.get(CONSENSUS_METADATA) or {}).get("proposal_id") == pid]
 
 
-async def test_majority_vote_decides_commits_and_writes_the_entry_once(settings: Settings, unique: str) -> None:
-    async with agents(settings, unique, 3) as (a, b, c):
+async def test_majority_vote_decides_commits_and_writes_the_entry_once(bus: Settings, unique: str) -> None:
+    async with agents(bus, unique, 3) as (a, b, c):
         board = a.board(unique)
         await board.put("facts", "capital", "Lyon")
         p = await board.propose("facts", "capital", ["Paris", "Lyon"], voters=[a.id, b.id, c.id],
@@ -92,12 +119,13 @@ async def test_majority_vote_decides_commits_and_writes_the_entry_once(settings:
         # Committing again (anyone, any time) changes nothing.
         assert await p.commit() == outcome
         assert await applications(a, unique, "facts", "capital", p.id) == [outcome.revision]
-        assert await stored_kinds(a.voting.store, unique, p.id) == ["proposal", "ballot", "ballot", "outcome",
-                                                                     "applied"]
+        stored = await stored_messages(a.voting.store, unique, p.id)
+        assert [m.kind for m in stored] == ["proposal", "ballot", "ballot", "outcome", "applied"]
+        assert [m.voter for m in stored if m.kind == "ballot"] == [b.id, c.id]  # each on its own subject
 
 
-async def test_outcome_returns_rejected_and_no_quorum(settings: Settings, unique: str) -> None:
-    async with agents(settings, unique, 3) as (a, b, c):
+async def test_outcome_returns_rejected_and_no_quorum(bus: Settings, unique: str) -> None:
+    async with agents(bus, unique, 3) as (a, b, c):
         board = a.board(unique)
         rejected = await board.propose("facts", "k1", value=42, voters=[a.id, b.id, c.id])
         await board.vote(rejected.id, "reject")
@@ -122,7 +150,7 @@ async def test_outcome_returns_rejected_and_no_quorum(settings: Settings, unique
 
 
 async def test_rejected_ballots_raise_typed_errors_and_do_not_change_the_outcome(
-        settings: Settings, unique: str) -> None:
+        settings: Settings, unique: str, committer: VoteCommitter) -> None:
     async with agents(settings, unique, 5) as (a, b, c, d, outsider):
         board = a.board(unique)
         voters = [a.id, b.id, c.id, d.id]
@@ -153,8 +181,8 @@ async def test_rejected_ballots_raise_typed_errors_and_do_not_change_the_outcome
         assert changed.sequence in [cb.sequence for cb in outcome.counted_ballots]
 
 
-async def test_late_ballots_raise_deadline_passed_and_do_not_count(settings: Settings, unique: str) -> None:
-    async with agents(settings, unique, 2) as (a, b):
+async def test_late_ballots_raise_deadline_passed_and_do_not_count(bus: Settings, unique: str) -> None:
+    async with agents(bus, unique, 2) as (a, b):
         board = a.board(unique)
         p = await board.propose("facts", "late", value="v", deadline=timedelta(seconds=0.5))  # any agent
         await board.vote(p.id, "accept")
@@ -188,8 +216,8 @@ async def test_proposals_are_validated_and_ids_unique(settings: Settings, unique
         assert handle.proposal.candidates == ["x"] and (await handle.counts()).ballots == 0
 
 
-async def test_watch_votes_shows_proposal_ballots_and_outcome(settings: Settings, unique: str) -> None:
-    async with agents(settings, unique, 2) as (a, b):
+async def test_watch_votes_shows_proposal_ballots_and_outcome(bus: Settings, unique: str) -> None:
+    async with agents(bus, unique, 2) as (a, b):
         board = a.board(unique)
         async with board.watch_votes() as watch:
             p = await board.propose("s", "k", ["x", "y"], voters=[a.id, b.id])
@@ -245,7 +273,10 @@ async def test_a_commit_interrupted_after_recording_is_finished_by_the_next_comm
         unrelated = await writer.board(unique).put("s", "k", "meanwhile")
         assert unrelated > recorded.base_revision
         handle = await writer.board(unique).proposal(pid)
-        outcome = await handle.outcome(timeout=5)
+        with pytest.raises(OutcomeTimeoutError):
+            await handle.outcome(timeout=0.3)  # an agent does not finish it (no open bus)
+        async with running_committer(committer_settings(settings, vote_commit_grace=0.0), board=unique):
+            outcome = await handle.outcome(timeout=5)
         assert outcome.revision is not None and outcome.revision > unrelated
         assert (await writer.board(unique).get("s", "k")).value == "y"
         # Crash after applying but before marking: the scan finds the write.
@@ -297,7 +328,8 @@ async def test_the_application_keeps_its_wire_bytes_and_author(settings: Setting
     await store.nc.close()
 
 
-async def test_weighted_proposal_and_raw_json_ballot_interoperate(settings: Settings, unique: str) -> None:
+async def test_weighted_proposal_and_raw_json_ballot_interoperate(settings: Settings, unique: str,
+                                                                   committer: VoteCommitter) -> None:
     """A ballot written as JSON by another client counts like the SDK's."""
     async with agents(settings, unique, 3) as (a, b, c):
         board = a.board(unique)
@@ -307,7 +339,58 @@ async def test_weighted_proposal_and_raw_json_ballot_interoperate(settings: Sett
         await c.board(unique).vote(p.id, "y")
         ballot = {"v": 1, "id": "json-1", "proposal_id": p.id, "voter": a.id, "choice": 0,
                   "created_at": datetime.now(UTC).isoformat()}
-        await a.nc.jetstream().publish(Subjects.vote(unique, p.id, "ballot"), codec.encode(ballot, "json"),
+        await a.nc.jetstream().publish(Subjects.vote(unique, p.id, "ballot", a.id), codec.encode(ballot, "json"),
                                        headers={"Bb-Encoding": "json"})
         outcome = await p.outcome(timeout=5)
         assert outcome.status == "accepted" and outcome.value == "x" and outcome.counts.support == [3.0, 2.0]
+
+
+async def test_a_ballot_whose_payload_names_another_voter_than_its_subject_does_not_count(
+        settings: Settings, unique: str, committer: VoteCommitter) -> None:
+    """The subject's voter is authoritative (the server lets only that voter publish there):
+    a payload claiming another voter is not a ballot, for the SDK and the committer alike."""
+    async with agents(settings, unique, 4) as (a, b, c, mallory):
+        board = a.board(unique)
+        p = await board.propose("s", "k", ["x", "y"], voters=[a.id, b.id, c.id])
+        js = mallory.nc.jetstream()
+        for victim in (b.id, c.id):  # had they counted, y would have 2 of 3: decided at once
+            forged = {"v": 1, "id": f"forged-{victim}", "proposal_id": p.id, "voter": victim, "choice": 1,
+                      "created_at": datetime.now(UTC).isoformat()}
+            await js.publish(Subjects.vote(unique, p.id, "ballot", mallory.id), codec.encode(forged))
+        assert (await p.counts()).ballots == 0 and await p.commit() is None  # open: nothing counted
+        await board.vote(p.id, "x")
+        receipt = await b.board(unique).vote(p.id, "x")
+        assert receipt.outcome is not None and receipt.outcome.value == "x"
+        outcome = await p.outcome(timeout=5)
+        assert [cb.voter for cb in outcome.counted_ballots] == [a.id, b.id]
+        assert outcome.rejected_ballots == []  # not ballots at all: not even rejected ones
+        assert committer.stats.commits >= 1
+
+
+async def test_without_a_committer_agents_do_not_commit_outside_an_open_bus(settings: Settings,
+                                                                            unique: str) -> None:
+    """Agents publish proposals and their own ballots only: the deciding voter waits for the
+    worker's outcome, and no agent records, closes or applies anything."""
+    quick = settings.model_copy(update={"nats": settings.nats.model_copy(update={"write_timeout": 0.5})})
+    async with agents(quick, unique, 2) as (a, b):
+        board = a.board(unique)
+        p = await board.propose("s", "k", ["x"], voters=[a.id, b.id])
+        timed = await board.propose("s", "t", ["x"], deadline=timedelta(seconds=0.3))
+        await board.vote(p.id, "x")
+        with pytest.raises(OutcomeTimeoutError):
+            await b.board(unique).vote(p.id, "x")  # decided by this ballot, committed by nobody
+        with pytest.raises(OutcomeTimeoutError):
+            await p.outcome(timeout=0.3)
+        with pytest.raises(OutcomeTimeoutError):
+            await p.commit()
+        await until_past(timed.proposal.deadline)
+        with pytest.raises(OutcomeTimeoutError):
+            await timed.close(timeout=0.3)
+        assert await stored_kinds(a.voting.store, unique, p.id) == ["proposal", "ballot", "ballot"]
+        assert await stored_kinds(a.voting.store, unique, timed.id) == ["proposal"]
+        with pytest.raises(NotFoundError):
+            await board.get("s", "k")
+        # The committer, started late, commits both from the stream.
+        async with running_committer(committer_settings(settings), board=unique):
+            assert (await p.outcome(timeout=5)).value == "x"
+            assert (await timed.outcome(timeout=5)).status == "no_quorum"

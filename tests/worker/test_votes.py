@@ -1,6 +1,8 @@
 """Voting with the worker: many agents under every policy against a recount
-from PostgreSQL, ballots' fates in PostgreSQL, deadlines closed by the worker
-(also across a kill -9), and two workers racing agents to commit."""
+from PostgreSQL, ballots' fates in PostgreSQL (a ballot whose payload names
+another voter than its subject is a dead letter), deadlines closed by the
+worker's committer (also across a kill -9), and two workers racing agents on
+an open bus to commit."""
 
 from __future__ import annotations
 
@@ -22,10 +24,12 @@ from blackboard.client.connection import connect_nats
 from blackboard.client.consensus import ProposalFollower, VoteStore
 from blackboard.consensus.log import VoteMessage, same_outcome
 from blackboard.consensus.tally import StampedBallot, tally
-from blackboard.protocol.errors import ProposalClosedError, VoteError
+from blackboard.protocol import codec
+from blackboard.protocol.errors import OutcomeTimeoutError, ProposalClosedError, VoteError
 from blackboard.protocol.schemas import Ballot, Outcome, Policy, Proposal
 from blackboard.protocol.subjects import Subjects
 from blackboard.settings import Settings
+from tests._committer import connect_agent, open_bus
 from tests._worker_helpers import StartWorker, running_worker, spawn_worker, worker_settings
 from tests.conftest import make_settings
 
@@ -83,7 +87,7 @@ async def test_25_agents_under_every_policy_match_a_recount_from_postgres(
     settings = _voting_settings(pg_settings, unique)
     dsn = settings.postgres.dsn.get_secret_value()
     async with running_worker(settings) as worker:
-        agents = [await Agent.connect(f"{unique}-{i:02d}", settings=settings) for i in range(25)]
+        agents = [await connect_agent(f"{unique}-{i:02d}", settings) for i in range(25)]
         try:
             ids = [a.id for a in agents]
             board = agents[0].board(unique)
@@ -160,7 +164,7 @@ async def test_postgres_records_rejected_ballots_with_their_reasons(pg_settings:
     settings = _voting_settings(pg_settings, unique)
     dsn = settings.postgres.dsn.get_secret_value()
     async with running_worker(settings) as worker:
-        a, b, c = [await Agent.connect(f"{unique}-{n}", settings=settings) for n in "abc"]
+        a, b, c = [await connect_agent(f"{unique}-{n}", settings) for n in "abc"]
         try:
             board = a.board(unique)
             p = await board.propose("s", "k", ["x", "y"], voters=[a.id, b.id])
@@ -194,14 +198,14 @@ async def test_the_worker_closes_a_proposal_at_its_deadline(pg_settings: Setting
                                                               start_worker: StartWorker) -> None:
     settings = _voting_settings(pg_settings, unique)
     worker = await start_worker(settings)
-    async with await Agent.connect(unique, settings=settings) as agent:
+    async with await connect_agent(unique, settings) as agent:
         p = await agent.board(unique).propose("s", "k", ["x"], voters=[agent.id, "other"],
                                               policy=Policy(quorum=2), deadline=timedelta(seconds=0.5))
         await agent.board(unique).vote(p.id, "x")
         outcome = await p.outcome(timeout=10)  # the handle never closes: the worker does
         assert outcome.status == "no_quorum" and outcome.closed_by == "deadline"
         assert outcome.decided_at == p.proposal.deadline
-        assert worker.votes is not None and worker.votes.stats.close_requests >= 1
+        assert worker.committer is not None and worker.committer.stats.close_requests >= 1
 
 
 async def test_two_workers_and_agents_race_to_commit_exactly_once(pg_settings: Settings, unique: str) -> None:
@@ -209,7 +213,8 @@ async def test_two_workers_and_agents_race_to_commit_exactly_once(pg_settings: S
     async with running_worker(settings) as w1, running_worker(settings) as w2:
         nc = await connect_nats(settings.nats, name="raw")
         store = VoteStore(nc, settings, name="raw")
-        agents = [await Agent.connect(f"{unique}-{i}", settings=settings) for i in range(4)]
+        # On an open bus, where agents commit too.
+        agents = [await connect_agent(f"{unique}-{i}", open_bus(settings)) for i in range(4)]
         try:
             # Decided by ballots nobody commits (stored raw), and one closed by deadline.
             voters = ["v0", "v1", "v2"]
@@ -239,7 +244,7 @@ async def test_two_workers_and_agents_race_to_commit_exactly_once(pg_settings: S
             for a in agents:
                 await a.close()
             await nc.close()
-        assert w1.votes is not None and w2.votes is not None
+        assert w1.committer is not None and w2.committer is not None
 
 
 def _spawn_worker(settings: Settings, name: str) -> subprocess.Popen[bytes]:
@@ -254,7 +259,7 @@ async def test_a_worker_killed_during_a_proposal_is_restarted_and_closes_it_at_t
     nc = await connect_nats(settings.nats, name="observer")
     store = VoteStore(nc, settings, name="observer")  # observes, never closes or commits
     try:
-        async with await Agent.connect(unique, settings=settings) as agent:
+        async with await connect_agent(unique, settings) as agent:
             p = await agent.board(unique).propose("s", "k", ["x", "y"], voters=[agent.id, "b", "c"],
                                                   deadline=timedelta(seconds=2))
             await agent.board(unique).vote(p.id, "y")  # 1 of 3: not decided
@@ -288,11 +293,30 @@ async def test_a_worker_killed_during_a_proposal_is_restarted_and_closes_it_at_t
         await nc.close()
 
 
-async def test_a_proposal_that_keeps_failing_to_commit_waits_longer_each_time() -> None:
-    # A garbage outcome published first occupies a proposal's outcome subject, so its commit
-    # fails until an operator steps in: the closer must not try again every second for ever.
-    from blackboard.worker.votes import retry_wait
-
-    waits = [retry_wait(n, 1.0) for n in range(1, 10)]
-    assert waits == [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 60.0, 60.0, 60.0]
-    assert retry_wait(1, 2.5) == 2.5 and retry_wait(40, 2.5) == 60.0
+async def test_a_ballot_whose_payload_names_another_voter_is_a_dead_letter(pg_settings: Settings,
+                                                                          unique: str) -> None:
+    """The subject's voter is authoritative: PostgreSQL never stores a ballot as the voter its
+    payload claims when the subject names another; the committer does not count it either."""
+    settings = _voting_settings(pg_settings, unique)
+    dsn = settings.postgres.dsn.get_secret_value()
+    async with running_worker(settings) as worker:
+        async with await connect_agent(f"{unique}-a", settings) as a:
+            board = a.board(unique)
+            p = await board.propose("s", "k", ["x", "y"], voters=[a.id, "victim"])
+            forged = {"v": 1, "id": "forged", "proposal_id": p.id, "voter": "victim", "choice": 1,
+                      "created_at": datetime.now(UTC).isoformat()}
+            subject = Subjects.vote(unique, p.id, "ballot", "mallory")
+            seq = (await a.nc.jetstream().publish(subject, codec.encode(forged))).seq
+            receipt = await board.vote(p.id, "x")
+            assert receipt.outcome is None  # 1 of 2: the forged ballot did not count for "victim"
+            with pytest.raises(OutcomeTimeoutError):
+                await p.outcome(timeout=0.5)
+        await worker.wait_caught_up(30)
+    async with await psycopg.AsyncConnection.connect(dsn) as conn:
+        ballots = await (await conn.execute(
+            "SELECT seq, voter FROM bb_ballots WHERE board = %s AND proposal_id = %s ORDER BY seq",
+            (unique, p.id))).fetchall()
+        dead = await (await conn.execute(
+            "SELECT reason FROM bb_dead_letters WHERE subject = %s AND seq = %s", (subject, seq))).fetchall()
+    assert ballots == [(receipt.sequence, a.id)]
+    assert len(dead) == 1 and "victim" in dead[0][0] and "mallory" in dead[0][0]
