@@ -138,7 +138,7 @@ class Agent:
     def search(self) -> SearchClient:
         """The search service client (memories, entries, Postgres history and as-of reads)."""
         if self._search is None:
-            self._search = SearchClient(self.nc, self.settings)
+            self._search = SearchClient(self.nc, self.settings, self.id)
         return self._search
 
     async def recall(self, query: str, *, filters: SearchFilters | None = None,

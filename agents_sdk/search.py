@@ -7,11 +7,16 @@ one typed declaration serves every signature) and/or a
 replace the fields of ``filters``, and ``board``/``kind``/``section`` add one
 board, kind or section in front of the list.
 
+Requests go to ``bb.search.<principal>.<endpoint>``: the agent's own id is the
+principal (with a credential the server lets an agent publish only there), and
+the service answers only from the boards the principal may read.
+
 Errors come back typed: ``NotFoundError`` for a missing key or revision,
-``SearchError`` for everything else (service not running, timeout, failure),
-``InvalidPayloadError`` for a request the service (or the client) refused.
-:func:`search_request` is the one request path of every search endpoint (the
-messenger's message search uses it too).
+``PermissionDeniedError`` for a board the principal may not read (or a
+principal the policy does not declare), ``SearchError`` for everything else
+(service not running, timeout, failure), ``InvalidPayloadError`` for a request
+the service (or the client) refused. :func:`search_request` is the one request
+path of every search endpoint (the messenger's message search uses it too).
 """
 
 from __future__ import annotations
@@ -27,7 +32,12 @@ from pydantic import BaseModel, ValidationError
 
 from agents_sdk._args import mapping_arg, sequence_arg
 from blackboard.protocol import codec
-from blackboard.protocol.errors import InvalidPayloadError, NotFoundError, SearchError
+from blackboard.protocol.errors import (
+    InvalidPayloadError,
+    NotFoundError,
+    PermissionDeniedError,
+    SearchError,
+)
 from blackboard.protocol.limits import MAX_REPLY_DEPTH
 from blackboard.protocol.schemas import WireModel, validate_wire
 from blackboard.protocol.schemas.memory import MemoryKind
@@ -46,7 +56,7 @@ from blackboard.protocol.schemas.search import (
     SearchFilters,
     SearchMode,
 )
-from blackboard.protocol.subjects import Header, Subjects
+from blackboard.protocol.subjects import Header, Subjects, validate_name
 from blackboard.settings import Settings
 
 __all__ = ["EntrySearchArgs", "RecallArgs", "SearchArgs", "SearchClient", "SearchFilters", "raise_for_error",
@@ -132,7 +142,7 @@ def raise_for_error(headers: Mapping[str, str] | None, data: bytes) -> None:
     """Raise the typed error an error reply carries (no-op for a normal reply).
 
     Raises:
-        NotFoundError, InvalidPayloadError, SearchError: as the service said.
+        NotFoundError, PermissionDeniedError, InvalidPayloadError, SearchError: as the service said.
     """
     if not headers or Header.ERROR.value not in headers:
         return
@@ -144,6 +154,8 @@ def raise_for_error(headers: Mapping[str, str] | None, data: bytes) -> None:
         message, key = headers.get("Nats-Service-Error", name), None
     if name == "NotFoundError":
         raise NotFoundError(key or "", message)
+    if name == "PermissionDeniedError":
+        raise PermissionDeniedError(message, operation=key)
     if name in ("InvalidPayloadError", "InvalidKeyError"):
         raise InvalidPayloadError(message)
     raise SearchError(message)
@@ -151,27 +163,30 @@ def raise_for_error(headers: Mapping[str, str] | None, data: bytes) -> None:
 
 @overload
 async def search_request(nc: NATS, endpoint: str, request: BaseModel | None, reply: type[R], *,
-                         timeout: float) -> R: ...
+                         principal: str, timeout: float) -> R: ...
 
 
 @overload
 async def search_request(nc: NATS, endpoint: str, request: BaseModel | None, reply: None, *,
-                         timeout: float) -> Any: ...
+                         principal: str, timeout: float) -> Any: ...
 
 
 async def search_request(nc: NATS, endpoint: str, request: BaseModel | None, reply: type[R] | None, *,
-                         timeout: float) -> R | Any:
-    """Ask the search service's ``endpoint`` (``bb.search.<endpoint>``): the request encoded
-    without its None fields, the reply validated as ``reply`` (None: the decoded reply as it is).
+                         principal: str, timeout: float) -> R | Any:
+    """Ask the search service's ``endpoint`` as ``principal`` (``bb.search.<principal>.<endpoint>``):
+    the request encoded without its None fields, the reply validated as ``reply`` (None: the
+    decoded reply as it is).
 
     Raises:
         SearchError: the service is not running, did not answer within ``timeout`` seconds, or
             failed.
+        PermissionDeniedError: the principal may not read a board the request names, or the
+            policy does not declare it.
         NotFoundError, InvalidPayloadError: the service said so.
     """
     data = codec.encode(request.model_dump(exclude_none=True)) if request is not None else b""
     try:
-        msg = await nc.request(Subjects.search(endpoint), data, timeout=timeout)
+        msg = await nc.request(Subjects.search(principal, endpoint), data, timeout=timeout)
     except NoRespondersError as exc:
         raise SearchError("the search service is not running (start a worker)") from exc
     except (NatsTimeoutError, TimeoutError) as exc:
@@ -184,17 +199,28 @@ async def search_request(nc: NATS, endpoint: str, request: BaseModel | None, rep
 class SearchClient:
     """Calls the search service over NATS (any worker process answers).
 
+    Every search runs as ``principal``, over the boards it may read: a board it
+    may not read raises ``PermissionDeniedError``; without a board filter only
+    readable boards are searched.
+
     Args:
         nc: a connected NATS client.
         settings: for the request timeout and default top_k.
+        principal: whose rights the searches run with (the agent's id; with a credential, the
+            id the credential names).
+
+    Raises:
+        InvalidKeyError: ``principal`` is not a valid id.
     """
 
-    def __init__(self, nc: NATS, settings: Settings) -> None:
+    def __init__(self, nc: NATS, settings: Settings, principal: str) -> None:
         self._nc = nc
         self._settings = settings
+        self.principal = validate_name(principal, "principal")
 
     async def _call(self, endpoint: str, request: BaseModel | None, reply: type[R]) -> R:
-        return await search_request(self._nc, endpoint, request, reply, timeout=self._settings.search.timeout)
+        return await search_request(self._nc, endpoint, request, reply, principal=self.principal,
+                                    timeout=self._settings.search.timeout)
 
     def _request(self, cls: type[_Request], query: str, filters: SearchFilters | None,
                  args: Mapping[str, Any]) -> _Request:
@@ -223,6 +249,7 @@ class SearchClient:
 
         Raises:
             SearchError: the service is not running, timed out or failed.
+            PermissionDeniedError: a board filter names a board this principal may not read.
             InvalidPayloadError: the request is invalid.
             TypeError: a keyword that is not a memory search filter.
         """
@@ -243,6 +270,7 @@ class SearchClient:
 
         Raises:
             SearchError: the service is not running, timed out or failed.
+            PermissionDeniedError: a board filter names a board this principal may not read.
             InvalidPayloadError: the request is invalid.
             TypeError: a keyword that is not an entry search filter.
         """
@@ -254,6 +282,7 @@ class SearchClient:
 
         Raises:
             NotFoundError: no revision of the key is stored.
+            PermissionDeniedError: this principal may not read the board.
             SearchError: the service is not running, timed out or failed.
         """
         req = HistoryRequest(board=board, section=section, key=key, limit=limit)
@@ -265,6 +294,7 @@ class SearchClient:
 
         Raises:
             NotFoundError: the key did not exist then or was deleted.
+            PermissionDeniedError: this principal may not read the board.
             InvalidPayloadError: neither or both of revision and at.
             SearchError: the service is not running, timed out or failed.
         """
@@ -280,7 +310,7 @@ class SearchClient:
         Raises:
             SearchError: the service is not running, timed out or failed.
         """
-        result: dict[str, Any] = await search_request(self._nc, "status", None, None,
+        result: dict[str, Any] = await search_request(self._nc, "status", None, None, principal=self.principal,
                                                       timeout=self._settings.search.timeout)
         return result
 

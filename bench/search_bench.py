@@ -151,7 +151,7 @@ async def main() -> None:
                 await nc.request("bench.echo", b"x", timeout=2)
                 rtt.append((time.perf_counter() - t) * 1000)
             await sub.unsubscribe()
-            client = SearchClient(nc, s)
+            client = SearchClient(nc, s, "bench")
             ann95 = _pct(raw, 95)
             print(f"raw: NATS request/reply p50 {_pct(rtt, 50):.2f} ms; ANN top-10 SQL p50 {_pct(raw, 50):.2f} / "
                   f"p95 {ann95:.2f} ms; one query embedding (model alone) p50 {_pct(emb, 50):.2f} / "

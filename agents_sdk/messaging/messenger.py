@@ -183,11 +183,15 @@ class Messenger:
                      correlation_id: str | None = None, since: datetime | None = None,
                      until: datetime | None = None, top_k: int = 50,
                      order: Literal["newest", "oldest"] = "newest") -> list[MessageHit]:
-        """Search the messages the workers stored in PostgreSQL (``bb.search.messages``).
+        """Search the messages the workers stored in PostgreSQL (``bb.search.<agent>.messages``).
 
         With ``query``: messages matching any of its words, best first
         (keyword search over type, topic and body text); without: the matching
         messages by time. Filters are ANDed; list filters match any element.
+        Only messages this agent may read are searched: the copies of direct
+        messages stored under its own direct subject, broadcasts of boards it
+        may read and topic messages within its topic patterns (not the direct
+        messages it sent to others: see docs/search.md).
 
         Raises:
             InvalidPayloadError: the service refused the request.
@@ -200,7 +204,7 @@ class Messenger:
                                        until=until, top_k=top_k, order=order)
         except ValueError as exc:
             raise InvalidPayloadError(f"invalid message search: {exc}") from exc
-        reply = await search_request(self._nc, "messages", req, MessageSearchResponse,
+        reply = await search_request(self._nc, "messages", req, MessageSearchResponse, principal=self.agent,
                                      timeout=self._settings.search.timeout)
         return reply.hits
 

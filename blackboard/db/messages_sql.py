@@ -8,6 +8,7 @@ are built as ``(sql, params)``; the copies of a multi-recipient direct message
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from psycopg import sql
@@ -21,6 +22,7 @@ __all__ = [
     "MESSAGE_COLUMNS",
     "MOVE_MESSAGES",
     "TRUNCATE_STAGE_MESSAGES",
+    "MessageScope",
     "message_search",
 ]
 
@@ -47,8 +49,43 @@ HIT_COLUMNS = ("id", "seq", "sender", "recipients", "kind", "board", "topic", "t
                "correlation_id", "reply_to", "metadata", "created_at", "stored_at")
 
 
-def message_search(req: MessageSearchRequest) -> tuple[sql.Composed, list[Any]]:
-    """The query of a message search: rows of :data:`HIT_COLUMNS` plus ``score``."""
+@dataclass(frozen=True, slots=True)
+class MessageScope:
+    """The stored messages one principal may find (the search service's
+    :func:`blackboard.search.access.message_scope`): by the subject each copy was stored
+    under, which the server's permissions bind, never by the payload's sender or recipients.
+
+    Attributes:
+        principal: the principal (a recipient of its direct messages: lets the recipients index serve).
+        direct: the principal's direct subject (its own copies of direct messages).
+        boards: boards whose broadcasts it may find (None: every board).
+        topics: POSIX regular expressions of the topic subjects it may find.
+    """
+
+    principal: str
+    direct: str
+    boards: frozenset[str] | None
+    topics: tuple[str, ...]
+
+
+def _scope_condition(scope: MessageScope, params: list[Any]) -> sql.Composable:
+    """``(own direct copy OR readable broadcast OR topic within its patterns)``."""
+    parts: list[sql.Composable] = [sql.SQL("(m.kind = 'direct' AND m.subject = %s AND m.recipients && %s::text[])")]
+    params += [scope.direct, [scope.principal]]
+    if scope.boards is None:
+        parts.append(sql.SQL("m.kind = 'broadcast'"))
+    elif scope.boards:
+        parts.append(sql.SQL("(m.kind = 'broadcast' AND m.board = ANY(%s))"))
+        params.append(sorted(scope.boards))
+    if scope.topics:
+        parts.append(sql.SQL("(m.kind = 'topic' AND m.subject ~ ANY(%s::text[]))"))
+        params.append(list(scope.topics))
+    return sql.SQL("(") + sql.SQL(" OR ").join(parts) + sql.SQL(")")
+
+
+def message_search(req: MessageSearchRequest, scope: MessageScope | None = None) -> tuple[sql.Composed, list[Any]]:
+    """The query of a message search: rows of :data:`HIT_COLUMNS` plus ``score``; with ``scope``,
+    only the messages it admits."""
     conds: list[sql.Composable] = []
     params: list[Any] = []
 
@@ -64,6 +101,8 @@ def message_search(req: MessageSearchRequest) -> tuple[sql.Composed, list[Any]]:
         params.append(words)
         conds.append(sql.SQL("m.tsv @@ q.q"))
         score = sql.SQL("ts_rank(m.tsv, q.q)")
+    if scope is not None:
+        conds.append(_scope_condition(scope, params))
     if req.senders:
         add("m.sender = ANY(%s)", list(req.senders))
     if req.recipients:

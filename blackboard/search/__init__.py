@@ -1,4 +1,4 @@
-"""Search over what the worker stored, served by the search micro service (``bb.search.*``).
+"""Search over what the worker stored, served by the search micro service (``bb.search.<principal>.*``).
 
 Server side: runs in the worker next to PostgreSQL; agents reach it through the
 service. One module per concept:

@@ -1,4 +1,4 @@
-"""Entry history and as-of reads from PostgreSQL (``bb.search.history``, ``bb.search.as_of``).
+"""Entry history and as-of reads from PostgreSQL (``bb.search.<principal>.history``, ``bb.search.<principal>.as_of``).
 
 Not search: the revisions of one key, as the worker stored them
 (``bb_entry_revisions``). JetStream keeps only the last ``board.history``

@@ -1,4 +1,4 @@
-"""Message search (``bb.search.messages``): stored agent messages, by keyword and filters.
+"""Message search (``bb.search.<principal>.messages``): stored agent messages, by keyword and filters.
 
 The worker stores the messages (:mod:`blackboard.worker.messages`); this reads
 them. The query is :func:`blackboard.db.messages_sql.message_search`; its rows
@@ -42,14 +42,18 @@ _HITS = kwargs_row(message_hit)
 
 
 async def search_messages(pool: AsyncConnectionPool, req: MessageSearchRequest, *,
+                          scope: q.MessageScope | None = None,
                           skipped: SkippedRows | None = None) -> MessageSearchResponse:
     """Run a message search (keyword ranked, or listed by time) against PostgreSQL.
+
+    ``scope``: only the messages it admits (the principal's own direct messages, broadcasts and
+    topics it may read: :func:`blackboard.search.access.message_scope`); None: every message.
 
     A stored message that cannot be read back (a timestamp out of Python's range, JSON nested
     too deep, ``body_raw`` that is not msgpack) is left out, logged and counted in ``skipped``
     as a ``message`` (:func:`~blackboard.search.rows.fetch_readable`)."""
     started = time.perf_counter()
-    query, params = q.message_search(req)
+    query, params = q.message_search(req, scope)
     async with pool.connection() as conn, conn.cursor(row_factory=_HITS) as cur:
         await cur.execute(query, params)
         hits = await fetch_readable(cur, "message", skipped if skipped is not None else SkippedRows())

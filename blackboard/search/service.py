@@ -1,7 +1,15 @@
 """The search micro service (``nats.micro``): discoverable with ``$SRV.PING|INFO|STATS``.
 
-Endpoints (subjects from :meth:`Subjects.search`), all in the queue group
-``blackboard-search`` so that every worker process shares the requests:
+Endpoints on ``bb.search.*.<endpoint>`` (:meth:`Subjects.search_endpoint`), all in the
+queue group ``blackboard-search`` so that every worker process shares the requests.
+A request comes on ``bb.search.<principal>.<endpoint>`` (:meth:`Subjects.search`): the
+server's permissions let only that principal publish there, so the service
+takes the principal from the subject, never from the request, asks its
+:class:`~blackboard.search.access.RightsLookup` (the policy file, or everything on an
+open bus) what it may read, and restricts the request to that
+(:mod:`blackboard.search.access`): a principal the policy does not declare, or a
+request naming a board it may not read, is refused with ``PermissionDeniedError``
+(service error code 403).
 
 =========== ======================= =========================
 endpoint    request                 reply
@@ -48,29 +56,42 @@ from blackboard.client.lifecycle import first_error
 from blackboard.db import open_pool
 from blackboard.embeddings import EmbeddingProvider
 from blackboard.protocol import codec
-from blackboard.protocol.errors import BlackboardError, InvalidPayloadError, NotFoundError
+from blackboard.protocol.errors import (
+    BlackboardError,
+    InvalidPayloadError,
+    NotFoundError,
+    PermissionDeniedError,
+)
 from blackboard.protocol.limits import MAX_REPLY_DEPTH
 from blackboard.protocol.schemas import validate_wire
 from blackboard.protocol.schemas.message_search import MessageSearchRequest, MessageSearchResponse
 from blackboard.protocol.schemas.search import (
     AsOfRequest,
+    EntryRevision,
     EntrySearchRequest,
+    EntrySearchResponse,
     ErrorReply,
     HistoryRequest,
+    HistoryResponse,
     MemorySearchRequest,
+    MemorySearchResponse,
 )
 from blackboard.protocol.subjects import SEARCH_SERVICE, Header, Subjects
+from blackboard.search.access import RightsLookup, check_boards, message_scope, scoped_search
 from blackboard.search.engine import SearchEngine
 from blackboard.search.history import EntryHistory
 from blackboard.search.messages import search_messages
 from blackboard.search.rows import SkippedRows, encode_response
+from blackboard.security.policy import Rights
+from blackboard.security.source import RightsSource
 from blackboard.settings import Settings
 
-__all__ = ["SEARCH_SESSION", "SEARCH_VERSION", "SearchService", "error_reply", "search_session"]
+__all__ = ["SEARCH_SESSION", "SEARCH_VERSION", "SearchService", "error_reply", "principal_rights",
+           "search_session"]
 
 log = logging.getLogger("blackboard.worker.search")
 
-SEARCH_VERSION = "1.0.0"
+SEARCH_VERSION = "2.0.0"
 #: Session settings of the search pool's connections. psycopg prepares a
 #: statement run five times, and PostgreSQL then may switch it to a generic
 #: plan, made without the parameters' values: for a search (which boards,
@@ -89,14 +110,21 @@ def search_session(settings: Settings) -> dict[str, str]:
     return {**SEARCH_SESSION, "random_page_cost": repr(float(settings.search.random_page_cost))}
 
 
-_CODES = {"NotFoundError": "404", "InvalidPayloadError": "400", "InvalidKeyError": "400"}
+_CODES = {"NotFoundError": "404", "InvalidPayloadError": "400", "InvalidKeyError": "400",
+          "PermissionDeniedError": "403"}
+
+#: A route: the request (None for an endpoint without one) and the principal's rights -> the reply.
+Route = Callable[[Any, Rights], Awaitable[Any]]
 
 
-def error_reply(exc: BaseException, encoding: codec.Encoding) -> tuple[bytes, dict[str, str]]:
-    """Body and headers of the error reply for ``exc`` (pure)."""
-    name = type(exc).__name__ if isinstance(exc, BlackboardError) else "SearchError"
+def error_reply(exc: BaseException, encoding: codec.Encoding, *,
+                fallback: str = "SearchError") -> tuple[bytes, dict[str, str]]:
+    """Body and headers of the error reply for ``exc`` (pure): ``Bb-Error`` names its class
+    (``fallback`` for an error outside the error tree), the ``ErrorReply`` body carries its
+    message and its ``key`` (a ``PermissionDeniedError``'s ``operation``)."""
+    name = type(exc).__name__ if isinstance(exc, BlackboardError) else fallback
     message = str(exc) if isinstance(exc, BlackboardError) else f"internal error: {exc!r}"
-    key = getattr(exc, "key", None)
+    key = exc.operation if isinstance(exc, PermissionDeniedError) else getattr(exc, "key", None)
     body = codec.encode(ErrorReply(error=name, message=message,
                                    key=key if isinstance(key, str) else None).model_dump(), encoding)
     headers = {Header.ERROR.value: name, Header.SERVICE_ERROR.value: message[:200],
@@ -104,14 +132,40 @@ def error_reply(exc: BaseException, encoding: codec.Encoding) -> tuple[bytes, di
     return body, headers
 
 
+def principal_rights(source: RightsLookup, subject: str, what: str) -> Rights:
+    """The rights of the principal a request's ``subject`` names (``bb.search.<principal>.*``).
+
+    Raises:
+        PermissionDeniedError: the policy does not declare the principal.
+        InvalidKeyError: not a search subject.
+    """
+    principal, _ = Subjects.parse_search(subject)
+    rights = source.rights(principal)
+    if rights is None:
+        raise PermissionDeniedError(f"{principal!r} is not declared in the access policy", operation=what)
+    return rights
+
+
 class SearchService:
-    """Serves :class:`SearchEngine`, :class:`EntryHistory` and message search over NATS."""
+    """Serves :class:`SearchEngine`, :class:`EntryHistory` and message search over NATS, each
+    request restricted to what its principal may read.
+
+    Args:
+        nc: the worker's NATS connection.
+        settings: the deployment's settings.
+        provider: embeds queries (None: keyword search only).
+        status: the worker's status (the ``status`` endpoint).
+        rights: where principals' rights come from (default, at :meth:`start`:
+            :meth:`RightsSource.from_settings`, the policy file or the open bus).
+    """
 
     def __init__(self, nc: NATS, settings: Settings, *,
                  provider: EmbeddingProvider | None,
-                 status: Callable[[], Awaitable[dict[str, Any]]] | None = None) -> None:
+                 status: Callable[[], Awaitable[dict[str, Any]]] | None = None,
+                 rights: RightsLookup | None = None) -> None:
         self._settings = settings
         self._provider = provider
+        self._rights: RightsLookup | None = rights
         self._pool: AsyncConnectionPool | None = None
         self.engine: SearchEngine | None = None
         self._nc = nc
@@ -136,9 +190,13 @@ class SearchService:
 
         Raises:
             StorageError: PostgreSQL is not reachable.
+            ConfigurationError: no rights were given and the settings name no policy (nor
+                ``nats.insecure_open_bus``), or the policy file is invalid.
         """
         if self._host is not None and not self._host.done():
             return
+        if self._rights is None:
+            self._rights = RightsSource.from_settings(self._settings)
         self._closing.clear()
         ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._host = asyncio.create_task(self._serve(ready), name="blackboard search service")
@@ -191,16 +249,35 @@ class SearchService:
         svc = await add_service(self._nc, name=SEARCH_SERVICE, version=SEARCH_VERSION,
                                 description="blackboard search: memories, entries, history, as-of",
                                 queue_group=SEARCH_SERVICE)
-        routes: dict[str, tuple[type[BaseModel] | None, Callable[[Any], Awaitable[Any]]]] = {
-            "memories": (MemorySearchRequest, self.engine.search_memories),
-            "entries": (EntrySearchRequest, self.engine.search_entries),
-            "history": (HistoryRequest, history.history),
-            "as_of": (AsOfRequest, history.as_of),
+        engine = self.engine
+
+        async def memories(req: MemorySearchRequest, rights: Rights) -> MemorySearchResponse:
+            scoped = scoped_search(req, rights)
+            return await engine.search_memories(scoped) if scoped is not None else MemorySearchResponse(hits=[])
+
+        async def entries(req: EntrySearchRequest, rights: Rights) -> EntrySearchResponse:
+            scoped = scoped_search(req, rights)
+            return await engine.search_entries(scoped) if scoped is not None else EntrySearchResponse(hits=[])
+
+        async def revisions(req: HistoryRequest, rights: Rights) -> HistoryResponse:
+            check_boards(rights, [req.board], "history")
+            return await history.history(req)
+
+        async def as_of(req: AsOfRequest, rights: Rights) -> EntryRevision:
+            check_boards(rights, [req.board], "as-of read")
+            return await history.as_of(req)
+
+        routes: dict[str, tuple[type[BaseModel] | None, Route]] = {
+            "memories": (MemorySearchRequest, memories),
+            "entries": (EntrySearchRequest, entries),
+            "history": (HistoryRequest, revisions),
+            "as_of": (AsOfRequest, as_of),
             "status": (None, self._get_status),
             "messages": (MessageSearchRequest, self._search_messages),
         }
         for name, (model, fn) in routes.items():
-            await svc.add_endpoint(name=name, subject=Subjects.search(name), handler=self._handler(model, fn))
+            await svc.add_endpoint(name=name, subject=Subjects.search_endpoint(name),
+                                   handler=self._handler(model, fn))
         self._service = svc
 
     async def stop(self) -> None:
@@ -217,16 +294,15 @@ class SearchService:
     async def __aexit__(self, *exc_info: object) -> None:
         await self.stop()
 
-    async def _search_messages(self, req: MessageSearchRequest) -> MessageSearchResponse:
+    async def _search_messages(self, req: MessageSearchRequest, rights: Rights) -> MessageSearchResponse:
         assert self._pool is not None
-        return await search_messages(self._pool, req, skipped=self.skipped)
+        return await search_messages(self._pool, req, scope=message_scope(rights), skipped=self.skipped)
 
-    async def _get_status(self, _: Any) -> dict[str, Any]:
+    async def _get_status(self, _: Any, __: Rights) -> dict[str, Any]:
         status = await self._status() if self._status else {}
         return {**status, "skipped_rows": dict(self.skipped.counts)}
 
-    def _handler(self, model: type[BaseModel] | None,
-                 fn: Callable[[Any], Awaitable[Any]]) -> Callable[[Request], Awaitable[None]]:
+    def _handler(self, model: type[BaseModel] | None, fn: Route) -> Callable[[Request], Awaitable[None]]:
         async def handle(request: Request) -> None:
             # nats-py runs a subscription's callbacks one at a time: answer in a
             # task so slow queries do not queue the fast ones behind them.
@@ -236,15 +312,16 @@ class SearchService:
 
         return handle
 
-    async def _answer(self, request: Request, model: type[BaseModel] | None,
-                      fn: Callable[[Any], Awaitable[Any]]) -> None:
+    async def _answer(self, request: Request, model: type[BaseModel] | None, fn: Route) -> None:
         encoding = codec.encoding_of(request.headers)
         try:
+            assert self._rights is not None
+            rights = principal_rights(self._rights, request.subject, "search")
             async with self._sem:
                 req: Any = None
                 if model is not None:
                     req = validate_wire(model, codec.decode(request.data, encoding))  # type: ignore[type-var]
-                result = await fn(req)
+                result = await fn(req, rights)
             body = encode_response(result, encoding, self.skipped) if isinstance(result, BaseModel) \
                 else codec.encode(result, encoding, max_depth=MAX_REPLY_DEPTH)
             await request.respond(body, headers=codec.headers_for(encoding) or None)

@@ -4,7 +4,7 @@
 :func:`decode_message` (pure) validates the envelope and binds it to its
 subject, :func:`write_messages` stores a batch idempotently (one row per
 stream message: a direct message to three agents is three rows with one id).
-Message search (``bb.search.messages``) is :mod:`blackboard.search.messages`.
+Message search (``bb.search.<principal>.messages``) is :mod:`blackboard.search.messages`.
 """
 
 from __future__ import annotations

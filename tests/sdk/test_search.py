@@ -75,14 +75,14 @@ async def test_filters_travel_as_keywords_or_one_value_and_encode_alike() -> Non
     """The keyword filters and a SearchFilters value build the same request bytes, through the
     client and a board handle alike; a board's own name goes first."""
     nc = _RecordingNats()
-    client = SearchClient(nc, Settings())  # type: ignore[arg-type]
+    client = SearchClient(nc, Settings(), "tester")  # type: ignore[arg-type]
     await client.recall("disk", board="ops", kinds=["episodic"], top_k=3)
     await client.recall("disk", filters=SearchFilters(boards=["ops"], kinds=["episodic"]), top_k=3)
-    assert nc.sent[0] == nc.sent[1] == (Subjects.search("memories"), _wire(MemorySearchRequest(
+    assert nc.sent[0] == nc.sent[1] == (Subjects.search("tester", "memories"), _wire(MemorySearchRequest(
         query="disk", boards=["ops"], kinds=["episodic"], top_k=3)))
     await client.search_entries("x", filters=SearchFilters(sections=["notes"], author="ann"), section="facts",
                                 mode="keyword")
-    assert nc.sent[-1] == (Subjects.search("entries"), _wire(EntrySearchRequest(
+    assert nc.sent[-1] == (Subjects.search("tester", "entries"), _wire(EntrySearchRequest(
         query="x", sections=["facts", "notes"], author="ann", mode="keyword",
         top_k=Settings().search.default_top_k)))
 
@@ -104,3 +104,39 @@ async def test_filters_travel_as_keywords_or_one_value_and_encode_alike() -> Non
     with pytest.raises(InvalidPayloadError):
         await client.recall("x", board="not a token!")
     assert len(nc.sent) == sent  # refused before anything was sent
+
+
+class _RefusingNats:
+    """Answers every request with the service's 403 error reply, keeping the subjects asked."""
+
+    def __init__(self) -> None:
+        self.subjects: list[str] = []
+
+    async def request(self, subject: str, data: bytes, timeout: float) -> SimpleNamespace:
+        from blackboard.protocol.errors import PermissionDeniedError
+        from blackboard.search.service import error_reply
+
+        self.subjects.append(subject)
+        body, headers = error_reply(PermissionDeniedError("'alice' may not read board 'secret'",
+                                                          operation="search memories on board secret"), "msgpack")
+        return SimpleNamespace(headers=headers, data=body)
+
+
+async def test_a_403_reply_raises_permission_denied_with_the_operation() -> None:
+    from blackboard.protocol.errors import PermissionDeniedError
+
+    nc = _RefusingNats()
+    client = SearchClient(nc, Settings(), "alice")  # type: ignore[arg-type]
+    with pytest.raises(PermissionDeniedError, match="may not read board 'secret'") as caught:
+        await client.recall("plans", board="secret")
+    assert caught.value.operation == "search memories on board secret"
+    with pytest.raises(PermissionDeniedError):
+        await client.history("secret", "s", "k")
+    assert nc.subjects == [Subjects.search("alice", "memories"), Subjects.search("alice", "history")]
+
+
+async def test_the_principal_must_be_a_valid_id() -> None:
+    from blackboard.protocol.errors import InvalidKeyError
+
+    with pytest.raises(InvalidKeyError):
+        SearchClient(_RecordingNats(), Settings(), "a.b")  # type: ignore[arg-type]

@@ -85,7 +85,7 @@ async def corpus(nats_server: object, postgres_server: object) -> AsyncIterator[
         seqs["plan2"] = await put_entry(js, subj, a, "notes", "plan", {"title": "migrate the database twice"},
                                         author="bob")
         await w.wait_caught_up(60, embedded=True)
-        yield Corpus(a, b, SearchClient(nc, s), nc, seqs, t_before, s.postgres.dsn.get_secret_value(), s.worker.name)
+        yield Corpus(a, b, SearchClient(nc, s, "tester"), nc, seqs, t_before, s.postgres.dsn.get_secret_value(), s.worker.name)
     await nc.close()
 
 
@@ -205,12 +205,12 @@ async def test_history_and_as_of(corpus: Corpus) -> None:
 
 
 async def test_invalid_request_gets_a_typed_error_reply(corpus: Corpus) -> None:
-    msg = await corpus.nc.request(Subjects.search("memories"), codec.encode({"v": 1, "query": ""}), timeout=5)
+    msg = await corpus.nc.request(Subjects.search("tester", "memories"), codec.encode({"v": 1, "query": ""}), timeout=5)
     assert msg.headers is not None and msg.headers["Bb-Error"] == "InvalidPayloadError"
     with pytest.raises(InvalidPayloadError):
         raise_for_error(msg.headers, msg.data)
     # JSON clients get JSON back
-    msg = await corpus.nc.request(Subjects.search("history"), json.dumps(
+    msg = await corpus.nc.request(Subjects.search("tester", "history"), json.dumps(
         {"board": corpus.a, "section": "notes", "key": "nope"}).encode(), headers={"Bb-Encoding": "json"}, timeout=5)
     assert msg.headers is not None and msg.headers["Bb-Error"] == "NotFoundError"
     assert ErrorReply.model_validate_json(msg.data).error == "NotFoundError"
@@ -233,7 +233,7 @@ async def test_no_service_raises_search_error(nats_factory: object) -> None:
     nc = await connect_nats(s.nats, name="nosvc")
     try:
         with pytest.raises(SearchError, match="not running"):
-            await SearchClient(nc, s).recall("anything")
+            await SearchClient(nc, s, "tester").recall("anything")
     finally:
         await nc.close()
 
@@ -339,7 +339,7 @@ async def test_an_entry_that_expired_while_the_worker_was_away_is_not_found(pg_s
                         batch_wait=0.02, lag_interval=600)
     nc = await connect_nats(s.nats, name="test-ttl")
     await ensure_streams(nc.jetstream(), s)
-    client = SearchClient(nc, s)
+    client = SearchClient(nc, s, "tester")
     try:
         async with Agent.connect("ttl-writer", settings=s) as agent:
             board = agent.board(unique)

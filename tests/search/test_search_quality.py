@@ -97,7 +97,7 @@ async def stack(nats_server: object, postgres_server: object) -> AsyncIterator[S
     provider = HashProvider()
     async with running_worker(s, provider=provider) as w:
         await w.wait_caught_up(60, embedded=True)
-        yield Stack(boards, texts, SearchClient(nc, s), s, provider, chat)
+        yield Stack(boards, texts, SearchClient(nc, s, "tester"), s, provider, chat)
     await nc.close()
 
 

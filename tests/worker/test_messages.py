@@ -59,7 +59,9 @@ async def test_messages_land_in_postgres_exactly_once_and_are_searchable(pg_sett
         assert by_seq[blob.seq][8] is None and codec.decode(bytes(by_seq[blob.seq][9])) == b"\x00binary"
         assert by_seq[topic.seq][6] == f"{unique}.build.failed"
 
-        async with Agent.connect(f"{unique}-reader", settings=pg_settings) as reader:
+        # Each agent finds only what it may read: c its own direct copies, b the note to b (issue 19).
+        async with Agent.connect(c, settings=pg_settings) as reader, \
+                Agent.connect(b, settings=pg_settings) as b_reader:
             hits = await reader.search_messages("signing keys", boards=[board])
             assert {h.id for h in hits} == {to_two.id, cast.id}  # the two copies are one hit
             assert all(h.score > 0 for h in hits)
@@ -67,14 +69,15 @@ async def test_messages_land_in_postgres_exactly_once_and_are_searchable(pg_sett
                 blob.id, to_two.id]  # newest first
             assert [h.id for h in await reader.search_messages(recipients=[c], senders=[a], order="oldest")] == [
                 to_two.id, blob.id]
-            assert [h.id for h in await reader.search_messages(types=["note"], senders=[a])] == [to_b.id]
+            assert [h.id for h in await b_reader.search_messages(types=["note"], senders=[a])] == [to_b.id]
+            assert await reader.search_messages(types=["note"], senders=[a]) == []  # b's, not c's
             found = await reader.search_messages(kinds=["topic"], topics=[f"{unique}.build.failed"])
             assert [h.body for h in found] == [{"log": "tests failed on main"}]
             assert [h.id for h in await reader.search_messages(correlation_id=f"{unique}-conv")] == [to_two.id]
             assert (await reader.search_messages(types=["file"], senders=[a]))[0].body == b"\x00binary"
             now = datetime.now(UTC)
             assert await reader.search_messages(senders=[a], since=now + timedelta(minutes=1)) == []
-            assert len(await reader.search_messages(senders=[a], until=now + timedelta(minutes=1))) == 5
+            assert len(await reader.search_messages(senders=[a], until=now + timedelta(minutes=1))) == 4
             with pytest.raises(InvalidPayloadError):
                 await reader.search_messages(senders=["not valid!"])
 

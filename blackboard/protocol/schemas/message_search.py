@@ -1,4 +1,4 @@
-"""Requests and replies of the message search endpoint (``bb.search.messages``).
+"""Requests and replies of the message search endpoint (``bb.search.<principal>.messages``).
 
 Encoded like every search request (msgpack, or JSON with ``Bb-Encoding:
 json``); errors come back as in ``blackboard.protocol.schemas.search`` (``Bb-Error``
@@ -22,7 +22,7 @@ __all__ = ["MessageHit", "MessageSearchRequest", "MessageSearchResponse"]
 
 
 class MessageSearchRequest(WireModel):
-    """``bb.search.messages``: find stored agent messages.
+    """``bb.search.<principal>.messages``: find stored agent messages.
 
     Without ``query`` the matching messages are listed by time (``order``);
     with it they are ranked by ``ts_rank`` (keyword mode; messages have no

@@ -1,4 +1,4 @@
-"""Requests and replies of the search micro service (``bb.search.<endpoint>``).
+"""Requests and replies of the search micro service (``bb.search.<principal>.<endpoint>``).
 
 Every request and reply is encoded like any wire object (msgpack, or JSON with
 ``Bb-Encoding: json``; the reply uses the request's encoding). A failed request
@@ -133,14 +133,14 @@ class _SearchRequest(_Scope, _Query):
 
 
 class MemorySearchRequest(_Kinds, _SearchRequest):
-    """``bb.search.memories``: search long-term memories."""
+    """``bb.search.<principal>.memories``: search long-term memories."""
 
     target: ClassVar[SearchTarget] = "memory"
     _foreign: ClassVar[str] = "sections"
 
 
 class EntrySearchRequest(_Sections, _SearchRequest):
-    """``bb.search.entries``: search the current (not deleted) board entries."""
+    """``bb.search.<principal>.entries``: search the current (not deleted) board entries."""
 
     target: ClassVar[SearchTarget] = "entry"
     _foreign: ClassVar[str] = "kinds"
@@ -199,7 +199,7 @@ class EntrySearchResponse(WireModel):
 
 
 class HistoryRequest(WireModel):
-    """``bb.search.history``: every stored revision of one key, oldest first."""
+    """``bb.search.<principal>.history``: every stored revision of one key, oldest first."""
 
     v: Literal[1] = 1
     board: Name
@@ -209,7 +209,7 @@ class HistoryRequest(WireModel):
 
 
 class AsOfRequest(WireModel):
-    """``bb.search.as_of``: a key's value at a revision or at an instant (give one)."""
+    """``bb.search.<principal>.as_of``: a key's value at a revision or at an instant (give one)."""
 
     v: Literal[1] = 1
     board: Name
