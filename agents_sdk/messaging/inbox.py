@@ -8,15 +8,26 @@ added at, in the consumer's metadata (``bb.start:<subject> = <seq>``); a
 message is admitted when a grant matches its subject and its sequence is above
 that grant's start, so joining a board does not replay the board's old
 broadcasts, while direct messages (start 0) are all delivered, including those
-sent before the agent ever connected.
+sent before the agent ever connected. The grants and the consumer's
+configuration are :mod:`blackboard.client.inboxes` (re-exported here).
+
+Who creates and changes the consumer: an agent may pull from, acknowledge,
+inspect and reset its own inbox consumer, but not create or update it (a
+consumer with several filter subjects is created through the API subject
+without a filter, so the server cannot check them against the agent's rights).
+It asks the system service instead (``bb.inbox.<agent>``, run by every worker),
+which checks each filter against the agent's rights. Only on a dev bus without
+authorization (``nats.insecure_open_bus``), and only when no system service
+answers, does the SDK create and change the consumer itself.
 
 Ordering and redelivery: a reader fetches in stream order and keeps every
 message it holds alive (``+WPI``) until it is acknowledged, so the server never
 redelivers out of order behind the reader's back. When a reader opens and the
 consumer has delivered-but-unacknowledged messages (a crashed or closed
 earlier reader), it resets the consumer to its ack floor (``CONSUMER.RESET``,
-nats-server 2.14+; delete and re-create at ``floor + 1`` on older servers), so
-they come again at once and in order. See docs/messaging.md.
+nats-server 2.14+; delete and re-create at ``floor + 1`` on older servers, by
+the system service unless on an open bus), so they come again at once and in
+order. See docs/messaging.md.
 """
 
 from __future__ import annotations
@@ -26,7 +37,8 @@ import contextlib
 import json
 import logging
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Collection, Iterator, Mapping
+from collections.abc import AsyncIterator, Collection, Iterator, Mapping
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -41,17 +53,33 @@ from agents_sdk._args import positive_count, seconds, str_list
 from agents_sdk.lifecycle import TaskHost
 from agents_sdk.messaging.envelope import decode_envelope
 from blackboard.client.consumers import consumer_limit_error, is_consumer_limit
+from blackboard.client.inboxes import (
+    admitted,
+    consumer_filters,
+    grants_from_metadata,
+    grants_of,
+    inbox_config,
+    metadata_from_grants,
+    with_grant,
+    without_grant,
+)
+from blackboard.protocol import codec
 from blackboard.protocol.errors import (
     BlackboardError,
+    ConsumerLimitError,
     InboxBusyError,
     InvalidKeyError,
     InvalidPayloadError,
     MessagingError,
+    NoResponderError,
     NotConnectedError,
     OperationTimeoutError,
+    PermissionDeniedError,
     TransportError,
 )
-from blackboard.protocol.schemas import MessageEnvelope, MessageKind
+from blackboard.protocol.schemas import MessageEnvelope, MessageKind, validate_wire
+from blackboard.protocol.schemas.inbox import InboxReply, InboxRequest
+from blackboard.protocol.schemas.search import ErrorReply
 from blackboard.protocol.subjects import (
     MESSAGE_STREAM,
     Header,
@@ -65,6 +93,7 @@ from blackboard.settings import Settings
 __all__ = [
     "Inbox",
     "InboxConsumer",
+    "InboxState",
     "Message",
     "admitted",
     "consumer_filters",
@@ -79,8 +108,6 @@ __all__ = [
 
 log = logging.getLogger("agents_sdk.messaging.inbox")
 
-_START_PREFIX = Subjects.inbox_start_key("")
-_SERVER_METADATA_PREFIX = "_nats."
 #: Longest wait of the reader between checks (stop, deadline, lost requests).
 _MAX_POLL = 1.0
 #: A pull request lives this long on the server; heartbeats come every _PULL_HEARTBEAT
@@ -91,72 +118,6 @@ _STALE_PULL = 3.0
 _STATUS = Header.STATUS.value
 _DESCRIPTION = Header.DESCRIPTION.value
 _PENDING_MSGS = Header.PENDING_MESSAGES.value
-
-
-# --------------------------------------------------------------------------- pure
-def consumer_filters(grants: Mapping[str, int]) -> list[str]:
-    """The consumer's filter subjects for a set of grants: the maximal patterns.
-
-    A pattern covered by another (``build.failed`` under ``build.>``) needs no
-    filter of its own. JetStream refuses overlapping filters, so two patterns
-    that overlap without one covering the other are refused.
-
-    Raises:
-        InvalidKeyError: two grants overlap partially (e.g. ``a.*.c`` and ``a.b.*``).
-    """
-    patterns = sorted(grants)
-    maximal = [p for p in patterns if not any(q != p and pattern_covers(q, p) for q in patterns)]
-    for i, p in enumerate(maximal):
-        for q in maximal[i + 1:]:
-            if patterns_overlap(p, q):
-                raise InvalidKeyError(p, f"overlaps the subscription {q!r} without covering it or "
-                                         f"being covered by it; unsubscribe one first")
-    return maximal
-
-
-def with_grant(grants: Mapping[str, int], pattern: str, start: int) -> dict[str, int]:
-    """Grants plus ``pattern`` admitted from stream sequence ``start + 1`` on.
-
-    An existing grant for the same pattern keeps its (earlier) start.
-
-    Raises:
-        InvalidKeyError: the pattern overlaps an existing one partially.
-    """
-    if pattern in grants:
-        return dict(grants)
-    new = {**grants, pattern: start}
-    consumer_filters(new)
-    return new
-
-
-def without_grant(grants: Mapping[str, int], pattern: str) -> dict[str, int]:
-    """Grants without ``pattern`` (unchanged when it is not there)."""
-    return {p: s for p, s in grants.items() if p != pattern}
-
-
-def admitted(subject: str, seq: int, grants: Mapping[str, int]) -> bool:
-    """Whether the inbox delivers the message at stream sequence ``seq`` on ``subject``."""
-    return any(seq > start and subject_matches(subject, p) for p, start in grants.items())
-
-
-def grants_from_metadata(metadata: Mapping[str, str] | None, filters: Collection[str]) -> dict[str, int]:
-    """Read grants back from consumer metadata; a filter without a start entry starts at 0."""
-    grants: dict[str, int] = {}
-    for key, value in (metadata or {}).items():
-        if key.startswith(_START_PREFIX):
-            try:
-                grants[key[len(_START_PREFIX):]] = int(value)
-            except ValueError:
-                log.warning("ignoring inbox metadata %s=%r (not a sequence)", key, value)
-    for f in filters:
-        if not any(p == f or pattern_covers(f, p) for p in grants):
-            grants[f] = 0
-    return grants
-
-
-def metadata_from_grants(grants: Mapping[str, int]) -> dict[str, str]:
-    """Consumer metadata entries that record ``grants``."""
-    return {Subjects.inbox_start_key(p): str(s) for p, s in sorted(grants.items())}
 
 
 # ------------------------------------------------------------------- received
@@ -317,18 +278,69 @@ async def _nats_errors(what: str, js: JetStreamContext | None = None) -> AsyncIt
 
 
 # ------------------------------------------------------------ consumer state
+@dataclass(frozen=True, slots=True)
+class InboxState:
+    """The inbox consumer as last seen: its grants, and what a new reader needs to know."""
+
+    grants: dict[str, int]
+    #: Delivered and not yet acknowledged (an earlier reader's, when a reader opens).
+    num_ack_pending: int
+    #: Stream sequence of the acknowledgement floor.
+    ack_floor: int
+    #: The consumer's configuration, when this process read it (None: from the system service).
+    config: api.ConsumerConfig | None = None
+
+    @classmethod
+    def of(cls, info: api.ConsumerInfo, agent: str) -> InboxState:
+        return cls(grants_of(info.config, agent), int(info.num_ack_pending or 0),
+                   int(info.ack_floor.stream_seq) if info.ack_floor else 0, info.config)
+
+
+#: How the system service's error replies come back (the class names of its ``Bb-Error``).
+_ADMIN_ERRORS: dict[str, type[BlackboardError]] = {
+    "PermissionDeniedError": PermissionDeniedError, "OperationTimeoutError": OperationTimeoutError}
+
+
+def _admin_error(agent: str, headers: Mapping[str, str], data: bytes) -> BlackboardError:
+    """The typed error of an error reply of the inbox administration."""
+    name = headers.get(Header.ERROR.value, "TransportError")
+    try:
+        err = validate_wire(ErrorReply, codec.decode(data, codec.encoding_of(headers)))
+        message, key = err.message, err.key
+    except InvalidPayloadError:
+        message, key = headers.get(Header.SERVICE_ERROR.value, name), None
+    if name == "PermissionDeniedError":
+        return PermissionDeniedError(message, operation=key)
+    if name == "InvalidKeyError":
+        return InvalidKeyError(key or "", message)
+    if name in ("InvalidPayloadError", "LimitExceededError", "PayloadTooLargeError"):
+        return InvalidPayloadError(message)
+    if name == "ConsumerLimitError":
+        return ConsumerLimitError(MESSAGE_STREAM, None, "the max_consumers of stream BB_MSG or the account's "
+                                  "JetStream max_consumers", f"create the inbox consumer of {agent}")
+    if name == "OperationTimeoutError":
+        return OperationTimeoutError(f"inbox administration of {agent}: {message}")
+    return TransportError(f"inbox administration of {agent}: {message}")
+
+
 class InboxConsumer:
     """The durable inbox consumer of one agent (create, change grants, reset).
 
     No IO in ``__init__``. One per agent and process; grant changes are
     serialized by a lock (two processes of the same agent changing grants at
     the same moment may lose one change: run one process per agent id).
+    Creating and changing the consumer goes through the system service
+    (``bb.inbox.<agent>``); with ``settings.nats.insecure_open_bus``, when no
+    system service answers, this process does it itself.
     """
 
     def __init__(self, nc: NATS, js: JetStreamContext, settings: Settings, agent: str) -> None:
         self.agent = agent
         self.name = Subjects.inbox_consumer(agent)
         self.direct = Subjects.direct(agent)
+        #: Whether this process may create and change the consumer itself when no system service
+        #: answers (an open bus only).
+        self.self_managed = settings.nats.insecure_open_bus
         self._nc = nc
         self._js = js
         self._settings = settings
@@ -339,79 +351,139 @@ class InboxConsumer:
         self.reader: Inbox | None = None
 
     def config(self, grants: Mapping[str, int], *, base: api.ConsumerConfig | None = None) -> api.ConsumerConfig:
-        """The consumer configuration for ``grants`` (keeping ``base``'s start policy and foreign metadata)."""
-        m = self._settings.messaging
-        metadata = {k: v for k, v in ((base.metadata if base else None) or {}).items()
-                    if not k.startswith(_START_PREFIX) and not k.startswith(_SERVER_METADATA_PREFIX)}
-        metadata.update(metadata_from_grants(grants))
-        return api.ConsumerConfig(
-            name=self.name,
-            durable_name=self.name,
-            description=f"inbox of agent {self.agent}",
-            deliver_policy=base.deliver_policy if base else api.DeliverPolicy.ALL,
-            opt_start_seq=base.opt_start_seq if base else None,
-            ack_policy=api.AckPolicy.EXPLICIT,
-            ack_wait=m.inbox_ack_wait,
-            max_ack_pending=m.inbox_max_ack_pending,
-            max_deliver=-1,
-            max_waiting=64,
-            filter_subjects=consumer_filters(grants),
-            metadata=metadata,
-        )
+        """The consumer configuration for ``grants`` (keeping ``base``'s start policy and foreign
+        metadata): :func:`blackboard.client.inboxes.inbox_config`."""
+        return inbox_config(self.agent, grants, self._settings.messaging, base=base)
 
-    def _read(self, info: api.ConsumerInfo) -> dict[str, int]:
-        cfg = info.config
-        filters = list(cfg.filter_subjects or ([cfg.filter_subject] if cfg.filter_subject else []))
-        grants = grants_from_metadata(cfg.metadata, filters)
-        if self.direct not in grants:
-            grants[self.direct] = 0
-        self.grants = grants
-        return grants
+    def _seen(self, state: InboxState) -> InboxState:
+        self.grants = dict(state.grants)
+        return state
 
-    async def ensure(self) -> api.ConsumerInfo:
-        """The consumer's info, creating the consumer (direct messages only) if it is missing.
+    async def _info(self) -> api.ConsumerInfo | None:
+        """The consumer's info, None when it does not exist (``CONSUMER.INFO``: allowed to the agent)."""
+        async with _nats_errors(f"inbox {self.name}"):
+            try:
+                info: api.ConsumerInfo = await self._js.consumer_info(MESSAGE_STREAM, self.name)
+            except nats.js.errors.NotFoundError:
+                return None
+            return info
+
+    async def _administer(self, grants: Mapping[str, int | None], *, rewind: bool = False) -> InboxState | None:
+        """Ask the system service to make the consumer hold ``grants`` (None: from now).
+
+        Returns:
+            The consumer's new state; None when no system service answers and this process may
+            manage the consumer itself (:attr:`self_managed`).
 
         Raises:
-            NotConnectedError, OperationTimeoutError, TransportError: NATS trouble.
+            NoResponderError: no system service runs (no worker), and this is not an open bus.
+            PermissionDeniedError: a grant outside the agent's rights.
+            InvalidKeyError, ConsumerLimitError, OperationTimeoutError, TransportError, NotConnectedError.
         """
-        async with _nats_errors(f"create the inbox consumer {self.name}", self._js):
-            info: api.ConsumerInfo
-            try:
-                info = await self._js.consumer_info(MESSAGE_STREAM, self.name)
-            except nats.js.errors.NotFoundError:
-                info = await self._js.add_consumer(MESSAGE_STREAM, self.config({self.direct: 0}))
-        self._read(info)
-        return info
+        m = self._settings.messaging
+        request = InboxRequest(grants=dict(grants), ack_wait=m.inbox_ack_wait, max_ack_pending=m.inbox_max_ack_pending,
+                               rewind=rewind)
+        subject = Subjects.inbox_admin(self.agent)
+        timeout = self._settings.nats.request_timeout
+        try:
+            msg = await self._nc.request(subject, codec.encode(request.model_dump(exclude_none=True)),
+                                         timeout=timeout)
+        except nats.errors.NoRespondersError as exc:
+            if self.self_managed:
+                return None
+            err = NoResponderError(subject)
+            err.args = (f"no system service answers inbox administration on {subject!r}: a worker must run "
+                        f"(its system service creates and changes agents' inboxes); only on a dev bus "
+                        f"without authorization may the SDK do it itself (nats.insecure_open_bus)",)
+            raise err from exc
+        except (nats.errors.TimeoutError, TimeoutError) as exc:
+            raise OperationTimeoutError(f"inbox administration of {self.agent}: the system service did not "
+                                        f"answer within {timeout:g}s") from exc
+        except nats.errors.ConnectionClosedError as exc:
+            raise NotConnectedError("inbox administration: the NATS connection is closed") from exc
+        except nats.errors.Error as exc:
+            raise TransportError(f"inbox administration of {self.agent}: {exc!r}") from exc
+        if msg.headers and Header.ERROR.value in msg.headers:
+            raise _admin_error(self.agent, msg.headers, msg.data)
+        reply = validate_wire(InboxReply, codec.decode(msg.data, codec.encoding_of(msg.headers)))
+        return self._seen(InboxState(dict(reply.grants), reply.num_ack_pending, reply.ack_floor))
 
-    async def change(self, fn: Callable[[dict[str, int], int], dict[str, int]]) -> dict[str, int]:
-        """Apply ``fn(grants, last_stream_seq)`` to the grants and update the consumer.
+    async def ensure(self) -> InboxState:
+        """The consumer's state, creating the consumer (direct messages only) if it is missing.
+
+        Raises:
+            NoResponderError: the consumer is missing and no system service runs to create it.
+            PermissionDeniedError: the system service refused the agent.
+            NotConnectedError, OperationTimeoutError, TransportError, ConsumerLimitError: NATS trouble.
+        """
+        info = await self._info()
+        if info is not None:
+            return self._seen(InboxState.of(info, self.agent))
+        state = await self._administer({self.direct: 0})
+        if state is not None:
+            return state
+        async with _nats_errors(f"create the inbox consumer {self.name}", self._js):
+            info = await self._js.add_consumer(MESSAGE_STREAM, self.config({self.direct: 0}))
+        return self._seen(InboxState.of(info, self.agent))
+
+    async def add(self, pattern: str) -> dict[str, int]:
+        """Admit messages on ``pattern`` (a broadcast subject or topic pattern) from now on
+        (a pattern already granted keeps its start).
 
         Returns:
             The new grants.
 
         Raises:
-            InvalidKeyError: the new grants cannot be expressed (partial overlap).
+            InvalidKeyError: the pattern overlaps an existing one partially.
+            PermissionDeniedError: the agent may not read it (the system service said so).
+            NoResponderError: no system service runs (no worker).
             NotConnectedError, OperationTimeoutError, TransportError: NATS trouble.
         """
+        return await self._change(pattern, add=True)
+
+    async def remove(self, pattern: str) -> dict[str, int]:
+        """Stop admitting messages on ``pattern`` (no change when it is not granted).
+
+        Returns:
+            The new grants.
+
+        Raises:
+            NoResponderError: no system service runs (no worker).
+            NotConnectedError, OperationTimeoutError, TransportError: NATS trouble.
+        """
+        return await self._change(pattern, add=False)
+
+    async def _change(self, pattern: str, *, add: bool) -> dict[str, int]:
         async with self._lock:
-            info = await self.ensure()
-            grants = self._read(info)
+            state = await self.ensure()
+            grants = state.grants
+            if (pattern in grants) == add:
+                return grants
+            if add:
+                with_grant(grants, pattern, 0)  # refuses a partial overlap before asking anyone
+            wanted: dict[str, int | None] = {p: s for p, s in grants.items() if p != pattern}
+            if add:
+                wanted[pattern] = None
+            changed = await self._administer(wanted)
+            if changed is not None:
+                return changed.grants
             async with _nats_errors(f"update the inbox consumer {self.name}", self._js):
-                last = int((await self._js.stream_info(MESSAGE_STREAM)).state.last_seq)
-                new = fn(dict(grants), last)
-                if new == grants:
-                    return grants
-                await self._js.add_consumer(MESSAGE_STREAM, self.config(new, base=info.config))
+                if add:
+                    last = int((await self._js.stream_info(MESSAGE_STREAM)).state.last_seq)
+                    new = with_grant(grants, pattern, last)
+                else:
+                    new = without_grant(grants, pattern)
+                await self._js.add_consumer(MESSAGE_STREAM, self.config(new, base=state.config))
             self.grants = new
             return new
 
-    async def reset_if_pending(self, info: api.ConsumerInfo) -> bool:
+    async def reset_if_pending(self, state: InboxState) -> bool:
         """Rewind to the ack floor if an earlier reader left messages unacknowledged.
 
         Returns:
             Whether the consumer was rewound.
         """
-        if not info.num_ack_pending:
+        if not state.num_ack_pending:
             return False
         async with self._lock, _nats_errors(f"reset of inbox {self.name}", self._js):
             version = self._nc.connected_server_version
@@ -423,15 +495,17 @@ class InboxConsumer:
                     err = data["error"]
                     raise TransportError(f"reset of inbox {self.name} refused: {err.get('description')} "
                                          f"(code {err.get('err_code')})")
-            else:  # pre-2.14: re-create the consumer just above the ack floor
-                floor = int(info.ack_floor.stream_seq) if info.ack_floor else 0
+            elif await self._administer(dict(state.grants), rewind=True) is None:
+                # pre-2.14, open bus, no system service: re-create it just above the ack floor here
+                info = await self._js.consumer_info(MESSAGE_STREAM, self.name)
                 base = info.config
                 base.deliver_policy = api.DeliverPolicy.BY_START_SEQUENCE
-                base.opt_start_seq = floor + 1
+                base.opt_start_seq = (int(info.ack_floor.stream_seq) if info.ack_floor else 0) + 1
                 await self._js.delete_consumer(MESSAGE_STREAM, self.name)
-                await self._js.add_consumer(MESSAGE_STREAM, self.config(self._read(info), base=base))
-        log.debug("inbox %s rewound to its ack floor (%d unacknowledged)", self.name, info.num_ack_pending)
+                await self._js.add_consumer(MESSAGE_STREAM, self.config(grants_of(base, self.agent), base=base))
+        log.debug("inbox %s rewound to its ack floor (%d unacknowledged)", self.name, state.num_ack_pending)
         return True
+
 
 
 # --------------------------------------------------------------------- reader
@@ -515,8 +589,8 @@ class Inbox:
         self._consumer.reader = self
         self._opened = True
         try:
-            info = await self._consumer.ensure()
-            await self._consumer.reset_if_pending(info)
+            state = await self._consumer.ensure()
+            await self._consumer.reset_if_pending(state)
             async with _nats_errors(f"inbox {self._consumer.name}"):
                 self._deliver = self._nc.new_inbox()
                 self._sub = await self._nc.subscribe(self._deliver, cb=self._on_msg)

@@ -25,7 +25,7 @@ from typing import Any, Literal
 
 from nats.aio.client import Client as NATS
 
-from agents_sdk.messaging.inbox import Inbox, InboxConsumer, with_grant, without_grant
+from agents_sdk.messaging.inbox import Inbox, InboxConsumer
 from agents_sdk.messaging.rpc import Handler, Requester, Responder
 from agents_sdk.messaging.send import Sender, Sent
 from agents_sdk.search import search_request
@@ -123,15 +123,18 @@ class Messenger:
 
         Raises:
             InvalidKeyError: an invalid board name.
+            PermissionDeniedError: the agent may not read the board.
+            NoResponderError: no worker runs to change the inbox (its system service does,
+                unless ``nats.insecure_open_bus``).
             NotConnectedError, OperationTimeoutError, TransportError: NATS trouble.
         """
         subject = Subjects.broadcast(board)
-        await self.consumer.change(lambda g, last: with_grant(g, subject, last))
+        await self.consumer.add(subject)
 
     async def leave(self, board: str) -> None:
         """Stop receiving ``board``'s broadcasts (undelivered ones are skipped)."""
         subject = Subjects.broadcast(board)
-        await self.consumer.change(lambda g, last: without_grant(g, subject))
+        await self.consumer.remove(subject)
 
     async def subscribe(self, pattern: str) -> None:
         """Receive topic messages matching ``pattern`` (``*``, trailing ``>``) sent from now on.
@@ -141,14 +144,17 @@ class Messenger:
         Raises:
             InvalidKeyError: an invalid pattern, or one that overlaps an
                 existing subscription without covering it or being covered by it.
+            PermissionDeniedError: the pattern is not within the agent's topic patterns.
+            NoResponderError: no worker runs to change the inbox (its system service does,
+                unless ``nats.insecure_open_bus``).
         """
         subject = Subjects.topic(pattern)
-        await self.consumer.change(lambda g, last: with_grant(g, subject, last))
+        await self.consumer.add(subject)
 
     async def unsubscribe(self, pattern: str) -> None:
         """Remove a topic subscription made with :meth:`subscribe` (the same pattern)."""
         subject = Subjects.topic(pattern)
-        await self.consumer.change(lambda g, last: without_grant(g, subject))
+        await self.consumer.remove(subject)
 
     async def subscriptions(self) -> Subscriptions:
         """The boards joined and topic patterns subscribed to, as the server has them."""

@@ -46,6 +46,7 @@ from typing import NamedTuple
 from blackboard.protocol.errors import InvalidKeyError
 
 __all__ = [
+    "INBOX_SERVICE",
     "MAX_KEY_TOKEN_LENGTH",
     "MEMORY_STREAM",
     "MESSAGE_STREAM",
@@ -97,6 +98,8 @@ class VoteSubject(NamedTuple):
     voter: str | None = None
 
 SEARCH_SERVICE = "blackboard-search"
+#: The inbox administration service of the system (``bb.inbox.<agent>``), also its queue group.
+INBOX_SERVICE = "blackboard-inbox"
 #: Queue group of request handlers on ``bb.rpc.<agent>`` (processes of one agent share the load).
 RPC_QUEUE_GROUP = "bb-rpc"
 

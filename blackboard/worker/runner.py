@@ -73,6 +73,8 @@ class Worker:
         #: Moves ingest's hand-off rows into the embedding queue (with the embedder).
         self.inbox: EmbedInbox | None = None
         self.search: Any = None
+        #: Creates and changes agents' inbox consumers (bb.inbox.<agent>), with the search service.
+        self.inbox_admin: Any = None
         #: Commits vote outcomes and closes proposals at their deadline (docs/voting.md).
         self.committer: VoteCommitter | None = None
         self.started_at = 0.0
@@ -196,8 +198,14 @@ class Worker:
                 if load is not None:
                     self._spawn(group, "query model load", self._load_in_background(load))
         assert self._nc is not None
+        from blackboard.security.source import RightsSource
+        from blackboard.worker.inbox_admin import InboxAdmin
+
+        rights = RightsSource.from_settings(s)
         self.search = await services.enter_async_context(
-            SearchService(self._nc, s, provider=query_provider, status=self.status))
+            SearchService(self._nc, s, provider=query_provider, status=self.status, rights=rights))
+        # The system service's inbox administration (bb.inbox.<agent>): bus only, beside search.
+        self.inbox_admin = await services.enter_async_context(InboxAdmin(self._nc, s, rights=rights))
 
     async def stop(self) -> None:
         """Stop every loop (unacknowledged work is redelivered later) and close connections.

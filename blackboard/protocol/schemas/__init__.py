@@ -7,6 +7,7 @@ prints their JSON Schema.
 
 from blackboard.protocol.schemas._base import Name, Timestamp, WireModel, utcnow, validate_wire
 from blackboard.protocol.schemas.entry import ENTRY_SCHEMA_VERSION, EntryEnvelope
+from blackboard.protocol.schemas.inbox import InboxReply, InboxRequest
 from blackboard.protocol.schemas.memory import MemoryForget, MemoryKind, MemoryRecord
 from blackboard.protocol.schemas.message import MessageEnvelope, MessageKind
 from blackboard.protocol.schemas.message_search import (
@@ -58,6 +59,8 @@ __all__ = [
     "ErrorReply",
     "HistoryRequest",
     "HistoryResponse",
+    "InboxReply",
+    "InboxRequest",
     "MemoryForget",
     "MemoryHit",
     "MemoryKind",
@@ -108,5 +111,7 @@ def json_schemas() -> dict[str, object]:
         MessageSearchRequest,
         MessageSearchResponse,
         ErrorReply,
+        InboxRequest,
+        InboxReply,
     ]
     return {m.__name__: m.model_json_schema() for m in models}
