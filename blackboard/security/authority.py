@@ -4,6 +4,7 @@ One directory (``blackboard dev`` uses ``<data_dir>/auth``; production keeps it
 with the operators, off the servers)::
 
     keys/operator.nk  keys/account.nk  keys/system.nk    signing seeds (0600; the secrets)
+    keys/operator.jwt                                    the operator JWT (signed once, kept)
     policy.toml                                          the declared policy (edit it)
     registry.json                                        every identity issued, and revoked
     creds/<id>.creds                                     issued credentials (0600)
@@ -28,11 +29,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from blackboard.protocol.errors import ConfigurationError
+from blackboard.protocol.errors import AuthenticationError, ConfigurationError
 from blackboard.protocol.subjects import Grants, validate_name
 from blackboard.security.jwt import (
     Credentials,
     account_claims,
+    decode_claims,
     encode,
     new_seed,
     operator_claims,
@@ -260,7 +262,7 @@ class Authority:
         """The nats-server config block of operator mode: the operator, the accounts, revocations."""
         now = int(time.time())
         operator, account, system = self._seed("operator"), self._seed("account"), self._seed("system")
-        op_jwt = encode(operator_claims(operator, "blackboard", public_key(system), issued_at=now), operator)
+        op_jwt = self._operator_jwt(operator, system)
         acct_jwt = encode(account_claims(account, _ACCOUNT_NAME, issued_at=now, jetstream=True,
                                          revocations=self.revocations()), operator)
         sys_jwt = encode(account_claims(system, _SYSTEM_NAME, issued_at=now, jetstream=False), operator)
@@ -274,6 +276,24 @@ class Authority:
             f"  {public_key(system)}: \"{sys_jwt}\"\n"
             "}\n"
         )
+
+    def _operator_jwt(self, operator: str, system: str) -> str:
+        """The operator JWT, signed once and kept (``keys/operator.jwt``): nats-server refuses
+        to reload a config whose trusted operator changed, so a JWT signed again at each render
+        (a new ``iat``) would keep revocations from ever taking effect on a running server."""
+        path = self._keys / "operator.jwt"
+        try:
+            token = path.read_text(encoding="utf-8").strip()
+            claims = decode_claims(token)
+            if claims.get("sub") == public_key(operator) and \
+                    claims.get("nats", {}).get("system_account") == public_key(system):
+                return token
+        except (FileNotFoundError, AuthenticationError, AttributeError):
+            pass
+        token = encode(operator_claims(operator, "blackboard", public_key(system), issued_at=int(time.time())),
+                       operator)
+        _write_private(path, token + "\n")
+        return token
 
     def write_server_config(self, path: Path | None = None) -> Path:
         """Write :meth:`server_config` (default ``nats-auth.conf``) for the server to include."""

@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import nkeys
+from nacl.exceptions import CryptoError
+from nacl.signing import VerifyKey
 
 from blackboard.protocol.errors import AuthenticationError
 
@@ -122,11 +124,24 @@ def verify(token: str) -> dict[str, Any]:
     head, payload, signature = token.strip().split(".")
     issuer = claims.get("iss")
     try:
-        pair = nkeys.KeyPair(public_key=str(issuer).encode("ascii"))
-        pair.verify(f"{head}.{payload}".encode("ascii"), _unb64(signature))
-    except (nkeys.NkeysError, binascii.Error, ValueError, TypeError) as exc:
+        # nkeys' KeyPair cannot verify from a public key alone (it needs the seed's keys).
+        _verify_key(str(issuer)).verify(f"{head}.{payload}".encode("ascii"), _unb64(signature))
+    except (CryptoError, binascii.Error, ValueError, TypeError) as exc:
         raise AuthenticationError(f"the JWT's signature does not verify against {issuer!r}") from exc
     return claims
+
+
+def _verify_key(public: str) -> VerifyKey:
+    """The ed25519 key of a public nkey (``O...``, ``A...``, ``U...``), its prefix and checksum checked.
+
+    Raises:
+        ValueError: not a public nkey.
+    """
+    raw = base64.b32decode(public.encode("ascii"))
+    if (len(raw) != 35 or not nkeys.valid_public_prefix_byte(raw[0])
+            or nkeys.crc16(raw[:-2]) != int.from_bytes(raw[-2:], "little")):
+        raise ValueError(f"not a public nkey: {public!r}")
+    return VerifyKey(raw[1:33])
 
 
 def operator_claims(operator_seed: str, name: str, system_account: str, *, issued_at: int) -> dict[str, Any]:

@@ -210,6 +210,12 @@ class AccessPolicy:
         self._roles = dict(roles)
         self._principals = {k: dict(v) for k, v in principals.items()}
         self.source = source
+        seen: dict[str, Kind] = {}
+        for kind, entries in self._principals.items():
+            for name in entries:
+                if name in seen:  # which kind it is would depend on the sections' order
+                    raise ConfigurationError(f"{source}: {name!r} is declared as both {seen[name]} and {kind}")
+                seen[name] = kind
         for kind, entries in self._principals.items():
             for name, grant in entries.items():
                 for role in grant.roles:

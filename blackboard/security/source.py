@@ -65,10 +65,12 @@ class RightsSource:
         if mtime != self._mtime:
             try:
                 self._policy = AccessPolicy.load(self.policy_file)
-            except ConfigurationError:
+            except ConfigurationError as exc:
                 if self._policy is None:
                     raise
-                log.exception("the access policy %s is invalid; keeping the last one read", self.policy_file)
+                # Said once per change of the file (not at every look, once a second).
+                log.error("the access policy is invalid; keeping the last one read: %s", exc)
+                self._mtime = mtime
                 return
             self._mtime = mtime
 

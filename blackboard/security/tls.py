@@ -49,7 +49,8 @@ def ensure_dev_certificates(directory: Path, hosts: list[str]) -> TlsFiles:
 
     files = TlsFiles(directory / "ca.pem", directory / "server.pem", directory / "server-key.pem")
     ca_key = directory / "ca-key.pem"
-    if files.ca.exists() and ca_key.exists():
+    new_ca = not (files.ca.exists() and ca_key.exists())
+    if not new_ca:
         ca = trustme.CA.from_pem(files.ca.read_bytes(), ca_key.read_bytes())
     else:
         ca = trustme.CA(organization_name="blackboard dev")
@@ -58,7 +59,8 @@ def ensure_dev_certificates(directory: Path, hosts: list[str]) -> TlsFiles:
     wanted = ",".join(sorted(set(hosts)))
     hosts_file = _hosts_file(directory)
     current = hosts_file.read_text() if hosts_file.exists() else ""
-    fresh = files.cert.exists() and files.key.exists() and current == wanted
+    # A new CA needs a new server certificate: clients trust only the new CA.
+    fresh = not new_ca and files.cert.exists() and files.key.exists() and current == wanted
     if fresh:
         from cryptography import x509
 
