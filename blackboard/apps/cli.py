@@ -332,11 +332,30 @@ def _authority(args: argparse.Namespace) -> Any:
     return Authority.from_settings(settings), settings
 
 
+def _is_nats_server(pid: int) -> bool:
+    """Whether process ``pid`` runs nats-server (``/proc``, else ``ps``)."""
+    import subprocess
+
+    try:
+        command = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        try:
+            command = subprocess.run(["ps", "-o", "command=", "-p", str(pid)], capture_output=True,
+                                     timeout=5, check=False).stdout
+        except (OSError, subprocess.SubprocessError):
+            return False
+    return b"nats-server" in command
+
+
 def _reload_dev_server(settings: Settings) -> str:
     """Ask a running ``blackboard dev`` nats-server to reload its config; say what happened."""
     pid_file = settings.dev.data_dir / "nats" / "nats.pid"
     try:
         pid = int(pid_file.read_text().strip())
+        # The pid file outlives the server: signal the process only if it is a nats-server
+        # (SIGHUP would end another process that got the pid since).
+        if not _is_nats_server(pid):
+            raise ProcessLookupError(pid)
         os.kill(pid, signal.SIGHUP)
     except (OSError, ValueError):
         return ("reload the NATS server's config for it to take effect "
@@ -357,6 +376,14 @@ async def _auth(args: argparse.Namespace) -> int:
     if not authority.initialized:
         raise ConfigurationError(f"no identity authority in {authority.directory}: run `blackboard auth init` "
                                  "(or `blackboard dev`, which makes one) first")
+    if getattr(args, "id", None) is not None:  # a malformed id is a usage error, like an unknown role
+        from blackboard.protocol.errors import InvalidKeyError
+        from blackboard.protocol.subjects import validate_name
+
+        try:
+            validate_name(args.id, "a principal id")
+        except InvalidKeyError as exc:
+            raise ConfigurationError(str(exc)) from None
     if cmd == "add":
         if authority.declare(args.id, kind=args.kind,
                              roles=args.role or (["member"] if args.kind == "agent" else None)):
