@@ -235,3 +235,13 @@ async def test_a_data_directory_from_before_passwords_is_secured_at_its_next_sta
             assert await cur.fetchone() == (0, pg.role)
     finally:
         pg.stop()
+
+
+def test_before_its_first_start_the_dsns_carry_no_password(tmp_path: Path) -> None:
+    """``blackboard dev --no-postgres`` builds its settings from the DSN of a server it never starts."""
+    pg = EmbeddedPostgres(tmp_path / "never-started", port=5999)
+    assert pg.dsn == "postgresql://blackboard@127.0.0.1:5999/blackboard"
+    assert pg.admin_dsn == "postgresql://postgres@127.0.0.1:5999/blackboard"
+    assert not (tmp_path / "never-started").exists()  # no IO before start()
+    with pytest.raises(ValueError, match="cannot be the superuser"):
+        EmbeddedPostgres(tmp_path / "x", port=5999, role="postgres")
