@@ -133,8 +133,9 @@ class BoardSettings(BaseModel):
 class PostgresSettings(BaseModel):
     """PostgreSQL + pgvector, used by the worker (agents never connect to it)."""
 
-    #: PostgreSQL connection string (the worker's database).
-    dsn: SecretStr = SecretStr("postgresql://postgres@127.0.0.1:5433/blackboard")
+    #: PostgreSQL connection string (the worker's database, as the non-superuser application
+    #: role; the password from the DSN, PGPASSWORD or ~/.pgpass; docs/operations.md).
+    dsn: SecretStr = SecretStr("postgresql://blackboard@127.0.0.1:5433/blackboard")
     #: Smallest connection pool of a worker.
     pool_min: int = Field(1, ge=0)
     #: Largest connection pool of a worker; a worker serving search opens a
