@@ -165,13 +165,19 @@ class Board:
         raise last
 
     async def delete(self, section: str, key: str, *, expected_revision: int | None = None) -> int:
-        """Delete a key (a tombstone revision; history stays until purged)."""
+        """Delete a key (a tombstone revision; the key's history stays)."""
         rev = await self._store.delete(self.name, section, key, expected_revision=expected_revision)
         self._written(section, key, rev, None, None, (), None, Operation.DELETE)
         return rev
 
     async def purge(self, section: str | None = None, key: str | None = None) -> int:
-        """Purge one key (with its history) or, with no arguments, the whole board.
+        """Purge one key or, with no arguments, every key of the board.
+
+        A purge writes a purge marker (``KV-Operation: PURGE``) as the key's
+        latest revision: the key reads as absent, like after a delete. Its
+        earlier revisions are not dropped at once (the board stream refuses
+        rollups): they age out as newer revisions push them past the history
+        depth (``board.history``). The worker's stored history keeps them all.
 
         Returns:
             The number of keys purged.

@@ -53,7 +53,8 @@ class View:
     One bad entry never stops a view: a stored entry that cannot be decoded is
     skipped (logged, counted in :attr:`skipped`), and a change callback that
     raises is logged and counted in :attr:`callback_errors`. Closing the view
-    deletes its consumer on the server at once.
+    unsubscribes; the server removes its consumer a few seconds later (its
+    inactivity threshold: an agent may not delete consumers).
     """
 
     def __init__(self, board: ViewSource, section: str | None = None, key: str | None = None) -> None:

@@ -3,8 +3,12 @@
 Writes are JetStream publishes to ``$KV.<bucket>.<board>.<section>.<key>``
 carrying a ``Nats-Msg-Id``, so a write retried after a lost ack (server
 restart, network blip) is deduplicated by the server and never applied twice.
-Compare-and-set uses ``Nats-Expected-Last-Subject-Sequence``. Reads use direct
-get; history, listings and watches use ordered consumers.
+Compare-and-set uses ``Nats-Expected-Last-Subject-Sequence``. Reads of a key's
+latest revision use a direct get of the last message on its subject
+(``$JS.API.DIRECT.GET.<stream>.<subject>``, no body); a read at a revision, a
+key's next revision, history, listings and watches use consumers created
+through the named API subject with their one filter in it
+(:mod:`blackboard.client.consumers`): the forms an agent's permissions allow.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import nats.js.errors
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
+from blackboard.client.consumers import read_first
 from blackboard.client.follower import OrderedFollower, StartPosition
 from blackboard.client.publisher import RETRYABLE, Publisher
 from blackboard.protocol import codec
@@ -133,7 +138,6 @@ class BoardStore:
         #: recently decoded revisions, shared by this store's watches
         self._decoded: OrderedDict[int, Entry] = OrderedDict()
         self._max = settings.board.max_value_size
-        self._direct_prefix = Subjects.direct_get(self.subjects.kv_stream)
 
     # ------------------------------------------------------------------ writes
     def _msg_id(self) -> str:
@@ -254,7 +258,11 @@ class BoardStore:
 
     async def delete(self, board: str, section: str, key: str, *, expected_revision: int | None = None,
                      purge: bool = False) -> int:
-        """Write a tombstone (``purge=True`` also drops the key's history).
+        """Write a tombstone: ``KV-Operation: DEL``, or ``PURGE`` with ``purge=True``.
+
+        Both make the key read as absent; the earlier revisions stay in the
+        key's history until newer ones push them out (the history depth): the
+        board stream refuses rollups, which would drop them at once.
 
         Returns:
             The tombstone's revision.
@@ -269,8 +277,6 @@ class BoardStore:
         subject = self.subjects.entry(board, section, key)
         headers = {Header.MSG_ID.value: self._msg_id(),
                    Header.KV_OPERATION.value: "PURGE" if purge else "DEL"}
-        if purge:
-            headers[Header.ROLLUP.value] = "sub"
         if expected_revision is not None:
             headers[Header.EXPECTED_LAST_SUBJECT_SEQUENCE.value] = str(expected_revision)
         return _Prepared(subject, b"", headers, f"{board}.{section}.{key}", expected_revision)
@@ -354,21 +360,29 @@ class BoardStore:
         self._check_direct(msg, what)
         return int(headers[Header.SEQUENCE.value])
 
+    async def _read_first(self, subject: str, start: int, what: str) -> Msg | None:
+        """The first stored message on ``subject`` from revision ``start`` on (a one-shot
+        consumer, :func:`~blackboard.client.consumers.read_first`), or ``None``."""
+        return await read_first(self._nc, self._js, self.subjects.kv_stream, subject, start,
+                                timeout=self._settings.nats.request_timeout, what=f"read {what}")
+
+    def _entry_from_delivery(self, msg: Msg) -> Entry:
+        """A consumer's delivery as an entry (the revision and exact server time from its
+        reply subject, as a direct get's headers give them)."""
+        _, revision, stored_at = Subjects.parse_ack(msg.reply)
+        return decode_entry(self.subjects.parse_entry(msg.subject), revision, msg.data, msg.headers, stored_at)
+
     async def next_revision(self, board: str, section: str, key: str, after: int) -> tuple[int, Entry | None] | None:
         """The key's first revision after ``after`` and its entry (``None`` when that
         message is not a readable entry), or ``None`` if the key has no later revision."""
-        subject = self.subjects.entry(board, section, key)
         what = f"{board}.{section}.{key}"
-        msg = await self._request(self._direct_prefix,
-                                  codec.encode({"seq": max(1, after + 1), "next_by_subj": subject}, "json"), what)
-        headers = msg.headers or {}
-        if headers.get(Header.STATUS.value) == "404":
+        msg = await self._read_first(self.subjects.entry(board, section, key), max(1, after + 1), what)
+        if msg is None:
             return None
-        self._check_direct(msg, what)
-        revision = int(headers[Header.SEQUENCE.value])
+        revision = msg.metadata.sequence.stream
         try:
-            return revision, self._entry_from_direct(msg, what)
-        except (KeyError, InvalidKeyError, InvalidPayloadError):
+            return revision, self._entry_from_delivery(msg)
+        except (InvalidKeyError, InvalidPayloadError):
             return revision, None
 
     async def get(self, board: str, section: str, key: str, *, revision: int | None = None) -> Entry:
@@ -382,11 +396,14 @@ class BoardStore:
         if revision is None:
             entry = await self._get_raw(board, section, key)
         else:
-            subject = self.subjects.entry(board, section, key)
-            msg = await self._request(self._direct_prefix, codec.encode({"seq": revision}, "json"), what)
-            entry = self._entry_from_direct(msg, f"{what}@{revision}")
-            if (msg.headers or {}).get(Header.SUBJECT.value) != subject:
+            if type(revision) is not int:
+                raise InvalidPayloadError(f"revision must be an integer, not {type(revision).__name__}")
+            if revision < 1:
                 raise NotFoundError(what, f"{what!r} has no revision {revision}")
+            msg = await self._read_first(self.subjects.entry(board, section, key), revision, f"{what}@{revision}")
+            if msg is None or msg.metadata.sequence.stream != revision:
+                raise NotFoundError(what, f"{what!r} has no revision {revision}")
+            entry = self._entry_from_delivery(msg)
         if entry.operation is not Operation.PUT:
             raise NotFoundError(what, f"{what!r} was deleted at revision {entry.revision}")
         return entry
@@ -488,9 +505,9 @@ class BoardStore:
     ) -> OrderedFollower:
         """An ordered follower of the board bucket's messages matching ``filter_subject``
         (raw messages, in revision order; :class:`Watch` decodes them into changes)."""
-        return OrderedFollower(self._js, self.subjects.kv_stream, filter_subject, on_message, start=start,
-                               from_sequence=from_revision, headers_only=headers_only, on_ready=on_ready,
-                               what=what, nc=self._nc)
+        return OrderedFollower(self._js, self.subjects.kv_stream, filter_subject, on_message, nc=self._nc,
+                               start=start, from_sequence=from_revision, headers_only=headers_only,
+                               on_ready=on_ready, what=what, timeout=self._settings.nats.request_timeout)
 
     def watch(
         self,
@@ -525,7 +542,8 @@ class Watch:
     its consumer after a disconnect or a server restart, resuming after the
     last delivered revision: no gaps, no duplicates. A stored message that
     cannot be decoded into an entry is skipped with a warning and counted in
-    ``skipped``; the watch goes on. ``stop`` deletes the consumer at once.
+    ``skipped``; the watch goes on. ``stop`` unsubscribes (the server removes
+    the consumer a few seconds later, :data:`~blackboard.client.consumers.INACTIVE_THRESHOLD`).
     """
 
     def __init__(
@@ -636,7 +654,7 @@ class Watch:
             raise OperationTimeoutError(f"no change on {self._filter} within {timeout}s") from exc
 
     async def stop(self) -> None:
-        """Delete the consumer and end the iteration."""
+        """Stop following (unsubscribe) and end the iteration."""
         await self._follower.stop()
         if not self._closed:
             self._closed = True
@@ -687,7 +705,7 @@ class Pipeline:
         return await self._send(prep)
 
     async def delete(self, board: str, section: str, key: str, *, purge: bool = False) -> asyncio.Future[int]:
-        """Send a delete (a tombstone; ``purge`` also drops the history); a future of its revision."""
+        """Send a delete (a tombstone; ``purge``: a purge marker); a future of its revision."""
         return await self._send(self.store._prepare_delete(board, section, key, None, purge))
 
     async def _send(self, prep: _Prepared) -> asyncio.Future[int]:

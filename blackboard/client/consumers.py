@@ -1,31 +1,61 @@
-"""Consumers at the server's limit, and ephemeral consumers deleted when they close.
+"""Ephemeral consumers an agent may create, and consumers at the server's limit.
 
-Every live view, watch and vote follower holds an ordered (ephemeral)
-consumer on its stream, every inbox a durable one on the message stream.
-JetStream bounds them: a stream's ``max_consumers`` and an account's JetStream
-``max_consumers``; past either it refuses a new one with error 10026
-("maximum consumers limit reached"), which :func:`consumer_limit_error` turns
-into one :class:`~blackboard.protocol.errors.ConsumerLimitError` naming the
-limit and the setting that raises it (one lookup, on the error path only).
+**Creating.** Every consumer of a view, a watch, a vote follower or a one-shot
+read is created by :func:`create_consumer` through the *named* JetStream API
+subject with its one filter subject in it,
+``$JS.API.CONSUMER.CREATE.<stream>.<name>.<filter>``
+(:meth:`~blackboard.protocol.subjects.Subjects.consumer_create_api`): the
+server refuses a request whose body names another filter, so its permissions,
+which see only the subject, decide which subjects an identity may read. The
+bare ``$JS.API.CONSUMER.CREATE.<stream>`` (no name, no filter) is never used.
+Each consumer has a fresh random name.
 
-An ordered consumer that its subscriber leaves stays on the server until its
-inactivity threshold passes (seconds: 752 of 1,200 closed views' consumers
-were still counted 3 s after closing, issue 18), so it counts against the
-limit after its view closed: :func:`delete_consumer` deletes it at once.
+**Ending.** An agent has no right to delete or inspect consumers
+(``CONSUMER.DELETE``/``CONSUMER.INFO``), so nothing here does: a consumer's
+subscriber unsubscribes, and the server removes the consumer once nobody has
+listened on its deliver subject for :data:`INACTIVE_THRESHOLD` seconds. Until
+then it still counts against the consumer limit.
+
+**Reading one message.** :func:`read_first` reads the first message of one
+subject from a stream sequence on (a revision of a key, the outcome of a
+re-sent compare-and-set write) with a one-shot consumer: a body-based direct
+get (``{"seq": ..., "next_by_subj": ...}``) would name the subject only in its
+body, where permissions cannot check it.
+
+**The limit.** JetStream bounds consumers: a stream's ``max_consumers`` and an
+account's JetStream ``max_consumers``; past either it refuses a new one with
+error 10026 ("maximum consumers limit reached"), which
+:func:`consumer_limit_error` turns into one
+:class:`~blackboard.protocol.errors.ConsumerLimitError` naming the limit and
+the setting that raises it (one lookup, on the error path only).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import secrets
+from typing import Any
 
 import nats.errors
 import nats.js.errors
-from nats.js import JetStreamContext
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext, api
 
-from blackboard.protocol.errors import ConsumerLimitError
+from blackboard.protocol.errors import (
+    BlackboardError,
+    ConfigurationError,
+    ConsumerLimitError,
+    NotConnectedError,
+    OperationTimeoutError,
+    TransportError,
+)
+from blackboard.protocol.subjects import Header, Subjects
 
-__all__ = ["CONSUMER_LIMIT_CODE", "consumer_limit_error", "delete_consumer", "is_consumer_limit"]
+__all__ = ["CONSUMER_LIMIT_CODE", "INACTIVE_THRESHOLD", "START_ERRORS", "consumer_limit_error", "consumer_name",
+           "create_consumer", "is_consumer_limit", "is_control", "read_first", "start_error"]
 
 log = logging.getLogger("blackboard.client.consumers")
 
@@ -33,14 +63,71 @@ log = logging.getLogger("blackboard.client.consumers")
 #: the account's).
 CONSUMER_LIMIT_CODE = 10026
 
-#: How long deleting a closed consumer may take before it is left to the server's own
-#: inactivity threshold (a close must not hang on a server that is going away).
-_DELETE_TIMEOUT = 2.0
+#: Seconds the server keeps an ephemeral consumer of ours after its last subscriber left
+#: (a follower stopped, a one-shot read done, a connection lost): then it deletes it.
+INACTIVE_THRESHOLD = 5.0
+
+#: What creating a consumer may raise that :func:`start_error` maps.
+START_ERRORS: tuple[type[BaseException], ...] = (
+    nats.errors.ConnectionClosedError,
+    nats.errors.TimeoutError,
+    nats.errors.NoRespondersError,
+    nats.js.errors.NoStreamResponseError,
+    nats.js.errors.APIError,
+    TimeoutError,
+)
+
+
+def consumer_name() -> str:
+    """A fresh random consumer name (every consumer we create has its own)."""
+    return f"bb{secrets.token_hex(8)}"
+
+
+def is_control(msg: Msg) -> bool:
+    """Whether a push delivery is a JetStream control message (an idle heartbeat or a
+    flow-control request: status 100, no payload) rather than a stored message (pure)."""
+    headers = msg.headers
+    return not msg.data and headers is not None and headers.get(Header.STATUS.value) == "100"
 
 
 def is_consumer_limit(exc: BaseException) -> bool:
     """Whether ``exc`` is JetStream refusing a consumer at its consumer limit (pure)."""
     return isinstance(exc, nats.js.errors.APIError) and exc.err_code == CONSUMER_LIMIT_CODE
+
+
+def start_error(exc: BaseException, stream: str, what: str) -> BlackboardError:
+    """Our error for a failure to create a consumer (pure)."""
+    if isinstance(exc, nats.errors.ConnectionClosedError):
+        return NotConnectedError("the NATS connection is closed")
+    if isinstance(exc, nats.js.errors.NotFoundError):
+        return ConfigurationError(f"cannot {what}: the stream {stream} does not exist "
+                                  "(ensure_streams() creates it)")
+    if isinstance(exc, nats.js.errors.APIError):
+        return TransportError(f"cannot {what}: JetStream refused the consumer: {exc.description} "
+                              f"(code {exc.err_code})")
+    return NotConnectedError(f"cannot {what}: {exc!r}")
+
+
+async def create_consumer(nc: NATS, stream: str, config: api.ConsumerConfig, *, timeout: float) -> api.ConsumerInfo:
+    """Create the consumer ``config`` describes (its ``name`` and one ``filter_subject`` set)
+    through the named API subject with the filter in it.
+
+    Raises:
+        nats.js.errors.APIError: the server refused it (its specific subclass).
+        nats.errors.Error, TimeoutError: no answer (see :data:`START_ERRORS`).
+    """
+    assert config.name is not None and config.filter_subject, "a named consumer with one filter"
+    request = json.dumps({"stream_name": stream, "config": config.as_dict()}).encode()
+    reply = await nc.request(Subjects.consumer_create_api(stream, config.name, config.filter_subject), request,
+                             timeout=timeout)
+    try:
+        body: dict[str, Any] = json.loads(reply.data)
+    except ValueError as exc:
+        raise nats.js.errors.APIError(description=f"unreadable answer: {reply.data[:100]!r}") from exc
+    if "error" in body:
+        nats.js.errors.APIError.from_error(body["error"])  # raises its specific class
+    info: api.ConsumerInfo = api.ConsumerInfo.from_response(body)
+    return info
 
 
 async def consumer_limit_error(js: JetStreamContext, stream: str, what: str) -> ConsumerLimitError:
@@ -63,17 +150,54 @@ async def consumer_limit_error(js: JetStreamContext, stream: str, what: str) -> 
                                   what)
 
 
-async def delete_consumer(js: JetStreamContext, stream: str, name: str | None, *,
-                          connected: bool | None = None) -> None:
-    """Delete the consumer ``name`` of ``stream`` now (a closed ordered consumer would count
-    against the limit until its inactivity threshold). Gone already, or no server to ask
-    (``connected`` False: the connection is down): nothing to do, the server's threshold
-    removes it. ``connected`` None (unknown): tried for at most a couple of seconds."""
-    if name is None or connected is False:
-        return
+async def read_first(nc: NATS, js: JetStreamContext, stream: str, subject: str, start: int, *,
+                     timeout: float, what: str) -> Msg | None:
+    """The first message of ``stream`` on ``subject`` (one subject, no wildcard) with a
+    stream sequence of at least ``start``, or ``None`` when there is none.
+
+    One consumer, created for this read (:func:`create_consumer`): it delivers
+    that one message (explicit acks, at most one unacknowledged, never acked)
+    and goes away :data:`INACTIVE_THRESHOLD` seconds after. Its create answer
+    says how many messages match, so an absent one costs no wait.
+
+    Raises:
+        NotConnectedError: NATS is closed, or nothing answered.
+        OperationTimeoutError: the message did not arrive within ``timeout``.
+        ConfigurationError: the stream does not exist.
+        ConsumerLimitError, TransportError: the server refused the consumer.
+    """
+    loop = asyncio.get_running_loop()
+    first: asyncio.Future[Msg] = loop.create_future()
+
+    async def on_msg(msg: Msg) -> None:
+        if not first.done() and not is_control(msg):
+            first.set_result(msg)
+
+    deliver = nc.new_inbox()
+    config = api.ConsumerConfig(
+        name=consumer_name(), filter_subject=subject, deliver_subject=deliver,
+        deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=max(1, start),
+        ack_policy=api.AckPolicy.EXPLICIT, max_ack_pending=1, max_deliver=1,
+        inactive_threshold=INACTIVE_THRESHOLD, mem_storage=True, num_replicas=1)
     try:
-        await asyncio.wait_for(js.delete_consumer(stream, name), _DELETE_TIMEOUT)
-    except nats.js.errors.NotFoundError:
-        pass
-    except (nats.errors.Error, TimeoutError) as exc:
-        log.debug("cannot delete consumer %s of %s: %r", name, stream, exc)
+        sub = await nc.subscribe(deliver, cb=on_msg)
+    except nats.errors.ConnectionClosedError as exc:
+        raise NotConnectedError("the NATS connection is closed") from exc
+    try:
+        try:
+            info = await create_consumer(nc, stream, config, timeout=timeout)
+        except START_ERRORS as exc:
+            if is_consumer_limit(exc):
+                raise await consumer_limit_error(js, stream, what) from exc
+            raise start_error(exc, stream, what) from exc
+        if not info.num_pending and not first.done():
+            return None
+        try:
+            return await asyncio.wait_for(first, timeout)
+        except TimeoutError as exc:
+            raise OperationTimeoutError(f"{what}: the stored message did not arrive within {timeout:g}s") from exc
+    finally:
+        try:
+            await sub.unsubscribe()
+        except (TimeoutError, nats.errors.Error):  # connection gone: the server drops the consumer
+            pass

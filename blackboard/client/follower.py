@@ -1,9 +1,16 @@
 """The ordered follower: every message of a stream's subject filter, in order, to a callback.
 
-One JetStream *ordered consumer* (ephemeral, flow-controlled, with idle
-heartbeats) under the board's watches (:class:`blackboard.client.board_store.Watch`)
-and vote following (:class:`blackboard.client.consensus.VoteFollower`).
+Under the board's watches (:class:`blackboard.client.board_store.Watch`) and
+vote following (:class:`blackboard.client.consensus.VoteFollower`). It is an
+*ordered consumer* built here rather than nats-py's, because every consumer it
+creates must go through the named API subject with its filter in it
+(:func:`~blackboard.client.consumers.create_consumer`): nats-py's creates its
+consumer through the bare ``$JS.API.CONSUMER.CREATE.<stream>`` and reads it back
+with ``CONSUMER.INFO``, which an agent's permissions refuse.
 
+* **the consumer**: an ephemeral push consumer with one filter subject, a fresh
+  random name, no acks, flow control and idle heartbeats every
+  ``_IDLE_HEARTBEAT`` seconds, in memory, one replica.
 * **start position**: ``"new"`` (only what is stored from now on),
   ``"current"`` (the last message of every subject, then live), ``"all"``
   (everything the stream keeps), or ``from_sequence`` (replay from that stream
@@ -11,44 +18,52 @@ and vote following (:class:`blackboard.client.consensus.VoteFollower`).
 * **readiness**: :meth:`OrderedFollower.start` returns once the consumer
   exists, or raises (and leaves nothing behind): the follower is either
   started or raised. ``ready`` is set once the messages that were stored when
-  it started have all been handed to the callback (at once for ``"new"``).
-* **reconnects and gaps**: the ordered consumer (nats-py) checks the consumer
-  sequence of every delivery and the idle heartbeats; on a gap, a missed
-  heartbeat (disconnect, server restart) or a lost consumer it recreates
-  itself from the stream sequence after the last one delivered. So the
+  it started have all been handed to the callback (at once for ``"new"``, or
+  when the create answer says nothing is pending).
+* **reconnects and gaps**: every delivery's consumer sequence is checked
+  (and the last one an idle heartbeat names); on a gap, on two missed
+  heartbeats (a server restart, a lost consumer) or after a reconnect the
+  follower creates a *new* consumer, with a new name, starting at the stream
+  sequence after the last one it handled (or that a heartbeat said it had
+  scanned up to). The old one's deliveries are ignored from then on. So the
   callback sees every message once, in stream order, across outages.
 * **errors**: failing to start raises our error classes (``NotConnectedError``
   when NATS does not answer, ``ConfigurationError`` when the stream does not
   exist, ``ConsumerLimitError`` at the server's consumer limit,
-  ``TransportError`` when it refuses the consumer otherwise); a callback
-  that raises loses only that message (logged, kept in ``error``, counted in
-  ``skipped``), never the consumer.
-* **stop** unsubscribes and deletes the consumer on the server at once
-  (:func:`~blackboard.client.consumers.delete_consumer`): an ordered consumer
-  left to its inactivity threshold counts against the consumer limit for
-  seconds after its follower stopped.
+  ``TransportError`` when it refuses the consumer otherwise); a failed
+  re-creation is logged and tried again; a callback that raises loses only
+  that message (logged, kept in ``error``, counted in ``skipped``), never the
+  consumer.
+* **stop** unsubscribes; it does not delete the consumer (an agent may not):
+  the server removes it :data:`~blackboard.client.consumers.INACTIVE_THRESHOLD`
+  seconds later, and it counts against the consumer limit until then.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable
 from typing import Any, Literal, Self
 
 import nats.errors
-import nats.js.errors
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext, api
 
-from blackboard.client.consumers import consumer_limit_error, delete_consumer, is_consumer_limit
-from blackboard.protocol.errors import (
-    BlackboardError,
-    ConfigurationError,
-    NotConnectedError,
-    TransportError,
+from blackboard.client.consumers import (
+    INACTIVE_THRESHOLD,
+    START_ERRORS,
+    consumer_limit_error,
+    consumer_name,
+    create_consumer,
+    is_consumer_limit,
+    is_control,
+    start_error,
 )
+from blackboard.protocol.errors import BlackboardError
+from blackboard.protocol.subjects import Header
 
 __all__ = ["OrderedFollower", "StartPosition", "deliver_policy", "start_error"]
 
@@ -63,11 +78,15 @@ _POLICIES: dict[str, api.DeliverPolicy] = {
     "all": api.DeliverPolicy.ALL,
 }
 
-#: Seconds between the server's idle heartbeats (two missed ones reset the consumer).
+#: Seconds between the server's idle heartbeats (two missed ones re-create the consumer).
 _IDLE_HEARTBEAT = 1.0
 #: Client-side buffer limits: a follower never drops what the server sent.
 _PENDING_MSGS = 1_000_000
 _PENDING_BYTES = 1024 * 1024 * 1024
+#: Longest pause between attempts to re-create a lost consumer.
+_MAX_RETRY = 2.0
+#: What a failed re-creation raises (logged; tried again).
+_RETRIED: tuple[type[BaseException], ...] = (BlackboardError, nats.errors.Error, *START_ERRORS)
 
 
 def deliver_policy(start: StartPosition, from_sequence: int | None = None) -> tuple[api.DeliverPolicy, int | None]:
@@ -84,51 +103,26 @@ def deliver_policy(start: StartPosition, from_sequence: int | None = None) -> tu
         raise ValueError(f"unknown start position {start!r} (new, current or all)") from None
 
 
-def start_error(exc: BaseException, stream: str, what: str) -> BlackboardError:
-    """Our error for a failure to create an ordered consumer (pure)."""
-    if isinstance(exc, nats.errors.ConnectionClosedError):
-        return NotConnectedError("the NATS connection is closed")
-    if isinstance(exc, nats.js.errors.NotFoundError):
-        return ConfigurationError(f"cannot {what}: the stream {stream} does not exist "
-                                  "(ensure_streams() creates it)")
-    if isinstance(exc, nats.js.errors.APIError):
-        return TransportError(f"cannot {what}: JetStream refused the consumer: {exc.description} "
-                              f"(code {exc.err_code})")
-    return NotConnectedError(f"cannot {what}: {exc!r}")
-
-
-#: What creating the consumer may raise that :func:`start_error` maps.
-_START_ERRORS: tuple[type[BaseException], ...] = (
-    nats.errors.ConnectionClosedError,
-    nats.errors.TimeoutError,
-    nats.errors.NoRespondersError,
-    nats.js.errors.NoStreamResponseError,
-    nats.js.errors.APIError,
-    TimeoutError,
-)
-
-
 class OrderedFollower:
     """Hands every message of ``filter_subject`` on ``stream`` to ``on_message``, in stream order.
 
     Use as ``async with OrderedFollower(...) as f:`` or ``start()`` /
-    ``stop()``. The callback runs on the connection's reader, so it must not
+    ``stop()``. The callback runs on the subscription's task, so it must not
     block; whatever it raises is logged and kept in ``error`` (the message is
     skipped).
 
     Args:
-        js: the JetStream context to create the consumer with.
+        js: the JetStream context (its consumer-limit lookups on the error path).
         stream: the stream to follow.
-        filter_subject: the subjects to follow (wildcards allowed).
+        filter_subject: the one subject filter to follow (wildcards allowed).
         on_message: called with each delivered message.
+        nc: the connection the consumer's messages arrive on (``js``'s).
         start: where to start (see :data:`StartPosition`).
         from_sequence: replay from this stream sequence on (overrides ``start``).
         headers_only: deliver headers without payloads.
         on_ready: called once, right after ``ready`` is set.
         what: how error messages name this follower ("follow <filter>").
-        nc: the connection ``js`` is on: when it is down at ``stop``, the consumer is left
-            to the server's inactivity threshold instead of a delete request that would
-            wait for a reconnect (without it, the delete is tried, for a bounded time).
+        timeout: seconds to wait for the server's answer to a consumer creation.
     """
 
     def __init__(
@@ -138,12 +132,13 @@ class OrderedFollower:
         filter_subject: str,
         on_message: Callable[[Msg], None],
         *,
+        nc: NATS,
         start: StartPosition = "all",
         from_sequence: int | None = None,
         headers_only: bool = False,
         on_ready: Callable[[], None] | None = None,
         what: str | None = None,
-        nc: NATS | None = None,
+        timeout: float = 5.0,
     ) -> None:
         self._js = js
         self._nc = nc
@@ -154,9 +149,9 @@ class OrderedFollower:
         self._headers_only = headers_only
         self._on_ready = on_ready
         self._what = what or f"follow {filter_subject}"
+        self._timeout = timeout
         self._sub: Any = None
         self._starting = asyncio.Lock()
-        self._seen = 0  # deliveries through the callback, against the consumer's count
         #: Set once the messages stored when the follower started have been handled.
         self.ready = asyncio.Event()
         self._ready = False
@@ -166,7 +161,21 @@ class OrderedFollower:
         self.error: BaseException | None = None
         #: Messages skipped because the callback raised on them.
         self.skipped = 0
-        self._consumer: str | None = None  # the consumer's name (a reset renames it)
+        #: The current consumer's name (each re-creation has a new one).
+        self.consumer: str | None = None
+        #: Consumers created so far (the first one, then one per re-creation).
+        self.created = 0
+        # The current consumer: deliveries of any other (an earlier one) are ignored.
+        self._generation = 0
+        self._next_dseq = 1  # the consumer sequence expected next
+        #: The stream sequence a re-created consumer starts at (None: not known yet, which
+        #: only "current" has before its first message or heartbeat: it starts over).
+        self._resume: int | None = None
+        self._heard = 0.0  # loop time of the current consumer's last delivery
+        self._epoch = 0  # the connection's reconnect count when the consumer was created
+        self._stale = False  # re-create the consumer (a gap)
+        self._wake = asyncio.Event()
+        self._watchdog: asyncio.Task[None] | None = None
 
     @property
     def started(self) -> bool:
@@ -186,36 +195,68 @@ class OrderedFollower:
         Raises:
             NotConnectedError: NATS is closed or did not answer.
             ConfigurationError: the stream does not exist.
+            ConsumerLimitError: the server's consumer limit is reached.
             TransportError: the server refused the consumer.
         """
         async with self._starting:
             if self._sub is None:
-                await self._start()
+                if self._policy is api.DeliverPolicy.BY_START_SEQUENCE:
+                    self._resume = self._start_seq
+                elif self._policy is api.DeliverPolicy.ALL:
+                    self._resume = 1
+                try:
+                    await self._create(self._policy, self._start_seq)
+                except START_ERRORS as exc:
+                    if is_consumer_limit(exc):
+                        raise await consumer_limit_error(self._js, self.stream, self._what) from exc
+                    raise start_error(exc, self.stream, self._what) from exc
+                if self._policy is api.DeliverPolicy.NEW:
+                    self._mark_ready()
+                self._watchdog = asyncio.get_running_loop().create_task(self._watch(), name=self._what)
 
-    async def _start(self) -> None:
-        config = api.ConsumerConfig(deliver_policy=self._policy, opt_start_seq=self._start_seq,
-                                    headers_only=self._headers_only or None)
-        sub: Any = None
+    async def _create(self, policy: api.DeliverPolicy, start_seq: int | None) -> None:
+        """Subscribe to a new deliver subject and create a new consumer pushing to it; the
+        previous subscription (if any) is dropped once the new consumer exists.
+
+        Raises:
+            what :func:`create_consumer` raises (the new subscription is dropped).
+        """
+        nc = self._nc
+        deliver = nc.new_inbox()
+        self._generation += 1
+        generation = self._generation
+
+        async def on_msg(msg: Msg) -> None:
+            if generation == self._generation:
+                await self._on_delivery(msg)
+
+        config = api.ConsumerConfig(
+            name=consumer_name(), filter_subject=self.filter_subject, deliver_subject=deliver,
+            deliver_policy=policy, opt_start_seq=start_seq, ack_policy=api.AckPolicy.NONE,
+            flow_control=True, idle_heartbeat=_IDLE_HEARTBEAT, headers_only=self._headers_only or None,
+            inactive_threshold=INACTIVE_THRESHOLD, mem_storage=True, num_replicas=1)
+        epoch = nc.stats["reconnects"]
+        self._next_dseq = 1
+        self._heard = asyncio.get_running_loop().time()
+        sub = await nc.subscribe(deliver, cb=on_msg, pending_msgs_limit=_PENDING_MSGS,
+                                 pending_bytes_limit=_PENDING_BYTES)
         try:
-            sub = await self._js.subscribe(
-                self.filter_subject, stream=self.stream, cb=self._on_msg, ordered_consumer=True, config=config,
-                idle_heartbeat=_IDLE_HEARTBEAT, pending_msgs_limit=_PENDING_MSGS,
-                pending_bytes_limit=_PENDING_BYTES)
-            info = await sub.consumer_info()
-        except _START_ERRORS as exc:
-            if sub is not None:  # half-started: take it down, so a retry starts afresh
-                await self._unsubscribe(sub)
-                await delete_consumer(self._js, self.stream, self._consumer, connected=self._connected())
-            if is_consumer_limit(exc):
-                raise await consumer_limit_error(self._js, self.stream, self._what) from exc
-            raise start_error(exc, self.stream, self._what) from exc
-        self._sub = sub
-        self._consumer = info.name
-        # Ready already when nothing is pending and every delivered message has
-        # been through the callback (which marks ready on pending == 0 itself).
-        if self._policy is api.DeliverPolicy.NEW or (
-                info.num_pending == 0 and (info.delivered.consumer_seq or 0) <= self._seen):
-            self._mark_ready()
+            info = await create_consumer(nc, self.stream, config, timeout=self._timeout)
+        except BaseException:
+            if generation == self._generation:
+                self._generation += 1  # what the failed consumer may still send is ignored
+            await self._unsubscribe(sub)
+            raise
+        old, self._sub = self._sub, sub
+        self.consumer = config.name
+        self.created += 1
+        self._epoch = epoch
+        if policy is api.DeliverPolicy.NEW and self._resume is None and info.delivered is not None:
+            self._resume = (info.delivered.stream_seq or 0) + 1  # the stream's last sequence, + 1
+        if not info.num_pending:
+            self._mark_ready()  # nothing was stored to wait for (what arrived went through)
+        if old is not None:
+            await self._unsubscribe(old)
 
     def _mark_ready(self) -> None:
         if not self._ready:
@@ -224,15 +265,23 @@ class OrderedFollower:
             if self._on_ready is not None:
                 self._on_ready()
 
-    async def _on_msg(self, msg: Msg) -> None:
-        self._seen += 1
+    async def _on_delivery(self, msg: Msg) -> None:
+        """One delivery of the current consumer, in the order the server sent them."""
+        self._heard = asyncio.get_running_loop().time()
+        if is_control(msg):
+            await self._on_control(msg)
+            return
         try:
             md = msg.metadata
-            pending = md.num_pending
-            self.last_sequence = md.sequence.stream
-            self._consumer = md.consumer  # (renamed when the ordered consumer was reset)
-        except (AttributeError, IndexError, ValueError):  # not a JetStream delivery
-            pending = 0
+            dseq, sseq, pending = md.sequence.consumer, md.sequence.stream, md.num_pending
+        except (AttributeError, IndexError, ValueError, nats.errors.Error):  # not a JetStream delivery
+            return
+        if dseq != self._next_dseq:  # a delivery was lost: start again after the last one handled
+            self._lost(f"consumer sequence {dseq}, expected {self._next_dseq}")
+            return
+        self._next_dseq = dseq + 1
+        self.last_sequence = sseq
+        self._resume = sseq + 1
         try:
             self._on_message(msg)
         except Exception as exc:  # a bad message must not stop the consumer
@@ -242,16 +291,73 @@ class OrderedFollower:
         if pending == 0 and not self._ready:  # live messages (pending 0) skip the call
             self._mark_ready()
 
+    async def _on_control(self, msg: Msg) -> None:
+        """A flow-control request (answered now: every earlier delivery has been handled) or
+        an idle heartbeat (its last consumer sequence checked; its stream position kept)."""
+        headers = msg.headers or {}
+        reply = msg.reply or headers.get(Header.CONSUMER_STALLED.value)
+        if reply:
+            with contextlib.suppress(nats.errors.Error):
+                await self._nc.publish(reply)
+        if msg.reply:
+            return
+        last = headers.get(Header.LAST_CONSUMER.value, "")
+        if last.isdigit() and int(last) != self._next_dseq - 1:
+            self._lost(f"the heartbeat's last consumer sequence {last}, handled {self._next_dseq - 1}")
+            return
+        scanned = headers.get(Header.LAST_STREAM.value, "")
+        if last.isdigit() and scanned.isdigit():
+            # Everything the filter matches up to there was delivered (and handled).
+            self._resume = max(self._resume or 1, int(scanned) + 1)
+
+    def _lost(self, why: str) -> None:
+        log.info("%s: re-creating the consumer: %s", self.filter_subject, why)
+        self._generation += 1  # ignore the rest of this consumer's deliveries
+        self._stale = True
+        self._wake.set()
+
+    async def _watch(self) -> None:
+        """Re-create the consumer after a gap, two missed heartbeats or a reconnect."""
+        loop = asyncio.get_running_loop()
+        nc = self._nc
+        delay = 0.1
+        while self._sub is not None and not nc.is_closed:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), _IDLE_HEARTBEAT)
+            self._wake.clear()
+            if self._sub is None or not nc.is_connected:
+                continue
+            silent = loop.time() - self._heard > 2 * _IDLE_HEARTBEAT + 0.5
+            if not (self._stale or silent or nc.stats["reconnects"] != self._epoch):
+                continue
+            try:
+                await self._recreate()
+                self._stale = False
+                delay = 0.1
+            except _RETRIED as exc:
+                log.warning("%s: cannot re-create the consumer (retrying): %r", self.filter_subject, exc)
+                self._stale = True
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, _MAX_RETRY)
+
+    async def _recreate(self) -> None:
+        if self._resume is None:  # "current" with nothing seen yet: start over
+            await self._create(self._policy, self._start_seq)
+        else:
+            await self._create(api.DeliverPolicy.BY_START_SEQUENCE, self._resume)
+
     async def stop(self) -> None:
-        """Unsubscribe and delete the consumer on the server (idempotent; see the module
-        docstring: a connection that is down leaves it to the server's inactivity threshold)."""
+        """Unsubscribe (idempotent). The consumer is not deleted: the server removes it
+        :data:`~blackboard.client.consumers.INACTIVE_THRESHOLD` seconds later."""
         if self._sub is not None:
             sub, self._sub = self._sub, None
+            self._generation += 1
+            watchdog, self._watchdog = self._watchdog, None
+            if watchdog is not None and watchdog is not asyncio.current_task():
+                watchdog.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await watchdog
             await self._unsubscribe(sub)
-            await delete_consumer(self._js, self.stream, self._consumer, connected=self._connected())
-
-    def _connected(self) -> bool | None:
-        return None if self._nc is None else self._nc.is_connected
 
     @staticmethod
     async def _unsubscribe(sub: Any) -> None:

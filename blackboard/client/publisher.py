@@ -37,6 +37,7 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
+from blackboard.client.consumers import read_first
 from blackboard.protocol.errors import (
     BlackboardError,
     NotConnectedError,
@@ -424,23 +425,38 @@ class Publisher:
         """The revision of our own earlier copy of this compare-and-set write, if it was applied.
 
         A CAS write that was applied is the first message on its subject after
-        the expected revision, whatever was written after it.
+        the expected revision, whatever was written after it. Read in the forms
+        an agent may use: the last message on the subject (a direct get, last by
+        subject); only when that is neither ours nor right after the expected
+        revision, the first message after it (a one-shot consumer filtered on
+        the subject, :func:`~blackboard.client.consumers.read_first`).
         """
         msg_id = headers.get(Header.MSG_ID.value)
         expected = headers.get(Header.EXPECTED_LAST_SUBJECT_SEQUENCE.value)
         if not msg_id or expected is None or not expected.isdigit():
             return None
-        query = json.dumps({"seq": int(expected) + 1, "next_by_subj": subject}).encode()
+        after = int(expected) + 1
+        outcome = f"the outcome of {what}"
         try:
-            reply = await self.request(Subjects.direct_get(stream), query, what=f"the outcome of {what}")
+            last = await self.request(Subjects.direct_get(stream, subject), b"", what=outcome)
         except BlackboardError:
             return None
-        stored = reply.headers or {}
+        stored = last.headers or {}
         seq = stored.get(Header.SEQUENCE.value, "")
-        if stored.get(Header.SUBJECT.value) == subject and stored.get(Header.MSG_ID.value) == msg_id \
-                and seq.isdigit():
+        if stored.get(Header.STATUS.value) or not seq.isdigit() or int(seq) < after:
+            return None  # nothing on the subject, or nothing after the expected revision
+        if stored.get(Header.MSG_ID.value) == msg_id:
             return int(seq)
-        return None
+        if int(seq) == after:
+            return None  # the first message after the expected revision is another write
+        try:
+            first = await read_first(self.nc, self.js, stream, subject, after,
+                                     timeout=self.settings.request_timeout, what=f"read {outcome}")
+        except BlackboardError:
+            return None
+        if first is None or (first.headers or {}).get(Header.MSG_ID.value) != msg_id:
+            return None
+        return int(first.metadata.sequence.stream)
 
     async def request(self, subject: str, payload: bytes, *, what: str) -> Msg:
         """A core NATS request (a JetStream API call, a direct get), retried

@@ -5,6 +5,16 @@
 * ``BB_MSG``: agent messages: direct, broadcast, topic (``bb.msg.>``).
 * ``BB_VOTE``: proposals, ballots and outcomes (``bb.vote.>``).
 * Object store ``<objects_bucket>`` for large binaries.
+
+Every stream but the object store's refuses rollups, message deletes and
+purges (``allow_rollup_hdrs: false``, ``deny_delete: true``, ``deny_purge:
+true``): whoever may write one subject of a stream could otherwise drop what
+others wrote (a ``Nats-Rollup: all`` header empties the whole stream). The
+object store keeps them: nats-py's object store rolls up an object's metadata
+and purges its old chunks. One exception the server makes: a KV stream with
+subject delete markers (``board.expiry_marker_ttl`` > 0) has rollups and
+purges switched back on by nats-server, which places its markers as rollups;
+``ensure_streams`` warns when that is so.
 """
 
 from __future__ import annotations
@@ -22,7 +32,7 @@ from blackboard.protocol.subjects import MEMORY_STREAM, MESSAGE_STREAM, VOTE_STR
 from blackboard.settings import Settings
 
 __all__ = ["CLUSTER_NOT_READY", "NO_JETSTREAM_GRACE", "StreamSpec", "cluster_not_ready", "ensure_streams",
-           "no_jetstream", "stream_specs"]
+           "kv_stream_config", "no_jetstream", "refuses_removal", "stream_specs"]
 
 log = logging.getLogger("blackboard.client.streams")
 
@@ -53,6 +63,9 @@ class StreamSpec:
             duplicate_window=self.duplicate_window,
             allow_direct=True,
             allow_msg_ttl=True,
+            allow_rollup_hdrs=False,
+            deny_delete=True,
+            deny_purge=True,
         )
 
 
@@ -67,18 +80,42 @@ def stream_specs(settings: Settings) -> list[StreamSpec]:
     ]
 
 
-def kv_config(settings: Settings) -> api.KeyValueConfig:
+def kv_stream_config(settings: Settings) -> api.StreamConfig:
+    """The board bucket's stream: a JetStream KV bucket's configuration (as nats-py's
+    ``create_key_value`` makes it), refusing rollups, message deletes and purges (pure)."""
     b = settings.board
-    return api.KeyValueConfig(
-        bucket=b.bucket,
+    subjects = Subjects(b.bucket)
+    return api.StreamConfig(
+        name=subjects.kv_stream,
         description="blackboard entries: <board>.<section>.<key>",
-        history=b.history,
-        replicas=b.replicas,
-        max_value_size=b.max_value_size,
+        subjects=[subjects.entry_filter()],
+        retention=api.RetentionPolicy.LIMITS,
         storage=api.StorageType.FILE,
-        direct=True,
-        limit_marker_ttl=b.expiry_marker_ttl or None,
+        num_replicas=b.replicas,
+        max_consumers=-1,
+        max_msgs=-1,
+        max_msgs_per_subject=b.history,
+        max_msg_size=b.max_value_size,
+        discard=api.DiscardPolicy.NEW,
+        duplicate_window=120.0,
+        allow_direct=True,
+        allow_msg_ttl=True,
+        allow_rollup_hdrs=False,
+        deny_delete=True,
+        deny_purge=True,
+        subject_delete_marker_ttl=b.expiry_marker_ttl or None,
     )
+
+
+def refuses_removal(config: api.StreamConfig) -> bool:
+    """Whether a stream refuses rollups, message deletes and purges (pure)."""
+    return not config.allow_rollup_hdrs and bool(config.deny_delete) and bool(config.deny_purge)
+
+
+def _refuse_removal(config: api.StreamConfig) -> None:
+    config.allow_rollup_hdrs = False
+    config.deny_delete = True
+    config.deny_purge = True
 
 
 #: JetStream API error codes of a cluster that is forming or electing leaders:
@@ -166,9 +203,9 @@ def _replicas(stream: str, have: int, want: int) -> int:
     return want
 
 
-async def _update(js: JetStreamContext, config: api.StreamConfig) -> None:
+async def _update(js: JetStreamContext, config: api.StreamConfig) -> api.StreamInfo:
     try:
-        await js.update_stream(config)
+        return await js.update_stream(config)
     except BadRequestError as exc:
         raise ConfigurationError(f"cannot update stream {config.name}: {exc.description}") from exc
 
@@ -176,24 +213,36 @@ async def _update(js: JetStreamContext, config: api.StreamConfig) -> None:
 async def _ensure(js: JetStreamContext, settings: Settings, *, update: bool) -> None:
     subjects = Subjects(settings.board.bucket)
     want = settings.board.replicas
+    want_marker = settings.board.expiry_marker_ttl or None
     try:
         cfg = (await js.stream_info(subjects.kv_stream)).config
         if update:
-            want_marker = settings.board.expiry_marker_ttl or None
             replicas = _replicas(subjects.kv_stream, cfg.num_replicas or 1, want)
             if (cfg.max_msgs_per_subject != settings.board.history
                     or cfg.max_msg_size != settings.board.max_value_size
                     or (cfg.subject_delete_marker_ttl or None) != want_marker
-                    or (cfg.num_replicas or 1) != replicas):
+                    or (cfg.num_replicas or 1) != replicas
+                    or (want_marker is None and not refuses_removal(cfg))
+                    or not cfg.deny_delete):
                 cfg.max_msgs_per_subject = settings.board.history
                 cfg.max_msg_size = settings.board.max_value_size
                 cfg.allow_msg_ttl = True
                 cfg.subject_delete_marker_ttl = want_marker
                 cfg.num_replicas = replicas
-                await _update(js, cfg)
+                _refuse_removal(cfg)
+                cfg = (await _update(js, cfg)).config
+        created = False
     except NotFoundError:
-        await js.create_key_value(kv_config(settings))
+        cfg = (await js.add_stream(kv_stream_config(settings))).config
         log.info("created KV bucket %s", settings.board.bucket)
+        created = True
+    if (update or created) and not settings.nats.insecure_open_bus and not refuses_removal(cfg):
+        log.warning(
+            "stream %s allows rollups or purges: any identity that may write one board key can drop "
+            "every board's entries (a Nats-Rollup: all header). %s", subjects.kv_stream,
+            "nats-server allows them on a stream with subject delete markers: set board.expiry_marker_ttl "
+            "to 0 to refuse them (expired entries then leave no marker)" if cfg.subject_delete_marker_ttl
+            else "Run 'blackboard setup' (ensure_streams(update=True)) to refuse them")
 
     for spec in stream_specs(settings):
         config = spec.config(want)

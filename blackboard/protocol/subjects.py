@@ -129,6 +129,12 @@ class Header(StrEnum):
     DESCRIPTION = "Description"
     #: On a pull request's end-of-request status: how many of its messages were not sent.
     PENDING_MESSAGES = "Nats-Pending-Messages"
+    #: On a push consumer's idle heartbeat (status 100): the last consumer and stream
+    #: sequences it has delivered up to, and, when it is stalled, the flow-control reply
+    #: subject it waits for.
+    LAST_CONSUMER = "Nats-Last-Consumer"
+    LAST_STREAM = "Nats-Last-Stream"
+    CONSUMER_STALLED = "Nats-Consumer-Stalled"
     #: Set on an error reply of a request handler: the error class name.
     ERROR = "Bb-Error"
     #: The ``nats.micro`` error headers of a service's error reply: text and code.
@@ -409,6 +415,13 @@ class Subjects:
         """The durable consumer a worker group's handler reads its stream with: ``<group>-<handler>``
         (every worker of the group shares it)."""
         return f"{validate_name(group, 'worker group')}-{validate_name(handler, 'handler name')}"
+
+    @staticmethod
+    def consumer_create_api(stream: str, name: str, filter_subject: str) -> str:
+        """The JetStream API subject creating consumer ``name`` with one filter subject:
+        ``$JS.API.CONSUMER.CREATE.<stream>.<name>.<filter>``. The filter is in the subject,
+        so the server's permissions check it (it refuses a body whose filter differs)."""
+        return f"$JS.API.CONSUMER.CREATE.{stream}.{validate_name(name, 'consumer name')}.{filter_subject}"
 
     @staticmethod
     def consumer_next_api(stream: str, consumer: str) -> str:

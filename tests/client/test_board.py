@@ -16,6 +16,7 @@ from agents_sdk import (
     PayloadTooLargeError,
 )
 from blackboard.protocol.errors import InvalidPayloadError
+from blackboard.protocol.subjects import Subjects
 from blackboard.settings import Settings
 
 pytestmark = pytest.mark.asyncio
@@ -283,6 +284,33 @@ async def test_listings_of_keys_sections_boards(settings: Settings, unique: str)
         assert await board.sections() == []
         with pytest.raises(NotFoundError):
             await board.get("beta", "k3")
+
+
+async def test_purge_is_a_marker_without_rollup_the_history_stays(settings: Settings, unique: str) -> None:
+    """The board stream refuses rollups (issue 19): a purge writes ``KV-Operation: PURGE``
+    without ``Nats-Rollup``. The key reads as absent, the marker is its latest revision, and
+    the earlier revisions stay until the history depth pushes them out."""
+    async with Agent.connect("w", settings=settings) as agent:
+        board = agent.board(unique)
+        revs = [await board.put("s", "k", i) for i in range(3)]
+        async with board.view("s") as view, board.watch("s") as watch:
+            assert ("s", "k") in view
+            await board.purge("s", "k")
+            change = await watch.next(5)
+            await view.wait_for(lambda v: ("s", "k") not in v, timeout=5)
+        assert change.operation is Operation.PURGE and change.revision > revs[-1]
+        with pytest.raises(NotFoundError):
+            await board.get("s", "k")
+        assert await board.keys("s") == []
+        history = await board.history("s", "k")
+        assert [e.revision for e in history] == [*revs, change.revision]
+        assert [e.operation for e in history] == [Operation.PUT] * 3 + [Operation.PURGE]
+        assert (await board.get("s", "k", revision=revs[0])).value == 0  # still kept
+        stored = await agent.nc.request(Subjects.direct_get(agent.store.subjects.kv_stream,
+                                                            agent.store.subjects.entry(unique, "s", "k")), b"")
+        assert stored.headers is not None and stored.headers.get("KV-Operation") == "PURGE"
+        assert "Nats-Rollup" not in stored.headers
+        assert await board.create("s", "k", "again") > change.revision  # a purged key may be re-created
 
 
 async def test_entry_ttl_expires(settings: Settings, unique: str) -> None:

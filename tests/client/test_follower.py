@@ -4,7 +4,8 @@ readiness, callback errors and the errors of a failed start."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
 
 import nats
 import nats.errors
@@ -15,6 +16,7 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js import api
 
+from blackboard.client.consumers import INACTIVE_THRESHOLD
 from blackboard.client.follower import OrderedFollower, deliver_policy, start_error
 from blackboard.client.streams import ensure_streams
 from blackboard.protocol.errors import ConfigurationError, NotConnectedError, TransportError
@@ -90,7 +92,7 @@ async def _write(nc: NATS, subject: str, data: bytes) -> int:
 
 def _follower(nc: NATS, settings: Settings, filter_subject: str, seen: Seen, **kwargs: object) -> OrderedFollower:
     stream = Subjects(settings.board.bucket).kv_stream
-    return OrderedFollower(nc.jetstream(), stream, filter_subject, seen, **kwargs)  # type: ignore[arg-type]
+    return OrderedFollower(nc.jetstream(), stream, filter_subject, seen, nc=nc, **kwargs)  # type: ignore[arg-type]
 
 
 @pytest.mark.asyncio
@@ -185,7 +187,7 @@ async def test_stop_ends_delivery(nc: NATS, settings: Settings, unique: str) -> 
 @pytest.mark.asyncio
 async def test_missing_stream_raises_configuration_error_and_stays_unstarted(
         nc: NATS, unique: str) -> None:
-    follower = OrderedFollower(nc.jetstream(), f"NO_{unique}", f"{unique}.>", Seen())
+    follower = OrderedFollower(nc.jetstream(), f"NO_{unique}", f"{unique}.>", Seen(), nc=nc)
     for _ in range(2):  # a failed start leaves nothing that makes the next one pass
         with pytest.raises(ConfigurationError, match=f"NO_{unique}") as info:
             await follower.start()
@@ -198,7 +200,82 @@ async def test_closed_connection_raises_not_connected(settings: Settings, unique
     conn = await nats.connect(settings.nats.url)
     js = conn.jetstream()
     await conn.close()
-    follower = OrderedFollower(js, Subjects(settings.board.bucket).kv_stream, f"{unique}.>", Seen())
+    follower = OrderedFollower(js, Subjects(settings.board.bucket).kv_stream, f"{unique}.>", Seen(), nc=conn)
     with pytest.raises(NotConnectedError):
         await follower.start()
     assert not follower.started
+
+
+# ------------------------------------------------------- lost deliveries
+async def _until(predicate: Callable[[], bool], timeout: float) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not predicate():
+        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
+        await asyncio.sleep(0.02)
+
+
+@pytest.mark.asyncio
+async def test_a_gap_in_consumer_sequences_recreates_the_consumer_after_the_last_handled(
+        nc: NATS, settings: Settings, unique: str) -> None:
+    """A delivery whose consumer sequence skips one (a message lost on the way) is not
+    handed on: a new consumer, with a new name, starts after the last message handled."""
+    subjects = Subjects(settings.board.bucket)
+    revs = [await _write(nc, subjects.entry(unique, "s", "k"), v) for v in (b"1", b"2")]
+    seen = Seen()
+    async with _follower(nc, settings, subjects.entry_filter(unique), seen) as f:
+        await asyncio.wait_for(f.ready.wait(), 5)
+        first = f.consumer
+        # A delivery whose consumer sequence is 5 where 3 is next (3 and 4 were lost), handed
+        # to the follower's handler as its subscription would (the server refuses a client
+        # publish with a $JS.ACK reply, so it cannot be sent for real).
+        ack = f"$JS.ACK.{subjects.kv_stream}.{first}.1.{revs[-1] + 10}.5.{time.time_ns()}.0"
+        await f._on_delivery(Msg(nc, subject=subjects.entry(unique, "s", "k"), reply=ack, data=b"lost"))
+        assert seen.payloads == [b"1", b"2"]  # not handed on
+        await _until(lambda: f.created == 2, 5)
+        assert f.consumer != first
+        third = await _write(nc, subjects.entry(unique, "s", "k"), b"3")
+        await seen.until(3)
+        await asyncio.sleep(0.2)  # a repeat of 1 or 2 would have come by now
+        assert seen.payloads == [b"1", b"2", b"3"]
+        assert [seq for *_, seq in seen.items] == [*revs, third]
+
+
+@pytest.mark.asyncio
+async def test_a_consumer_lost_on_the_server_is_recreated_after_missed_heartbeats(
+        nc: NATS, settings: Settings, unique: str) -> None:
+    subjects = Subjects(settings.board.bucket)
+    seen = Seen()
+    async with _follower(nc, settings, subjects.entry_filter(unique), seen, start="new") as f:
+        await _write(nc, subjects.entry(unique, "s", "k"), b"1")
+        await seen.until(1)
+        await nc.jetstream().delete_consumer(subjects.kv_stream, f.consumer)  # an admin, or a restart
+        written = await _write(nc, subjects.entry(unique, "s", "k"), b"2")  # while no consumer exists
+        await seen.until(2, timeout=10)  # two missed heartbeats (2 s), then a new consumer from 2 on
+        assert f.created == 2
+        assert seen.payloads == [b"1", b"2"] and seen.items[-1][2] == written
+
+
+@pytest.mark.asyncio
+async def test_stop_leaves_the_consumer_to_the_servers_inactive_threshold(
+        nc: NATS, settings: Settings, unique: str) -> None:
+    """An agent may not delete consumers: stop only unsubscribes, and the server removes the
+    consumer once nobody listened for INACTIVE_THRESHOLD seconds."""
+    subjects = Subjects(settings.board.bucket)
+    js = nc.jetstream()
+    follower = _follower(nc, settings, subjects.entry_filter(unique), Seen(), start="new")
+    await follower.start()
+    name = follower.consumer
+    assert name is not None
+    info = await js.consumer_info(subjects.kv_stream, name)
+    assert info.config.inactive_threshold == INACTIVE_THRESHOLD
+    assert info.config.filter_subject == subjects.entry_filter(unique)
+    await follower.stop()
+    await js.consumer_info(subjects.kv_stream, name)  # still there right after stop
+    deadline = time.monotonic() + INACTIVE_THRESHOLD + 5
+    while True:
+        try:
+            await js.consumer_info(subjects.kv_stream, name)
+        except nats.js.errors.NotFoundError:
+            break
+        assert time.monotonic() < deadline, "the server did not remove the consumer"
+        await asyncio.sleep(0.1)

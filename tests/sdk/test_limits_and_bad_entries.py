@@ -4,8 +4,9 @@ findings 4 and 5).
 * At the server's consumer limit, views, watches and inboxes fail with one typed error,
   ``ConsumerLimitError``, naming the limit and the setting that raises it (before: nats-py's
   ``BadRequestError`` for a view, ``TransportError`` for an inbox).
-* Closed views and watches delete their consumers at once (before: ordered consumers lingered
-  until the server's inactivity threshold, 752 of 1,200 still counted 3 s after closing).
+* Closed views and watches leave their consumers to the server, which removes them after their
+  inactivity threshold (``INACTIVE_THRESHOLD``, 5 s): an agent has no right to delete consumers
+  (issue 19). Issue 18 had them deleted at once.
 * ``Agent.close()`` with the server gone raises nothing of nats-py's (before:
   ``ConnectionReconnectingError``).
 * A view or watch never dies because of one entry: undecodable entries are skipped and
@@ -25,6 +26,7 @@ from nats.js import JetStreamContext
 
 from agents_sdk import Agent, Change, ConsumerLimitError, TransportError, View, Watch
 from blackboard.client.connection import connect_nats
+from blackboard.client.consumers import INACTIVE_THRESHOLD
 from blackboard.client.streams import ensure_streams
 from blackboard.devstack import EmbeddedNats
 from blackboard.protocol.subjects import MESSAGE_STREAM, Subjects
@@ -83,8 +85,10 @@ async def test_views_watches_and_inboxes_at_the_consumer_limit_raise_one_typed_e
             with pytest.raises(ConsumerLimitError) as raised:
                 await board.watch().start()
             assert (raised.value.stream, raised.value.limit) == (kv, 2)
-            # Closing a view frees its consumer at once: a new one fits.
+            # Closing a view frees its consumer once the server removes it (its inactivity
+            # threshold): then a new one fits.
             await first.close()
+            assert await _count_reaches(js, kv, 1, within=INACTIVE_THRESHOLD + 3) == 1
             third = await board.view()
             await second.close()
             await third.close()
@@ -100,7 +104,8 @@ async def test_views_watches_and_inboxes_at_the_consumer_limit_raise_one_typed_e
         await nc.close()
 
 
-async def test_closed_views_and_watches_delete_their_consumers(settings: Settings, unique: str) -> None:
+async def test_closed_views_and_watches_consumers_are_removed_after_the_inactive_threshold(
+        settings: Settings, unique: str) -> None:
     s = _own_bucket(settings, unique)
     nc = await connect_nats(s.nats, name="count")
     js = nc.jetstream()
@@ -120,9 +125,11 @@ async def test_closed_views_and_watches_delete_their_consumers(settings: Setting
                 await view.close()
             for watch in watches:
                 await watch.stop()
-            # Deleted by the close itself: gone at once (the server's own inactivity threshold
-            # takes seconds), polled for a short bound only to allow for the server's bookkeeping.
-            assert await _count_reaches(js, kv, 0, within=0.5) == 0
+            # Not deleted by the close (an agent may not): the server removes each once nobody
+            # has listened on its deliver subject for INACTIVE_THRESHOLD seconds.
+            closed = time.monotonic()
+            assert await _count_reaches(js, kv, 0, within=INACTIVE_THRESHOLD + 3) == 0
+            assert time.monotonic() - closed >= INACTIVE_THRESHOLD - 1
     finally:
         await nc.close()
 
