@@ -123,9 +123,13 @@ class BoardSettings(BaseModel):
     allow_ttl: bool = True
     #: Seconds the server keeps the delete marker it places when an entry's
     #: TTL expires (watches and views see the key go; readers treat the marker
-    #: as a purge). nats-server raises any shorter entry TTL to this value, so
-    #: keep it at the smallest TTL in use; 0 places no markers.
-    expiry_marker_ttl: float = Field(1.0, ge=0)
+    #: as a purge). nats-server raises any shorter entry TTL to this value.
+    #: 0 (the default) places no markers: nats-server turns rollups and purges
+    #: back ON for a stream with markers, and then any agent allowed to write
+    #: one key could erase every board with one ``Nats-Rollup: all``
+    #: (docs/security.md). Without markers an expired entry leaves the board
+    #: (reads, the worker) but a live view learns it only from the entry's TTL.
+    expiry_marker_ttl: float = Field(0.0, ge=0)
     #: Object store bucket for large binaries.
     objects_bucket: str = Field("blackboard-objects", pattern=r"^[A-Za-z0-9_-]+$")
 
