@@ -18,6 +18,12 @@ ack handler releases the write's slot, one timer per publisher checks the
 writes still waiting (only while some are), and a pipelined write's future is
 resolved by the ack handler itself to what its caller needs (the revision or
 the typed refusal), with no callback chained to it.
+
+A write or a request the server refuses for want of a right (an asynchronous
+``Permissions Violation`` error, after which no ack or reply ever comes) fails
+at once with ``PermissionDeniedError``: the publisher listens to its
+connection's :class:`~blackboard.client.connection.PermissionViolations` and
+fails the sends waiting on that subject; a request waits inside a guard of it.
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
+from blackboard.client.connection import Kind, permission_violations
 from blackboard.client.consumers import read_first
 from blackboard.protocol.errors import (
     BlackboardError,
@@ -122,6 +129,11 @@ class Publisher:
         self._ticker: asyncio.TimerHandle | None = None
         #: When the ticker last saw the connection down (seconds count only while connected).
         self._offline_at = -math.inf
+        #: The server's permission refusals on this connection (None: not made by connect_nats).
+        self._violations = permission_violations(nc)
+        #: The subject of each send awaiting its ack, by reply token (kept while
+        #: ``_violations`` is known, to fail the sends the server refused).
+        self._subjects: dict[str, str] = {}
 
     def msg_id(self) -> str:
         """A new unique ``Nats-Msg-Id``."""
@@ -134,7 +146,31 @@ class Publisher:
             self._sub = await self.nc.subscribe(Subjects.reply_inbox(prefix, "*"), cb=self._on_ack)
             self._inbox = prefix + "."
             self._slots = asyncio.Semaphore(self.settings.max_pending_writes)
+            if self._violations is not None:
+                self._violations.add_listener(self._on_violation)
         return self._inbox
+
+    def _on_violation(self, kind: Kind, subject: str) -> None:
+        """The server refused a publish to ``subject`` (lower-cased): fail the sends waiting on it
+        (no ack will come). Sends to subjects that differ only in case cannot be told apart: then
+        none is failed here, and :meth:`publish` finds the refusal when their attempt times out."""
+        if kind != "publish" or self._violations is None:
+            return
+        tokens = [t for t, s in self._subjects.items() if s.lower() == subject]
+        if not tokens or len({self._subjects[t] for t in tokens}) > 1:
+            return
+        error = self._violations.error("publish", self._subjects[tokens[0]])
+        for token in tokens:
+            del self._subjects[token]
+            fut = self._acks.pop(token, None)
+            refusal = self._refusals.pop(token, None)
+            if fut is None:
+                continue
+            self._release()
+            if not fut.done():
+                fut.set_exception(error)
+                if refusal is not None:
+                    fut.exception()  # seen: the pipeline's flush reports it, a caller need not
 
     async def _on_ack(self, msg: Msg) -> None:
         assert self._inbox is not None
@@ -143,6 +179,8 @@ class Publisher:
         if fut is None:
             return
         self._release()
+        if self._subjects:
+            self._subjects.pop(token, None)
         refusal = self._refusals.pop(token, None) if self._refusals else None
         if fut.done():  # cancelled by its caller
             return
@@ -205,12 +243,15 @@ class Publisher:
         self._acks[token] = fut
         if refusal is not None:
             self._refusals[token] = refusal
+        if self._violations is not None:
+            self._subjects[token] = subject
         try:
             await self.nc.publish(subject, payload, reply=inbox + token, headers=headers)
         except BaseException:
             if self._acks.pop(token, None) is not None:
                 slots.release()
             self._refusals.pop(token, None)
+            self._subjects.pop(token, None)
             fut.cancel()
             raise
         return fut
@@ -227,6 +268,7 @@ class Publisher:
         for token in [t for t, f in self._acks.items() if f in forgotten]:
             del self._acks[token]
             self._refusals.pop(token, None)
+            self._subjects.pop(token, None)
             self._release()
         self._unanswered.difference_update(forgotten)
         if cancel:
@@ -374,12 +416,14 @@ class Publisher:
         Raises:
             NotConnectedError: not connected within ``write_timeout``.
             OperationTimeoutError: connected, but no ack within ``write_timeout``.
+            PermissionDeniedError: the server refused the publish (no right for the subject).
             PayloadTooLargeError: larger than the server's max payload.
             BlackboardError: the server refused it (via ``map_api_error``,
                 ``TransportError`` by default).
         """
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.settings.write_timeout
+        started = loop.time()
+        deadline = started + self.settings.write_timeout
         pause_cap = max(0.05, self.settings.write_attempt_timeout / 2)
         delay = 0.05
         maybe_sent = resend
@@ -393,6 +437,9 @@ class Publisher:
                 try:
                     return await self._wait(fut, epoch, deadline)
                 except nats.errors.TimeoutError:
+                    violations = self._violations
+                    if violations is not None and violations.refused("publish", subject, started):
+                        raise violations.error("publish", subject, what) from None
                     if loop.time() >= deadline:
                         raise
                     continue  # sent again at once: the attempt already waited
@@ -464,7 +511,14 @@ class Publisher:
 
         Raises:
             NotConnectedError, OperationTimeoutError: no answer in time.
+            PermissionDeniedError: the server refused the request (no right for the subject).
         """
+        if self._violations is None:
+            return await self._request(subject, payload, what)
+        with self._violations.guard(subject, what):
+            return await self._request(subject, payload, what)
+
+    async def _request(self, subject: str, payload: bytes, what: str) -> Msg:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.settings.write_timeout
         delay = 0.05
@@ -492,7 +546,10 @@ class Publisher:
                 fut.cancel()
         self._acks.clear()
         self._refusals.clear()
+        self._subjects.clear()
         self._unanswered.clear()
+        if self._violations is not None:
+            self._violations.remove_listener(self._on_violation)
         if self._ticker is not None:
             self._ticker.cancel()
             self._ticker = None
