@@ -21,13 +21,14 @@ from agents_sdk.messaging.send import Sent
 from agents_sdk.objects import ObjectStore
 from agents_sdk.search import RecallArgs, SearchClient
 from blackboard.client.board_store import BoardStore
-from blackboard.client.connection import connect_nats
+from blackboard.client.connection import check_nats_url, connect_nats
 from blackboard.client.streams import ensure_streams
 from blackboard.protocol import codec
 from blackboard.protocol.schemas.memory import MemoryKind
 from blackboard.protocol.schemas.message_search import MessageHit
 from blackboard.protocol.schemas.search import MemoryHit, SearchFilters
 from blackboard.protocol.subjects import validate_name
+from blackboard.security.credentials import CredentialsArg, find_credentials
 from blackboard.settings import Settings
 
 __all__ = ["Agent"]
@@ -63,7 +64,7 @@ class Agent:
 
     @classmethod
     def connect(cls, agent_id: str, *, nats_url: str | None = None, settings: Settings | None = None,
-                ensure: bool = True) -> _Connector:
+                ensure: bool = True, credentials: CredentialsArg | None = None) -> _Connector:
         """Connect an agent; use as ``async with Agent.connect(...) as agent`` or ``await``.
 
         Args:
@@ -71,12 +72,22 @@ class Agent:
                 it is the author of every write.
             nats_url: overrides ``settings.nats.url``.
             settings: defaults to ``Settings()`` (``BLACKBOARD_*`` environment).
-            ensure: create the JetStream assets if they are missing.
+            ensure: create the JetStream assets if they are missing (only on an
+                open bus: with a credential the worker or ``blackboard dev``
+                creates them; an agent holds no right to).
+            credentials: this agent's credential: a path to its ``.creds`` file or a
+                ``Credentials``. None: ``settings.nats.creds_file``, then
+                ``<settings.nats.credentials_dir>/<agent_id>.creds``, then
+                ``<settings.dev.data_dir>/auth/creds/<agent_id>.creds`` (what
+                ``blackboard dev`` writes); see docs/security.md.
 
         Raises:
             InvalidKeyError: invalid agent id.
             ConfigurationError: the NATS URL is malformed (an unknown scheme,
                 no host, a bad port), found before connecting.
+            AuthenticationError: no credential for ``agent_id`` (unless
+                ``settings.nats.insecure_open_bus``), a credential issued for
+                another id (both before connecting), or the server refused it.
             NotConnectedError: no NATS server answered (the message names a
                 host that does not resolve, or the last connection error).
         """
@@ -84,7 +95,7 @@ class Agent:
         settings = settings or Settings()
         if nats_url is not None:
             settings = settings.model_copy(update={"nats": settings.nats.model_copy(update={"url": nats_url})})
-        return _Connector(cls, agent_id, settings, ensure)
+        return _Connector(cls, agent_id, settings, ensure, credentials)
 
     def board(self, name: str) -> Board:
         """The handle of board ``name`` (cheap; cached per name)."""
@@ -296,17 +307,25 @@ class Agent:
 class _Connector:
     """Awaitable and async context manager returned by :meth:`Agent.connect`."""
 
-    def __init__(self, cls: type[Agent], agent_id: str, settings: Settings, ensure: bool) -> None:
+    def __init__(self, cls: type[Agent], agent_id: str, settings: Settings, ensure: bool,
+                 credentials: CredentialsArg | None = None) -> None:
         self._cls = cls
         self._agent_id = agent_id
         self._settings = settings
         self._ensure = ensure
+        self._credentials = credentials
         self._agent: Agent | None = None
 
     async def _open(self) -> Agent:
-        nc = await connect_nats(self._settings.nats, name=f"agent:{self._agent_id}")
+        check_nats_url(self._settings.nats.url)  # a malformed URL is told before a missing credential
+        found = find_credentials(self._agent_id, self._settings, self._credentials)
+        nats_settings = self._settings.nats
+        if found is None and nats_settings.creds_file is not None:  # another id's, passed over: none
+            nats_settings = nats_settings.model_copy(update={"creds_file": None})
+        nc = await connect_nats(nats_settings, name=f"agent:{self._agent_id}", credentials=found)
         try:
-            if self._ensure:
+            # An agent with a credential has no right to create streams (the worker does).
+            if self._ensure and found is None:
                 await ensure_streams(nc.jetstream(timeout=self._settings.nats.request_timeout), self._settings)
             agent = self._cls(self._agent_id, nc, self._settings)
         except BaseException:
