@@ -9,7 +9,14 @@ as its worker name, the CLI as the operator. Its credential (a NATS
 2. ``settings.nats.creds_file`` (``BLACKBOARD_NATS__CREDS_FILE``);
 3. ``<settings.nats.credentials_dir>/<id>.creds`` (``BLACKBOARD_NATS__CREDENTIALS_DIR``);
 4. ``<settings.dev.data_dir>/auth/creds/<id>.creds``: what ``blackboard dev`` and
-   ``blackboard auth add`` write.
+   ``blackboard auth add`` write;
+5. on a host that holds the identity authority (``settings.security.authority_dir``,
+   or the ``<dev.data_dir>/auth`` of ``blackboard dev`` when its signing keys
+   are there: an operator's or a developer's machine, the test suite), the
+   authority itself: the principal's current credential, issued now if it
+   has none (the id must be declared in the policy, e.g. by a glob such as
+   the example team's ``team-*``). Holding the signing keys is the power to
+   issue any declared identity already, so this grants nothing new.
 
 The user JWT's ``name`` claim is the principal the credential was issued for;
 a credential issued for another id is never used (the server would take it
@@ -33,7 +40,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from blackboard.protocol.errors import AuthenticationError, InvalidKeyError
+from blackboard.protocol.errors import AuthenticationError, ConfigurationError, InvalidKeyError
 from blackboard.protocol.subjects import validate_name
 from blackboard.security.jwt import Credentials
 from blackboard.settings import Settings
@@ -198,6 +205,14 @@ def find_credentials(principal: str, settings: Settings,
             passed_over = found  # the process-wide file is another identity's: look on
             continue
         raise _mismatch(principal, found)
+    try:
+        from_authority = _from_authority(principal, settings)
+    except AuthenticationError:
+        if not settings.nats.insecure_open_bus:
+            raise
+        from_authority = None  # the open bus does without (the id is not declared)
+    if from_authority is not None:
+        return from_authority
     if settings.nats.insecure_open_bus:
         _warn_open_bus()
         return None
@@ -206,10 +221,29 @@ def find_credentials(principal: str, settings: Settings,
             if passed_over is not None else "")
     raise AuthenticationError(
         f"no credential for {principal!r}{also}. Searched: the credentials argument (none given); "
-        f"{searched}. Issue one with `blackboard auth add {principal}` (or run `blackboard dev --agent "
+        f"{searched}; no identity authority on this host (security.authority_dir). Issue one with `blackboard auth add {principal}` (or run `blackboard dev --agent "
         f"{principal}`) and point nats.creds_file or nats.credentials_dir at it, or pass "
         f"credentials=<path to {principal}.creds>. Only on a dev machine: an open bus without "
         "authorization (BLACKBOARD_NATS__INSECURE_OPEN_BUS=true).", principal)
+
+
+def _from_authority(principal: str, settings: Settings) -> FoundCredentials | None:
+    """The principal's credential from the authority this host holds, if it holds one."""
+    from blackboard.security.authority import Authority  # the signing side, only on its hosts
+
+    authority = Authority.from_settings(settings)
+    if settings.security.authority_dir is None and not authority.initialized:
+        return None
+    path = authority.credentials_path(principal)
+    origin = f"the identity authority (security.authority_dir: {authority.directory})"
+    try:
+        creds = authority.credentials_for(principal)
+    except ConfigurationError as exc:
+        raise AuthenticationError(f"no credential for {principal!r} from {origin}: {exc}", principal) from exc
+    found = FoundCredentials(creds, credential_principal(creds, origin), origin, path, _ca_beside(path))
+    if found.principal != principal:
+        raise _mismatch(principal, found)
+    return found
 
 
 def resolve_credentials(principal: str, settings: Settings,

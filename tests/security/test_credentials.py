@@ -210,3 +210,53 @@ def test_found_credentials_do_not_show_the_seed(tmp_path: Path) -> None:
     creds = _creds("alice")
     found = find_credentials("alice", _settings(tmp_path), creds)
     assert creds.seed not in repr(found)
+
+
+# -- the authority this host holds -------------------------------------------------------
+
+_AUTHORITY_POLICY = """\
+version = 1
+[agents."team-*"]
+boards = { "*" = ["read"] }
+[operators.operator]
+"""
+
+
+def _authority_settings(tmp_path: Path, *, explicit: bool, **nats: object) -> Settings:
+    from blackboard.settings import SecuritySettings
+
+    s = _settings(tmp_path, **nats)
+    if explicit:
+        s = s.model_copy(update={"security": SecuritySettings(authority_dir=tmp_path / "authority")})
+    return s
+
+
+@pytest.mark.parametrize("explicit", [True, False])
+def test_a_host_that_holds_the_authority_is_issued_a_declared_ids_credential(tmp_path: Path,
+                                                                             explicit: bool) -> None:
+    from blackboard.protocol.subjects import Grants
+    from blackboard.security.authority import Authority
+
+    directory = tmp_path / "authority" if explicit else tmp_path / "dev" / "auth"  # the dev one: its keys exist
+    authority = Authority(directory, Grants())
+    authority.init(policy=_AUTHORITY_POLICY)
+    s = _authority_settings(tmp_path, explicit=explicit)
+    found = find_credentials("team-x-planner", s)
+    assert found is not None and found.principal == "team-x-planner"
+    assert found.path == directory / "creds" / "team-x-planner.creds"
+    assert "identity authority" in found.origin
+    again = find_credentials("team-x-planner", s)  # the same key, not a new one each time
+    assert again is not None and again.credentials == found.credentials
+    with pytest.raises(AuthenticationError, match="not declared"):
+        find_credentials("stranger", s)
+    # on an open bus an undeclared id connects without a credential instead
+    assert find_credentials("stranger", s.model_copy(
+        update={"nats": NatsSettings(insecure_open_bus=True)})) is None
+
+
+def test_an_authority_dir_without_keys_is_an_authentication_error(tmp_path: Path) -> None:
+    with pytest.raises(AuthenticationError, match="from the identity authority"):
+        find_credentials("team-x", _authority_settings(tmp_path, explicit=True))
+    # the dev directory without keys is simply not an authority
+    with pytest.raises(AuthenticationError, match="no credential for 'team-x'"):
+        find_credentials("team-x", _authority_settings(tmp_path, explicit=False))
