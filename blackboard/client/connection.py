@@ -385,6 +385,8 @@ async def connect_nats(settings: NatsSettings, *, name: str,
     violations = PermissionViolations(found.principal if found is not None else None)
     #: The errors of the first connect's attempts (the last few), to say why it failed.
     errors: collections.deque[Exception] = collections.deque(maxlen=4)
+    #: The connection, once made (for the closed callback).
+    opened: list[NATS] = []
     #: An error no further attempt can mend (the credential refused, the certificate not
     #: verified): the first connect stops at once (nats-py would also hang after a failed
     #: TLS handshake, waiting for the socket to close: nats-io/nats.py#718).
@@ -395,6 +397,15 @@ async def connect_nats(settings: NatsSettings, *, name: str,
 
     async def _reconnected() -> None:
         log.info("%s: reconnected to NATS", name)
+
+    async def _closed() -> None:
+        # The server ends the connection of a credential revoked or expired meanwhile
+        # (nats-py closes it without calling the error callback, and does not reconnect).
+        last = opened[0].last_error if opened else None
+        if last is not None and _auth_refusal(last) is not None:
+            log.error("%s: NATS closed the connection: %s (the credential%s is no longer accepted; "
+                      "issue a new one with `blackboard auth add`)", name, last,
+                      f" of {found.principal!r}" if found is not None else "")
 
     async def _error(exc: Exception) -> None:
         errors.append(exc)
@@ -425,6 +436,7 @@ async def connect_nats(settings: NatsSettings, *, name: str,
         "allow_reconnect": True,
         "disconnected_cb": _disconnected,
         "reconnected_cb": _reconnected,
+        "closed_cb": _closed,
         "error_cb": _error,
         # Keep writes made during an outage in the client buffer (up to 64 MiB)
         # so they go out on reconnect; JetStream acks still decide success.
@@ -456,5 +468,6 @@ async def connect_nats(settings: NatsSettings, *, name: str,
             raise _authentication_error(settings, found, refusal) from exc
         raise NotConnectedError(f"cannot connect to NATS at {settings.url}: {exc}") from exc
     nc.options["max_reconnect_attempts"] = settings.max_reconnect_attempts
+    opened.append(nc)
     _REGISTRIES[nc] = violations
     return nc

@@ -171,15 +171,18 @@ async def test_an_unknown_credential_is_refused_by_the_server(secure: SecureStac
 
 
 @pytest.mark.asyncio
-async def test_a_revoked_credential_is_refused(secure: SecureStack) -> None:
+async def test_a_revoked_credential_is_refused(secure: SecureStack, caplog: pytest.LogCaptureFixture) -> None:
     s = secure.settings()
     carol = find_credentials("carol", s)
     assert carol is not None
-    nc = await connect_nats(s.nats, name="carol", credentials=carol)  # accepted before the revocation
-    await nc.close()
+    live = await connect_nats(s.nats, name="carol", credentials=carol)  # accepted before the revocation
     assert secure.authority.revoke("carol")
     secure.server.reload()
     deadline = time.monotonic() + 10
+    while not live.is_closed:  # the server ends the live connection (no reconnect)
+        assert time.monotonic() < deadline, "the revoked credential's connection is still open"
+        await asyncio.sleep(0.05)
+    assert any("no longer accepted" in r.getMessage() and r.levelname == "ERROR" for r in caplog.records)
     while True:  # the server applies the reload in the background
         try:
             nc = await connect_nats(s.nats, name="carol", credentials=carol)
