@@ -45,6 +45,7 @@ from blackboard.protocol.errors import (
     NoResponderError,
     NotConnectedError,
     PayloadTooLargeError,
+    PermissionDeniedError,
     RemoteError,
     RequestTimeoutError,
 )
@@ -239,7 +240,9 @@ class Responder:
         only after the server handled everything queued before it. (``flush``
         is not enough: nats-py writes its PING ahead of queued commands.)
         """
-        with contextlib.suppress(nats.errors.NoRespondersError, nats.errors.TimeoutError):
+        # With a credential the server refuses the publish to our own inbox: its refusal
+        # comes back just as fast, after the SUB too, so it is the barrier as well.
+        with contextlib.suppress(nats.errors.NoRespondersError, nats.errors.TimeoutError, PermissionDeniedError):
             await self._nc.request(self._nc.new_inbox(), b"", timeout=self._settings.nats.request_timeout)
 
     async def _on_request(self, msg: Msg) -> None:

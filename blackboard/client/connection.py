@@ -31,6 +31,7 @@ import nats
 import nats.errors
 import nkeys
 from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
 from nats.errors import NoServersError
 
 from blackboard.protocol.errors import (
@@ -49,7 +50,7 @@ from blackboard.security.jwt import Credentials
 from blackboard.security.tls import client_context
 from blackboard.settings import NatsSettings
 
-__all__ = ["PermissionViolations", "check_nats_url", "connect_nats", "permission_violations"]
+__all__ = ["Connection", "PermissionViolations", "check_nats_url", "connect_nats", "permission_violations"]
 
 log = logging.getLogger("blackboard.client.connection")
 
@@ -110,10 +111,6 @@ _VIOLATION_RE = re.compile(r'permissions violation for (publish|subscription) to
 #: Distinct refusals a connection remembers (the oldest are forgotten first).
 _REMEMBERED = 256
 
-#: The registry of each connection made by :func:`connect_nats` (dropped with the connection).
-_REGISTRIES: weakref.WeakKeyDictionary[NATS, PermissionViolations] = weakref.WeakKeyDictionary()
-
-
 def parse_violation(message: str) -> tuple[Kind, str] | None:
     """``(kind, subject)`` of a server's permissions-violation error text (the subject as the
     client received it: nats-py lower-cases the text), or None for any other error."""
@@ -125,10 +122,7 @@ def parse_violation(message: str) -> tuple[Kind, str] | None:
 
 def permission_violations(nc: NATS) -> PermissionViolations | None:
     """The permission refusals of a connection made by :func:`connect_nats` (None for another)."""
-    try:
-        return _REGISTRIES.get(nc)
-    except TypeError:  # not hashable or not weakly referable: not a connection of connect_nats
-        return None
+    return nc.violations if isinstance(nc, Connection) else None
 
 
 class _Guard:
@@ -137,7 +131,7 @@ class _Guard:
 
     __slots__ = ("_owner", "cancelled", "subject", "task", "tripped", "what")
 
-    def __init__(self, owner: PermissionViolations, subject: str, what: str) -> None:
+    def __init__(self, owner: PermissionViolations, subject: str, what: str | None) -> None:
         self._owner = owner
         self.subject = subject
         self.what = what
@@ -227,7 +221,7 @@ class PermissionViolations:
     def remove_listener(self, listener: Callable[[Kind, str], None]) -> None:
         self._listeners = [r for r in self._listeners if r() is not None and r() != listener]
 
-    def guard(self, subject: str, what: str) -> _Guard:
+    def guard(self, subject: str, what: str | None = None) -> _Guard:
         """``with violations.guard(subject, what): await ...``: when the server refuses a publish
         to ``subject`` meanwhile, the await ends and the block raises :class:`PermissionDeniedError`
         (the waiting task is cancelled and the cancellation turned into the error)."""
@@ -241,6 +235,22 @@ class PermissionViolations:
         return PermissionDeniedError(
             f"permission denied: the server refused to let {who} {verb} {subject}{doing}; "
             "the identity holds no right for it (docs/security.md)", operation=f"{verb} {subject}")
+
+
+class Connection(NATS):
+    """The nats-py client :func:`connect_nats` returns: its requests (the SDK's reads,
+    nats-py's JetStream API calls) fail at once with :class:`PermissionDeniedError` when the
+    server refuses their publish, instead of waiting out their timeout."""
+
+    def __init__(self, violations: PermissionViolations) -> None:
+        super().__init__()
+        #: The server's permission refusals on this connection.
+        self.violations = violations
+
+    async def request(self, subject: str, payload: bytes = b"", timeout: float = 0.5, old_style: bool = False,
+                      headers: dict[str, Any] | None = None) -> Msg:
+        with self.violations.guard(subject, None):
+            return await super().request(subject, payload, timeout=timeout, old_style=old_style, headers=headers)
 
 
 # ------------------------------------------------------------ connecting
@@ -322,9 +332,9 @@ def _found(settings: NatsSettings, credentials: FoundCredentials | Credentials |
     return None
 
 
-async def _first_connect(options: dict[str, Any], fatal: asyncio.Future[Exception]) -> NATS:
-    """``nats.connect(**options)``, given up at once when ``fatal`` gets an error (raised)."""
-    attempt = asyncio.ensure_future(nats.connect(**options))
+async def _first_connect(nc: Connection, options: dict[str, Any], fatal: asyncio.Future[Exception]) -> None:
+    """``nc.connect(**options)``, given up at once when ``fatal`` gets an error (raised)."""
+    attempt = asyncio.ensure_future(nc.connect(**options))
     try:
         await asyncio.wait((attempt, fatal), return_when=asyncio.FIRST_COMPLETED)
     finally:
@@ -334,7 +344,7 @@ async def _first_connect(options: dict[str, Any], fatal: asyncio.Future[Exceptio
                 await attempt
     if attempt.cancelled():
         raise fatal.result()
-    return attempt.result()
+    attempt.result()
 
 
 def _credential_callbacks(creds: Credentials, origin: str) -> dict[str, Any]:
@@ -413,8 +423,9 @@ async def connect_nats(settings: NatsSettings, *, name: str,
             fatal.set_result(exc)
         violation = parse_violation(str(exc))
         if violation is not None:
+            # INFO: the operation that was refused raises PermissionDeniedError to its caller.
             if violations.record(*violation):
-                log.warning("%s: NATS refused to let %s %s %s (no right for it)", name,
+                log.info("%s: NATS refused to let %s %s %s (no right for it)", name,
                             violations.principal or "this connection",
                             "publish to" if violation[0] == "publish" else "subscribe to", violation[1])
             return
@@ -459,7 +470,8 @@ async def connect_nats(settings: NatsSettings, *, name: str,
         options["tls"] = client_context(ca_file)
     ca = str(ca_file) if ca_file is not None else "the system's CAs"
     try:
-        nc = await _first_connect(options, fatal)
+        nc = Connection(violations)
+        await _first_connect(nc, options, fatal)
     except (NoServersError, OSError, TimeoutError) as exc:
         raise await _not_connected(settings, servers, errors, exc, found, ca) from exc
     except nats.errors.Error as exc:
@@ -469,5 +481,4 @@ async def connect_nats(settings: NatsSettings, *, name: str,
         raise NotConnectedError(f"cannot connect to NATS at {settings.url}: {exc}") from exc
     nc.options["max_reconnect_attempts"] = settings.max_reconnect_attempts
     opened.append(nc)
-    _REGISTRIES[nc] = violations
     return nc

@@ -23,7 +23,7 @@ A write or a request the server refuses for want of a right (an asynchronous
 ``Permissions Violation`` error, after which no ack or reply ever comes) fails
 at once with ``PermissionDeniedError``: the publisher listens to its
 connection's :class:`~blackboard.client.connection.PermissionViolations` and
-fails the sends waiting on that subject; a request waits inside a guard of it.
+fails the sends waiting on that subject (the connection's own requests fail at once too).
 """
 
 from __future__ import annotations
@@ -50,6 +50,7 @@ from blackboard.protocol.errors import (
     NotConnectedError,
     OperationTimeoutError,
     PayloadTooLargeError,
+    PermissionDeniedError,
     TransportError,
 )
 from blackboard.protocol.subjects import Header, Subjects
@@ -513,10 +514,10 @@ class Publisher:
             NotConnectedError, OperationTimeoutError: no answer in time.
             PermissionDeniedError: the server refused the request (no right for the subject).
         """
-        if self._violations is None:
+        try:
             return await self._request(subject, payload, what)
-        with self._violations.guard(subject, what):
-            return await self._request(subject, payload, what)
+        except PermissionDeniedError as exc:  # the connection's request saw the refusal: say what it was for
+            raise PermissionDeniedError(f"{exc} ({what})", exc.operation) from exc
 
     async def _request(self, subject: str, payload: bytes, what: str) -> Msg:
         loop = asyncio.get_running_loop()

@@ -8,8 +8,7 @@ from typing import Any
 import pytest
 
 from agents_sdk import Agent
-from blackboard.client import connection
-from blackboard.client.connection import connect_nats
+from blackboard.client.connection import Connection, connect_nats
 from blackboard.devstack import EmbeddedNats
 from blackboard.protocol.errors import ConfigurationError, NotConnectedError
 from blackboard.settings import NatsSettings
@@ -23,10 +22,10 @@ def _settings(url: str) -> NatsSettings:
 def no_connect(monkeypatch: pytest.MonkeyPatch) -> None:
     """Fail the test if a connection is attempted (a URL must be refused before that)."""
 
-    async def refuse(**options: Any) -> None:
+    async def refuse(self: Connection, **options: Any) -> None:
         raise AssertionError(f"connected to {options['servers']!r}")
 
-    monkeypatch.setattr(connection.nats, "connect", refuse)
+    monkeypatch.setattr(Connection, "connect", refuse)
 
 
 @pytest.mark.asyncio

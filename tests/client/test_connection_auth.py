@@ -14,13 +14,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import nats
 import pytest
 import pytest_asyncio
 from nats.aio.client import Client as NATS
 
 from agents_sdk import Agent
-from blackboard.client.connection import connect_nats, permission_violations
+from blackboard.client.connection import Connection, connect_nats, permission_violations
 from blackboard.client.publisher import Publisher
 from blackboard.client.streams import ensure_streams
 from blackboard.devstack import EmbeddedNats
@@ -110,10 +109,10 @@ async def alice_nc(secure: SecureStack) -> AsyncIterator[NATS]:
 def no_connect(monkeypatch: pytest.MonkeyPatch) -> None:
     """Fail the test if a connection is attempted (the refusal must come before that)."""
 
-    async def refuse(**options: Any) -> None:
+    async def refuse(self: Connection, **options: Any) -> None:
         raise AssertionError(f"connected to {options['servers']!r}")
 
-    monkeypatch.setattr(nats, "connect", refuse)
+    monkeypatch.setattr(Connection, "connect", refuse)
 
 
 # -- connecting ------------------------------------------------------------------------
@@ -296,6 +295,29 @@ async def test_a_request_to_a_forbidden_subject_fails_fast(secure: SecureStack, 
     # the connection is still good for what alice may do
     reply = await publisher.request("$JS.API.INFO", b"", what="the account info")
     assert "memory" in json.loads(reply.data)
+
+
+@pytest.mark.asyncio
+@pytest.mark.usefixtures("streams")
+async def test_a_jetstream_api_call_without_the_right_fails_fast(alice_nc: NATS) -> None:
+    # nats-py's own JetStream calls go through the connection's request too
+    started = time.monotonic()
+    with pytest.raises(PermissionDeniedError, match=r"\$JS.API.STREAM.DELETE.BB_VOTE"):
+        await alice_nc.jetstream(timeout=5).delete_stream("BB_VOTE")
+    assert time.monotonic() - started < FAST
+
+
+@pytest.mark.asyncio
+@pytest.mark.usefixtures("streams")
+async def test_request_handlers_start_fast_and_answer_with_a_credential(secure: SecureStack) -> None:
+    # handle() waits until the server has its subscription: with a credential by the refusal
+    # of a publish to the agent's own inbox, as fast as the "no responders" of an open bus
+    async with Agent.connect("alice", settings=secure.settings()) as alice, \
+            Agent.connect("bob", settings=secure.settings()) as bob:
+        started = time.monotonic()
+        await bob.handle("ping", lambda req: {"pong": True})
+        assert time.monotonic() - started < FAST
+        assert await alice.request("bob", "ping", {}) == {"pong": True}
 
 
 @pytest.mark.asyncio
