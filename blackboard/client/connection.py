@@ -111,6 +111,7 @@ _VIOLATION_RE = re.compile(r'permissions violation for (publish|subscription) to
 #: Distinct refusals a connection remembers (the oldest are forgotten first).
 _REMEMBERED = 256
 
+
 def parse_violation(message: str) -> tuple[Kind, str] | None:
     """``(kind, subject)`` of a server's permissions-violation error text (the subject as the
     client received it: nats-py lower-cases the text), or None for any other error."""
