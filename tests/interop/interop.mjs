@@ -1,21 +1,36 @@
-// A blackboard client in JavaScript, written from docs/protocol.md alone.
+// A blackboard client in JavaScript, written from docs/protocol.md and
+// docs/security.md alone.
 //
 // Usage: node interop.mjs '<json scenario>'   (or the scenario in $BB_INTEROP_SCENARIO)
 //
-// The scenario names the NATS URL, the bucket, the board and section, the key
-// the Python SDK wrote (`read_key`) and the key to create (`create_key`).
-// The program:
+// It connects as an agent (docs/protocol.md, "From another language"): with the
+// agent's `.creds` file (`creds`), verifying the server's TLS certificate with
+// the CA file `ca`, and with the reply-inbox prefix `_INBOX.<agent id>`, the
+// agent id being the `name` claim of the credential's user JWT. It uses only
+// the subjects an agent may use (docs/security.md §3): publishes to
+// `$KV.<bucket>.<board>.>`, direct gets of the last message of one subject
+// (`$JS.API.DIRECT.GET.<stream>.<subject>`, no body) and one-shot consumers
+// created through `$JS.API.CONSUMER.CREATE.<stream>.<name>.<filter>`.
+//
+// The scenario names the NATS URL, the credential and CA files, the bucket, the
+// board and section, the key the Python SDK wrote (`read_key`) and the key to
+// create (`create_key`). The program:
 //   (a) reads the Python entry by direct get and decodes its msgpack envelope,
 //       checks its fields, decodes the key back from the subject, and reads it
-//       again at its revision (direct get by sequence);
+//       again at its revision (a one-shot consumer from that stream sequence);
 //   (b) updates that key with compare-and-set (msgpack envelope) and creates
 //       `create_key` (create = CAS on revision 0) as JSON with Bb-Encoding: json;
 //   (c) retries the update with the now stale revision and reports the error.
+// With `"mode": "refusals"` it instead reports what the server refuses: a
+// connection without a credential, and a write to `board` (one the agent holds
+// no right on), next to a write to `own_board` (one it does), a direct get on
+// `board`, and the bare direct get whose body names the subject.
 // It prints one JSON line with what it saw and wrote, and exits 0; any
 // protocol violation it notices exits 1 with {"ok": false, "error": ...}.
 
 import { randomUUID } from "node:crypto";
-import { connect, headers as natsHeaders, Empty } from "nats";
+import { readFileSync } from "node:fs";
+import { connect, createInbox, credsAuthenticator, headers as natsHeaders, Empty } from "nats";
 import { encode as mpEncode, decode as mpDecode } from "@msgpack/msgpack";
 
 // ---------------------------------------------------------------- protocol
@@ -71,50 +86,104 @@ function envelope(value, author, { contentType = "application/json", tags = [], 
   };
 }
 
-/** Decode a stored KV message (direct get reply) into an entry. */
-function decodeStored(bucket, msg) {
-  const h = msg.headers;
-  // A headers-only status reply (e.g. "NATS/1.0 404 Message Not Found").
-  if (h && h.code >= 300) return { status: String(h.code), description: h.description };
-  if (!h) throw new Error("direct get reply without headers");
-  const subject = h.get("Nats-Subject");
-  const op = h.get("KV-Operation") || "PUT";
-  const entry = {
-    ...parseEntrySubject(bucket, subject),
-    subject,
-    revision: Number(h.get("Nats-Sequence")),
-    stored_at: h.get("Nats-Time-Stamp"),
-    operation: op,
-  };
-  if (op !== "PUT" || msg.data.length === 0) return entry;
-  const json = (h.get("Bb-Encoding") || "").toLowerCase() === "json";
-  const env = json ? JSON.parse(new TextDecoder().decode(msg.data)) : mpDecode(msg.data);
+/** Decode a stored KV message into an entry: its subject, revision (stream
+ * sequence) and stored time, its headers and payload. */
+function decodeEntry(bucket, subject, revision, storedAt, h, data) {
+  const op = h?.get("KV-Operation") || "PUT";
+  const entry = { ...parseEntrySubject(bucket, subject), subject, revision, stored_at: storedAt, operation: op };
+  if (op !== "PUT" || data.length === 0) return entry;
+  const json = (h?.get("Bb-Encoding") || "").toLowerCase() === "json";
+  const env = json ? JSON.parse(new TextDecoder().decode(data)) : mpDecode(data);
   if (env === null || typeof env !== "object" || !("value" in env)) throw new Error("not an entry envelope");
   return { ...entry, encoding: json ? "json" : "msgpack", envelope: env };
 }
 
+/** A direct get reply: the stored message, or a headers-only status (404). */
+function decodeDirect(bucket, msg) {
+  const h = msg.headers;
+  // A headers-only status reply (e.g. "NATS/1.0 404 Message Not Found").
+  if (h && h.code >= 300) return { status: String(h.code), description: h.description };
+  if (!h) throw new Error("direct get reply without headers");
+  return decodeEntry(bucket, h.get("Nats-Subject"), Number(h.get("Nats-Sequence")), h.get("Nats-Time-Stamp"),
+    h, msg.data);
+}
+
+/** A consumer delivery's stream sequence and timestamp, from its ack subject
+ * (`$JS.ACK.<stream>.<consumer>.<delivered>.<stream seq>.<consumer seq>.<ns>.<pending>`;
+ * with 11 or more tokens the same fields start at the fifth). */
+function ackInfo(reply) {
+  const t = (reply || "").split(".");
+  if (t[0] !== "$JS" || t[1] !== "ACK" || t.length < 9 || t.length === 10) throw new Error(`not an ack subject: ${reply}`);
+  const f = t.length === 9 ? t.slice(2) : t.slice(4);
+  const ns = BigInt(f[5]);
+  return { streamSeq: Number(f[3]), storedAt: new Date(Number(ns / 1000000n)).toISOString() };
+}
+
+/** A JetStream control message (idle heartbeat, flow control): status 100, no payload. */
+function isControl(msg) {
+  return msg.data.length === 0 && msg.headers?.code === 100;
+}
+
 class Board {
-  constructor(nc, bucket) {
+  constructor(nc, bucket, inboxPrefix) {
     this.nc = nc;
+    this.inboxPrefix = inboxPrefix;
     this.js = nc.jetstream();
     this.bucket = bucket;
     this.stream = `KV_${bucket}`;
   }
 
+  /** The latest revision: a direct get of the last message of the subject, no body. */
   async get(board, section, key) {
     const subject = entrySubject(this.bucket, board, section, key);
     const msg = await this.nc.request(`$JS.API.DIRECT.GET.${this.stream}.${subject}`, Empty, { timeout: 5000 });
-    return decodeStored(this.bucket, msg);
+    return decodeDirect(this.bucket, msg);
   }
 
+  /** The entry at a revision: a one-shot consumer on the key's subject from that
+   * stream sequence (docs/protocol.md §5, "One-shot reads"); its first delivery
+   * must be that revision, else the key has no such revision. */
   async getAt(board, section, key, revision) {
     const subject = entrySubject(this.bucket, board, section, key);
-    const req = new TextEncoder().encode(JSON.stringify({ seq: revision }));
-    const msg = await this.nc.request(`$JS.API.DIRECT.GET.${this.stream}`, req, { timeout: 5000 });
-    const entry = decodeStored(this.bucket, msg);
-    if (entry.status) return entry;
-    if (entry.subject !== subject) return { status: "404", description: "revision of another key" };
-    return entry;
+    const first = await this.readFirst(subject, revision);
+    if (first === null || first.revision !== revision) return { status: "404", description: "no such revision" };
+    if (first.operation !== "PUT") return { status: "404", description: `${first.operation} at that revision` };
+    return first;
+  }
+
+  /** The first message on `subject` with a stream sequence >= `start`, or null. */
+  async readFirst(subject, start) {
+    const name = `node${randomUUID().replaceAll("-", "").slice(0, 16)}`;
+    const deliver = createInbox(this.inboxPrefix); // under _INBOX.<agent id>: the only place we may subscribe
+    const sub = this.nc.subscribe(deliver);
+    try {
+      const config = {
+        name, filter_subject: subject, deliver_subject: deliver,
+        deliver_policy: "by_start_sequence", opt_start_seq: Math.max(1, start),
+        ack_policy: "explicit", max_ack_pending: 1, max_deliver: 1,
+        inactive_threshold: 5_000_000_000, mem_storage: true, num_replicas: 1,
+      };
+      const body = new TextEncoder().encode(JSON.stringify({ stream_name: this.stream, config }));
+      const reply = await this.nc.request(`$JS.API.CONSUMER.CREATE.${this.stream}.${name}.${subject}`, body,
+        { timeout: 5000 });
+      const info = JSON.parse(new TextDecoder().decode(reply.data));
+      if (info.error) throw new Error(`consumer refused: ${JSON.stringify(info.error)}`);
+      if (!info.num_pending) return null;
+      const timer = setTimeout(() => sub.unsubscribe(), 5000);
+      try {
+        for await (const msg of sub) {
+          if (isControl(msg)) continue;
+          const { streamSeq, storedAt } = ackInfo(msg.reply);
+          return decodeEntry(this.bucket, msg.subject, streamSeq, storedAt, msg.headers, msg.data);
+        }
+      } finally {
+        clearTimeout(timer);
+      }
+      throw new Error(`the stored message of ${subject} did not arrive`);
+    } finally {
+      // no CONSUMER.DELETE (an agent may not): the server drops it by its inactive_threshold
+      sub.unsubscribe();
+    }
   }
 
   /** Write an envelope; expectedRevision 0 = create, n = compare-and-set, null = put. */
@@ -150,11 +219,36 @@ function expect(cond, message) {
   if (!cond) throw new Error(message);
 }
 
+// ---------------------------------------------------------------- connecting
+/** The principal a `.creds` file is for: the `name` claim of its user JWT. */
+export function credsPrincipal(credsText) {
+  const m = /BEGIN NATS USER JWT-+\s*(\S+)\s*-+END NATS USER JWT/.exec(credsText);
+  if (!m) throw new Error("not a NATS .creds file (no user JWT)");
+  const claims = JSON.parse(Buffer.from(m[1].split(".")[1], "base64url").toString("utf8"));
+  return checkName(claims.name, "principal");
+}
+
+/** Connect as the agent whose `.creds` file is `creds`, verifying the server with
+ * the CA file `ca`. Returns the connection and its reply-inbox prefix. */
+async function connectAgent(sc, { creds = sc.creds } = {}) {
+  const opts = { servers: sc.url, name: "bb-interop-node", timeout: 5000, reconnect: false, tls: { caFile: sc.ca } };
+  let agent = null;
+  if (creds) {
+    const text = readFileSync(creds);
+    agent = credsPrincipal(text.toString("utf8"));
+    if (sc.agent) expect(agent === sc.agent, `the credential is for ${agent}, not ${sc.agent}`);
+    opts.authenticator = credsAuthenticator(new Uint8Array(text));
+    opts.inboxPrefix = `_INBOX.${agent}`; // an agent may subscribe only below _INBOX.<agent id>.
+  }
+  const nc = await connect(opts);
+  return { nc, agent, inboxPrefix: opts.inboxPrefix };
+}
+
 // ---------------------------------------------------------------- scenario
 async function run(sc) {
-  const nc = await connect({ servers: sc.url, name: "bb-interop-node", timeout: 5000 });
+  const { nc, inboxPrefix } = await connectAgent(sc);
   try {
-    const bb = new Board(nc, sc.bucket);
+    const bb = new Board(nc, sc.bucket, inboxPrefix);
     const out = { ok: true };
 
     // (a) read what the Python SDK wrote
@@ -230,13 +324,63 @@ async function run(sc) {
   }
 }
 
+/** What the server refuses this client (docs/security.md §1). */
+async function refusals(sc) {
+  const out = { ok: true };
+
+  // no credential: the server refuses the connection
+  try {
+    const { nc } = await connectAgent(sc, { creds: null });
+    await nc.close();
+    out.no_credential = { connected: true };
+  } catch (err) {
+    out.no_credential = { connected: false, code: err?.code ?? null, error: String(err?.message ?? err) };
+  }
+
+  const { nc, agent, inboxPrefix } = await connectAgent(sc);
+  try {
+    out.agent = agent;
+    const bb = new Board(nc, sc.bucket, inboxPrefix);
+    const env = envelope("written from node", agent, { tags: ["from-node"] });
+    const attempt = async (board) => {
+      try {
+        return await bb.write(board, sc.section, sc.key, env, { expectedRevision: 0 });
+      } catch (err) {
+        return { ok: false, code: err?.code ?? null, error: String(err?.message ?? err) };
+      }
+    };
+    // a board the agent holds no right on: no ack, the server refuses the publish
+    out.foreign_write = await attempt(sc.board);
+    // the board it may write (so the refusal above is the board's, not the connection's)
+    out.own_write = await attempt(sc.own_board);
+    // and it may not read the foreign board either
+    try {
+      out.foreign_read = await bb.get(sc.board, sc.section, sc.key);
+    } catch (err) {
+      out.foreign_read = { ok: false, code: err?.code ?? null, error: String(err?.message ?? err) };
+    }
+    // nor use the bare direct get, whose body names any subject (version 1's read at a revision)
+    try {
+      const body = new TextEncoder().encode(JSON.stringify({ seq: out.own_write.revision ?? 1 }));
+      await nc.request(`$JS.API.DIRECT.GET.${bb.stream}`, body, { timeout: 5000 });
+      out.bare_direct_get = { ok: true };
+    } catch (err) {
+      out.bare_direct_get = { ok: false, code: err?.code ?? null, error: String(err?.message ?? err) };
+    }
+    return out;
+  } finally {
+    await nc.drain();
+  }
+}
+
 const raw = process.argv[2] ?? process.env.BB_INTEROP_SCENARIO;
 if (!raw) {
   console.error("usage: node interop.mjs '<json scenario>'");
   process.exit(2);
 }
 try {
-  const result = await run(JSON.parse(raw));
+  const sc = JSON.parse(raw);
+  const result = await (sc.mode === "refusals" ? refusals(sc) : run(sc));
   console.log(JSON.stringify(result));
 } catch (err) {
   console.log(JSON.stringify({ ok: false, error: String(err?.stack ?? err) }));

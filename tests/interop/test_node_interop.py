@@ -1,9 +1,15 @@
 """Any-language interop: a Node.js client (official ``nats`` npm package) and the Python SDK.
 
-The Node program (``interop.mjs``) is written from ``docs/protocol.md`` only. It
-reads an entry the SDK wrote (msgpack envelope, URL key), updates it with
-compare-and-set, creates a second key as JSON (``Bb-Encoding: json``), and
-tries a stale compare-and-set. The SDK then reads the Node writes back.
+The Node program (``interop.mjs``) is written from ``docs/protocol.md`` and
+``docs/security.md`` only. It connects as an agent, the way any other
+language's client does: the agent's ``.creds`` file (issued by the test
+authority), the test CA, the reply-inbox prefix ``_INBOX.<agent id>``, and only
+the subjects an agent may use. It reads an entry the SDK wrote (msgpack
+envelope, URL key; again at its revision with a one-shot consumer), updates it
+with compare-and-set, creates a second key as JSON (``Bb-Encoding: json``), and
+tries a stale compare-and-set. The SDK then reads the Node writes back. A
+second run checks what the server refuses it: a connection without a
+credential, and a write to a board its identity holds no right on.
 
 Needs ``node`` on PATH (skipped with a reason otherwise); the npm packages
 pinned in ``package-lock.json`` are installed by the test (``npm ci``) when
@@ -17,13 +23,16 @@ import shutil
 import subprocess
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from agents_sdk import Agent, ConflictError
+from agents_sdk import Agent, ConflictError, NotFoundError
 from blackboard.protocol.subjects import encode_key
 from blackboard.settings import Settings
+
+if TYPE_CHECKING:  # (imported at run time, pytest would try to collect the class TestAuth)
+    from tests._auth import TestAuth
 
 HERE = Path(__file__).resolve().parent
 PROGRAM = HERE / "interop.mjs"
@@ -59,6 +68,13 @@ def _ensure_node_modules() -> None:
         pytest.fail(f"npm ci failed in {HERE} (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
 
 
+def _connection(settings: Settings, test_auth: TestAuth, agent: str) -> dict[str, Any]:
+    """What the Node program needs to connect as ``agent``: the URL, its ``.creds`` file and
+    the CA that signed the server's certificate."""
+    return {"url": settings.nats.url, "creds": str(test_auth.creds(agent)), "ca": str(test_auth.tls.ca),
+            "agent": agent}
+
+
 def _run_node(node: str, scenario: dict[str, Any]) -> dict[str, Any]:
     proc = subprocess.run(
         [node, str(PROGRAM), json.dumps(scenario)],
@@ -72,10 +88,12 @@ def _run_node(node: str, scenario: dict[str, Any]) -> dict[str, Any]:
 
 
 @pytest.mark.asyncio
-async def test_node_client_reads_sdk_entry_and_writes_with_cas(settings: Settings, unique: str) -> None:
+async def test_node_client_reads_sdk_entry_and_writes_with_cas(settings: Settings, test_auth: TestAuth,
+                                                               unique: str) -> None:
     node = _node()
     _ensure_node_modules()
     board_name, section = unique, "docs"
+    node_agent = f"node-{unique}"  # the test policy makes any id a member of every board
     value = {"title": "héllo ✓", "n": 42, "pi": 3.5, "ok": True, "none": None, "list": [1, "two", 3.0],
              "bytes": b"\x00\x01\xff"}
 
@@ -86,14 +104,14 @@ async def test_node_client_reads_sdk_entry_and_writes_with_cas(settings: Setting
                                  metadata={"lang": "python", "nested": {"k": [1, 2]}})
 
         result = _run_node(node, {
-            "url": settings.nats.url,
+            **_connection(settings, test_auth, node_agent),
             "bucket": settings.board.bucket,
             "board": board_name,
             "section": section,
             "read_key": URL_KEY,
             "create_key": PATH_KEY,
             "missing_key": "no such key ✗",
-            "author": "node-agent",
+            "author": node_agent,
             "update_value": {"status": "updated by node", "count": 7, "ratio": 0.25},
             "create_value": ["créé", "par", "node", 1],
         })
@@ -122,13 +140,13 @@ async def test_node_client_reads_sdk_entry_and_writes_with_cas(settings: Setting
         entry = await board.get(section, URL_KEY)
         assert entry.revision == rev_upd
         assert entry.value == {"status": "updated by node", "count": 7, "ratio": 0.25}
-        assert entry.author == "node-agent"
+        assert entry.author == node_agent
         assert entry.tags == ("from-node", "cas")
         assert entry.metadata == {"lang": "js", "step": 1}
         assert entry.content_type == "application/json"
         assert entry.created_at is not None and entry.created_at.tzinfo is not None
         history = await board.history(section, URL_KEY)
-        assert [(e.revision, e.author) for e in history] == [(rev_py, "py-agent"), (rev_upd, "node-agent")]
+        assert [(e.revision, e.author) for e in history] == [(rev_py, "py-agent"), (rev_upd, node_agent)]
         old = await board.get(section, URL_KEY, revision=rev_py)
         assert old.value == value and old.author == "py-agent"
 
@@ -138,7 +156,7 @@ async def test_node_client_reads_sdk_entry_and_writes_with_cas(settings: Setting
         created = await board.get(section, PATH_KEY)
         assert created.revision == rev_new
         assert created.value == ["créé", "par", "node", 1]
-        assert created.author == "node-agent"
+        assert created.author == node_agent
         assert created.tags == ("from-node", "json")
         assert created.metadata == {"lang": "js", "encoding": "json"}
         assert sorted(await board.keys(section)) == sorted([URL_KEY, PATH_KEY])
@@ -155,9 +173,46 @@ async def test_node_client_reads_sdk_entry_and_writes_with_cas(settings: Setting
         assert stale["current_revision"] == rev_upd
         assert (await board.get(section, URL_KEY)).revision == rev_upd
         assert result["history_check"] == {"old_revision": rev_py, "old_author": "py-agent",
-                                           "latest_revision": rev_upd, "latest_author": "node-agent"}
+                                           "latest_revision": rev_upd, "latest_author": node_agent}
 
         # the SDK sees the same conflict for the same stale revision
         with pytest.raises(ConflictError) as info:
             await board.update(section, URL_KEY, "stale from python", expected_revision=rev_py)
         assert info.value.current_revision == rev_upd
+
+
+@pytest.mark.asyncio
+async def test_node_client_is_refused_without_credential_and_outside_its_rights(
+        settings: Settings, test_auth: TestAuth, unique: str) -> None:
+    node = _node()
+    _ensure_node_modules()
+    solo = f"solo-node-{unique}"  # the test policy: read, write and vote on solo-board only
+    foreign, own, section, key = unique, "solo-board", "docs", f"k-{unique}"
+
+    result = _run_node(node, {**_connection(settings, test_auth, solo), "mode": "refusals",
+                              "bucket": settings.board.bucket, "board": foreign, "own_board": own,
+                              "section": section, "key": key})
+
+    # without a credential the server refuses the connection
+    assert result["no_credential"]["connected"] is False
+    assert result["no_credential"]["code"] == "AUTHORIZATION_VIOLATION", result["no_credential"]
+
+    # with its credential: no ack for a board it holds no right on, and no read of it ...
+    assert result["agent"] == solo
+    foreign_write = result["foreign_write"]
+    assert foreign_write["ok"] is False and "revision" not in foreign_write
+    assert foreign_write["code"] == "PERMISSIONS_VIOLATION", foreign_write
+    foreign_subject = f"$KV.{settings.board.bucket}.{foreign}.{section}.{key}"
+    assert foreign_subject in foreign_write["error"]
+    assert result["foreign_read"]["ok"] is False
+    assert result["foreign_read"]["code"] == "PERMISSIONS_VIOLATION", result["foreign_read"]
+    assert result["bare_direct_get"]["code"] == "PERMISSIONS_VIOLATION", result["bare_direct_get"]
+    # ... while the board it may write took the same write
+    own_write = result["own_write"]
+    assert own_write["ok"] is True, own_write
+
+    async with Agent.connect("py-agent", settings=settings) as agent:
+        with pytest.raises(NotFoundError):
+            await agent.board(foreign).get(section, key)
+        entry = await agent.board(own).get(section, key)
+        assert (entry.revision, entry.author, entry.value) == (own_write["revision"], solo, "written from node")
