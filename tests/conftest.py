@@ -11,6 +11,7 @@ run until the test ends (``tests._worker_helpers.running_worker`` is the same as
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import shutil
 import tempfile
@@ -27,7 +28,8 @@ from nats.js import api
 from blackboard.devstack import EmbeddedNats, EmbeddedPostgres
 from blackboard.protocol import codec
 from blackboard.protocol.subjects import MEMORY_STREAM, Subjects
-from blackboard.settings import NatsSettings, PostgresSettings, Settings
+from blackboard.settings import NatsSettings, PostgresSettings, SecuritySettings, Settings
+from tests._auth import TestAuth, make_test_auth, setup_streams
 from tests.fakes.openai_server import OpenAIFake
 
 if TYPE_CHECKING:
@@ -45,10 +47,47 @@ def stack_dir() -> Iterator[Path]:
     shutil.rmtree(path, ignore_errors=True)
 
 
+#: The session's identity authority (tests/_auth.py): made with the first server.
+_AUTH: TestAuth | None = None
+
+
 @pytest.fixture(scope="session")
-def nats_server(stack_dir: Path) -> Iterator[EmbeddedNats]:
-    server = EmbeddedNats(stack_dir / "nats", port=0)
+def test_auth(stack_dir: Path) -> TestAuth:
+    """The session's identity authority and TLS files: every test server runs with them."""
+    global _AUTH
+    if _AUTH is None:
+        _AUTH = make_test_auth(stack_dir / "auth")
+    return _AUTH
+
+
+def auth_nats(data_dir: Path, auth: TestAuth, **options: Any) -> EmbeddedNats:
+    """An EmbeddedNats with the session's authorization and TLS."""
+    return EmbeddedNats(data_dir, auth_config=auth.config, tls=auth.tls, **options)
+
+
+class _SetUpNats(EmbeddedNats):
+    """A private server whose JetStream assets are created (as the operator) at each start."""
+
+    auth: TestAuth
+
+    def start(self, timeout: float = 20.0) -> None:
+        fresh = not self.running
+        super().start(timeout)
+        if fresh:
+            setup_streams(self.url, self.auth)
+
+
+def _private_nats(data_dir: Path, *, auth: TestAuth, **options: Any) -> EmbeddedNats:
+    server = _SetUpNats(data_dir, auth_config=auth.config, tls=auth.tls, **options)
+    server.auth = auth
+    return server
+
+
+@pytest.fixture(scope="session")
+def nats_server(stack_dir: Path, test_auth: TestAuth) -> Iterator[EmbeddedNats]:
+    server = auth_nats(stack_dir / "nats", test_auth, port=0)
     server.start()
+    setup_streams(server.url, test_auth)
     yield server
     server.stop()
 
@@ -64,7 +103,7 @@ def postgres_server(stack_dir: Path) -> Iterator[EmbeddedPostgres]:
 S = TypeVar("S", EmbeddedNats, EmbeddedPostgres)
 
 
-def _factory(stack_dir: Path, cls: type[S], prefix: str) -> Iterator[Callable[[], S]]:
+def _factory(stack_dir: Path, cls: Callable[..., S], prefix: str) -> Iterator[Callable[[], S]]:
     servers: list[S] = []
 
     def make() -> S:
@@ -79,9 +118,10 @@ def _factory(stack_dir: Path, cls: type[S], prefix: str) -> Iterator[Callable[[]
 
 
 @pytest.fixture
-def nats_factory(stack_dir: Path) -> Iterator[Callable[[], EmbeddedNats]]:
-    """Start private nats-servers (for kill/restart tests); stopped afterwards."""
-    yield from _factory(stack_dir, EmbeddedNats, "nats")
+def nats_factory(stack_dir: Path, test_auth: TestAuth) -> Iterator[Callable[[], EmbeddedNats]]:
+    """Start private nats-servers (for kill/restart tests), with the session's authorization
+    and TLS; stopped afterwards."""
+    yield from _factory(stack_dir, functools.partial(_private_nats, auth=test_auth), "nats")
 
 
 @pytest.fixture
@@ -91,8 +131,18 @@ def postgres_factory(stack_dir: Path) -> Iterator[Callable[[], EmbeddedPostgres]
 
 
 def make_settings(nats_url: str, pg_dsn: str | None = None, **overrides: object) -> Settings:
-    """Settings pointing at the given servers (environment variables ignored)."""
-    values: dict[str, object] = {"nats": NatsSettings(url=nats_url, write_timeout=10.0)}
+    """Settings pointing at the given servers (environment variables ignored), with the
+    session's identities: agents are issued their credential by the test authority on first
+    use (``security.authority_dir``); ``nats.creds_file`` is the worker's (what workers and
+    ``connect_nats`` use; an agent passes over a file issued to another id); the test CA."""
+    auth = _AUTH
+    nats_values: dict[str, Any] = {"url": nats_url, "write_timeout": 10.0}
+    values: dict[str, object] = {}
+    if auth is not None:
+        nats_values |= {"creds_file": auth.creds("worker"), "tls_ca_file": auth.tls.ca}
+        values["security"] = SecuritySettings(authority_dir=auth.authority.directory,
+                                              policy_file=auth.authority.policy_file)
+    values["nats"] = NatsSettings(**nats_values)
     if pg_dsn is not None:
         values["postgres"] = PostgresSettings(dsn=pg_dsn)  # type: ignore[arg-type]
     values.update(overrides)
