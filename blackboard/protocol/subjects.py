@@ -663,6 +663,14 @@ class Grants:
 
     # memories and messages
     @staticmethod
+    def memory_reads(board: str) -> list[str]:
+        """Read a board's memories from the memory stream (consumers with the filter in the API
+        subject, last-by-subject direct gets)."""
+        pattern = f"bb.mem.{_grant_token(board, 'board')}.>"
+        return [f"$JS.API.CONSUMER.CREATE.{MEMORY_STREAM}.*.{pattern}",
+                f"$JS.API.DIRECT.GET.{MEMORY_STREAM}.{pattern}"]
+
+    @staticmethod
     def memories(board: str, agent: str) -> str:
         return f"bb.mem.{_grant_token(board, 'board')}.{validate_name(agent, 'agent')}"
 

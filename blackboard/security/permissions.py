@@ -45,7 +45,7 @@ def permissions_for(rights: Rights, grants: Grants) -> Permissions:
         sub.append(Grants.topics(topic))
     for board in _boards(rights, Right.READ):
         pub += [grants.entry_get(board), grants.entry_consumer(board), grants.vote_get(board),
-                grants.vote_consumer(board)]
+                grants.vote_consumer(board), *Grants.memory_reads(board)]
         sub += [Grants.broadcasts(board), Grants.votes(board)]
     for board in _boards(rights, Right.WRITE):
         pub += [grants.entries(board), Grants.memories(board, me), Grants.broadcasts(board)]

@@ -32,7 +32,9 @@ def read_pub(board: str) -> list[str]:
     return [f"$JS.API.DIRECT.GET.KV_blackboard.$KV.blackboard.{board}.>",
             f"$JS.API.CONSUMER.CREATE.KV_blackboard.*.$KV.blackboard.{board}.>",
             f"$JS.API.DIRECT.GET.BB_VOTE.bb.vote.{board}.>",
-            f"$JS.API.CONSUMER.CREATE.BB_VOTE.*.bb.vote.{board}.>"]
+            f"$JS.API.CONSUMER.CREATE.BB_VOTE.*.bb.vote.{board}.>",
+            f"$JS.API.CONSUMER.CREATE.BB_MEMORY.*.bb.mem.{board}.>",
+            f"$JS.API.DIRECT.GET.BB_MEMORY.bb.mem.{board}.>"]
 
 
 def write_pub(board: str, me: str = "alice") -> list[str]:
@@ -176,11 +178,11 @@ NEVER_PUB = [
     "$JS.API.CONSUMER.CREATE.BB_MSG", "$JS.API.CONSUMER.CREATE.BB_MSG.inbox-alice",
     "$JS.API.CONSUMER.CREATE.BB_MSG.inbox-alice.bb.msg.agent.alice",
     "$JS.API.CONSUMER.DURABLE.CREATE.BB_MSG.inbox-alice", "$JS.API.CONSUMER.CREATE.KV_blackboard",
-    "$JS.API.CONSUMER.CREATE.BB_VOTE", "$JS.API.CONSUMER.CREATE.BB_MEMORY.c.bb.mem.b.alice",
+    "$JS.API.CONSUMER.CREATE.BB_VOTE", "$JS.API.CONSUMER.CREATE.BB_MEMORY", "$JS.API.DIRECT.GET.BB_MEMORY",
     "$JS.API.CONSUMER.INFO.KV_blackboard.c", "$JS.API.CONSUMER.INFO.BB_VOTE.c",
     "$JS.API.CONSUMER.LIST.BB_MSG", "$JS.API.CONSUMER.NAMES.KV_blackboard",
     "$JS.API.DIRECT.GET.KV_blackboard", "$JS.API.DIRECT.GET.BB_VOTE", "$JS.API.DIRECT.GET.BB_MSG",
-    "$JS.API.DIRECT.GET.BB_MSG.bb.msg.agent.bob", "$JS.API.DIRECT.GET.BB_MEMORY.bb.mem.b.bob",
+    "$JS.API.DIRECT.GET.BB_MSG.bb.msg.agent.bob",
     "bb.vote.b.p.outcome", "bb.vote.b.p.close", "bb.vote.b.p.applied", "bb.vote.b.p.ballot",
     # bob's
     "_INBOX.bob.x", "bb.inbox.bob", "bb.search.bob.knn", "bb.mem.b.bob", "bb.vote.b.p.ballot.bob",
