@@ -24,10 +24,12 @@ body, where permissions cannot check it.
 
 **The limit.** JetStream bounds consumers: a stream's ``max_consumers`` and an
 account's JetStream ``max_consumers``; past either it refuses a new one with
-error 10026 ("maximum consumers limit reached"), which
-:func:`consumer_limit_error` turns into one
-:class:`~blackboard.protocol.errors.ConsumerLimitError` naming the limit and
-the setting that raises it (one lookup, on the error path only).
+error 10026 ("maximum consumers limit reached", the same words for both),
+which :func:`consumer_limit_error` turns into one
+:class:`~blackboard.protocol.errors.ConsumerLimitError` naming the setting that
+raises it, and the limit when it is the account's (one ``$JS.API.INFO``
+request, which every identity may make, on the error path only). The stream's
+configuration (``$JS.API.STREAM.INFO``) is not read: an agent has no right to.
 """
 
 from __future__ import annotations
@@ -131,23 +133,29 @@ async def create_consumer(nc: NATS, stream: str, config: api.ConsumerConfig, *, 
 
 
 async def consumer_limit_error(js: JetStreamContext, stream: str, what: str) -> ConsumerLimitError:
-    """The :class:`ConsumerLimitError` of a consumer refused on ``stream``: the stream's
-    ``max_consumers`` when it has one and it is reached, else the account's JetStream
-    ``max_consumers`` (``limit`` None when neither lookup answers)."""
+    """The :class:`ConsumerLimitError` of a consumer refused on ``stream`` (error 10026).
+
+    The refusal does not say which limit was reached, nor its value. The account's
+    JetStream info (``$JS.API.INFO``, allowed to every identity) tells whether the
+    account's ``max_consumers`` is reached: then the error names it and its value;
+    otherwise it was the stream's ``max_consumers``, whose value stays unknown
+    (``limit`` None): reading the stream's configuration (``$JS.API.STREAM.INFO``)
+    would be a permission violation for an agent, so it is not asked. When the
+    account info does not answer either, the error names both settings.
+    """
+    stream_setting = f"the max_consumers of stream {stream}"
     account_setting = "the account's JetStream max_consumers"
     try:
-        info = await js.stream_info(stream)
-        limit = info.config.max_consumers
-        if limit is not None and limit >= 0 and (info.state.consumer_count or 0) >= limit:
-            return ConsumerLimitError(stream, limit, f"the max_consumers of stream {stream}", what)
         account = await js.account_info()
-        limit = account.limits.max_consumers if account.limits is not None else None
-        return ConsumerLimitError(stream, limit if limit is not None and limit >= 0 else None, account_setting,
-                                  what)
-    except (nats.errors.Error, TimeoutError) as exc:
-        log.debug("cannot read the consumer limits of %s: %r", stream, exc)
-        return ConsumerLimitError(stream, None, f"the max_consumers of stream {stream} or {account_setting}",
-                                  what)
+    except (nats.errors.Error, TimeoutError, BlackboardError) as exc:
+        log.debug("cannot read the account's consumer limits (after a refusal on %s): %r", stream, exc)
+        return ConsumerLimitError(stream, None, f"{stream_setting} or {account_setting}", what)
+    usages = [(account.consumers, account.limits), *((t.consumers, t.limits) for t in (account.tiers or {}).values())]
+    for used, limits in usages:
+        limit = limits.max_consumers if limits is not None else None
+        if limit is not None and limit > 0 and (used or 0) >= limit:
+            return ConsumerLimitError(stream, limit, account_setting, what)
+    return ConsumerLimitError(stream, None, stream_setting, what)
 
 
 async def read_first(nc: NATS, js: JetStreamContext, stream: str, subject: str, start: int, *,

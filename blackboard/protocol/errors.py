@@ -207,9 +207,13 @@ class ConsumerLimitError(TransportError):
     Every live view, watch and inbox holds one consumer: a board's on the
     board bucket's stream (shared by every board), an inbox on the message
     stream (shared by every agent). ``limit`` is the number of consumers
-    allowed (None when the server did not say), ``setting`` names what raises
+    allowed when it is known (the account's; None for the stream's, which an
+    agent may not read, or when nothing said), ``setting`` names what raises
     it: the stream's ``max_consumers``, or the account's JetStream
-    ``max_consumers``. Closing views, watches and inboxes frees consumers.
+    ``max_consumers``. A closed view or watch does not free its consumer at
+    once: the server removes it once it has been inactive for its inactive
+    threshold (about 5 s; an agent may not delete consumers), so a new one
+    may fit only then. An inbox's consumer is durable: closing it frees nothing.
     """
 
     def __init__(self, stream: str, limit: int | None, setting: str, what: str = "create a consumer") -> None:
@@ -218,7 +222,8 @@ class ConsumerLimitError(TransportError):
         self.setting = setting
         count = f"{limit} consumers" if limit is not None else "consumers"
         super().__init__(f"cannot {what}: the server's limit of {count} on stream {stream} is reached "
-                         f"(raise {setting}; each open view and watch, and each agent's inbox, holds one)")
+                         f"(raise {setting}; each open view and watch, a closed one for ~5 s more, and each agent's "
+                         "inbox hold one)")
 
 
 class MessagingError(BlackboardError):
