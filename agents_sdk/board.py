@@ -355,7 +355,12 @@ class Board:
 
     def watch(self, section: str | None = None, key: str | None = None, *, start: WatchStart = "new",
               from_revision: int | None = None, include_deletes: bool = True) -> Watch:
-        """Watch this board, a section, or one key. See :meth:`BoardStore.watch`."""
+        """Watch this board, a section, or one key. See :meth:`BoardStore.watch`.
+
+        An entry the watch delivered whose TTL runs out arrives as a ``PURGE`` change
+        at its expired revision, at the moment it expires (the server writes no
+        marker by default: the watch keeps the deadlines, :class:`Watch`).
+        """
         return self._store.watch(self.name, section, key, start=start, from_revision=from_revision,
                                  include_deletes=include_deletes)
 

@@ -6,6 +6,12 @@ disappears. Each key keeps the highest revision seen, so a change replayed
 after a reconnect, or a revision the agent already applied locally
 (read-your-own-writes), is ignored: the view converges without gaps or
 duplicates.
+
+An entry written with a TTL disappears when it expires: the view's watch
+delivers a ``PURGE`` change at the entry's stored time plus its TTL (one timer
+for the watch, whatever the number of entries), carrying the expired revision
+itself, as the server writes nothing then (no expiry markers by default). The
+view takes a removal at the revision it holds for a key as that expiry.
 """
 
 from __future__ import annotations
@@ -164,8 +170,16 @@ class View:
         if not self._matches(entry):
             return False
         k = (entry.section, entry.key)
-        if entry.revision <= self._revs.get(k, 0):
-            return False
+        seen = self._revs.get(k, 0)
+        if entry.revision <= seen:
+            if entry.revision < seen or entry.operation is Operation.PUT:
+                return False
+            # A removal at the revision the view holds: that revision's TTL ran out.
+            current = self._entries.get(k)
+            if current is None or current.revision != entry.revision:
+                return False
+            del self._entries[k]
+            return True
         self._revs[k] = entry.revision
         if entry.operation is Operation.PUT:
             self._entries[k] = entry

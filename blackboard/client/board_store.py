@@ -20,7 +20,7 @@ import re
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 import nats.errors
@@ -29,6 +29,7 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
 from blackboard.client.consumers import read_first
+from blackboard.client.expiry import ExpiryTimer
 from blackboard.client.follower import OrderedFollower, StartPosition
 from blackboard.client.publisher import RETRYABLE, Publisher
 from blackboard.protocol import codec
@@ -51,7 +52,7 @@ from blackboard.protocol.errors import (
     PayloadTooLargeError,
     TransportError,
 )
-from blackboard.protocol.subjects import Header, KeyParts, Subjects, validate_name
+from blackboard.protocol.subjects import Header, KeyParts, Subjects, parse_ttl, validate_name
 from blackboard.settings import Settings
 
 __all__ = ["BoardStore", "Pipeline", "Watch", "WatchStart", "WriteOp"]
@@ -71,6 +72,9 @@ _MSG_TOO_BIG = 10054
 _MAX_SUBJECT_DETAILS = 100_000
 #: Boards whose keys boards() reads at once (one ordered consumer each).
 _LIVE_CHECKS = 8
+#: Keys a watch remembers having expired itself, so that a server expiry marker that
+#: follows (a stream with markers) is not delivered as a second removal.
+_EXPIRED_REMEMBERED = 10_000
 _SEQ_RE = re.compile(r"(\d+)\s*$")
 
 
@@ -435,8 +439,8 @@ class BoardStore:
         """Sections of a board that hold at least one live key, sorted."""
         return sorted({p.section for p in await self._scan_keys(self.subjects.entry_filter(board))})
 
-    async def boards(self) -> list[str]:
-        """Boards that hold at least one live key, sorted.
+    async def boards(self, where: Callable[[str], bool] | None = None) -> list[str]:
+        """Boards that hold at least one live key, sorted (with ``where``: only those it accepts).
 
         Cheap however many keys there are: the server lists the bucket's
         subjects (one API request, no message read), which names every board
@@ -446,12 +450,21 @@ class BoardStore:
         is read through. Past ``_MAX_SUBJECT_DETAILS`` subjects (one page of
         the server's listing) every key's latest revision is scanned instead.
 
+        The listing and the scan read across every board (the stream's subjects,
+        ``$KV.<bucket>.>``), which only the system identity (the worker) and an
+        open bus may do: with a credential, an agent asks the system service
+        (``bb.search.<principal>.boards``, :meth:`agents_sdk.Agent.boards`), which
+        passes its rights as ``where``.
+
         Raises:
             NotConnectedError, OperationTimeoutError, TransportError: the listing failed.
         """
         candidates = await self._boards_named()
         if candidates is None:
-            return sorted({p.board for p in await self._scan_keys(self.subjects.entry_filter())})
+            scanned = {p.board for p in await self._scan_keys(self.subjects.entry_filter())}
+            return sorted(b for b in scanned if where is None or where(b))
+        if where is not None:
+            candidates = [b for b in candidates if where(b)]
         slots = asyncio.Semaphore(_LIVE_CHECKS)
 
         async def live(board: str) -> bool:
@@ -544,6 +557,16 @@ class Watch:
     cannot be decoded into an entry is skipped with a warning and counted in
     ``skipped``; the watch goes on. ``stop`` unsubscribes (the server removes
     the consumer a few seconds later, :data:`~blackboard.client.consumers.INACTIVE_THRESHOLD`).
+
+    **Expiry.** When the latest revision of a key that the watch delivered
+    was written with a TTL, the watch delivers a ``PURGE`` change for the key
+    at the moment it expires (its stored time plus its TTL, on the server's
+    clock; one timer per watch, :class:`~blackboard.client.expiry.ExpiryTimer`):
+    the server writes nothing then (no expiry markers by default), so that
+    change carries the expired revision, not a new one, and ``stored_at`` is
+    the expiry time. On a stream with expiry markers the server's marker that
+    follows is not delivered again. A watch that stops when caught up
+    (listings, history) does not track expiries.
     """
 
     def __init__(
@@ -573,6 +596,9 @@ class Watch:
         self._ready_mark = 0
         self._closed = False
         self._undecodable = 0
+        self._expiry: ExpiryTimer[KeyParts] | None = None if stop_when_caught_up else ExpiryTimer(self._expire)
+        #: Keys this watch expired itself (a server marker may follow), oldest first.
+        self._expired: OrderedDict[KeyParts, int] = OrderedDict()
 
     @property
     def skipped(self) -> int:
@@ -621,8 +647,37 @@ class Watch:
             self._undecodable += 1
             log.warning("skipping undecodable board message %s (revision %d): %s", msg.subject, seq, exc)
             return
+        if self._expiry is not None and self._track_expiry(entry, msg.headers, md.timestamp):
+            return
         if entry.operation is Operation.PUT or self._include_deletes:
             self._queue.put_nowait(Change(entry, md.num_pending))
+            self._enqueued += 1
+
+    def _track_expiry(self, entry: Entry, headers: Mapping[str, str] | None, stored_at: datetime | None) -> bool:
+        """Note ``entry`` as its key's latest revision, with its expiry when it has a TTL; True when
+        it is the server's expiry marker of a key this watch has already expired (not delivered)."""
+        assert self._expiry is not None
+        key = KeyParts(entry.board, entry.section, entry.key)
+        expired = self._expired.pop(key, None) if self._expired else None
+        if expired is not None and headers and Header.MARKER_REASON.value in headers:
+            return True
+        ttl = headers.get(Header.MSG_TTL.value) if headers and entry.operation is Operation.PUT else None
+        seconds = parse_ttl(ttl) if ttl else None
+        deadline = stored_at.timestamp() + seconds if seconds is not None and stored_at is not None else None
+        self._expiry.seen(key, entry.revision, deadline)
+        return False
+
+    def _expire(self, key: KeyParts, revision: int, deadline: float) -> None:
+        """The TTL of ``key``'s latest revision ran out: deliver its removal."""
+        if self._closed:
+            return
+        self._expired[key] = revision
+        while len(self._expired) > _EXPIRED_REMEMBERED:
+            self._expired.popitem(last=False)
+        if self._include_deletes:
+            entry = Entry(key.board, key.section, key.key, revision, operation=Operation.PURGE,
+                          stored_at=datetime.fromtimestamp(deadline, UTC))
+            self._queue.put_nowait(Change(entry, 0))
             self._enqueued += 1
 
     def __aiter__(self) -> AsyncIterator[Change]:
@@ -655,6 +710,8 @@ class Watch:
 
     async def stop(self) -> None:
         """Stop following (unsubscribe) and end the iteration."""
+        if self._expiry is not None:
+            self._expiry.close()
         await self._follower.stop()
         if not self._closed:
             self._closed = True

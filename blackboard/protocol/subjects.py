@@ -61,6 +61,7 @@ __all__ = [
     "VoteSubject",
     "decode_key",
     "encode_key",
+    "parse_ttl",
     "pattern_covers",
     "pattern_regex",
     "patterns_overlap",
@@ -145,6 +146,28 @@ class Header(StrEnum):
     #: On a recorded vote outcome: the target entry's revision when it was
     #: recorded (0: absent); the accepted value is written after it.
     BASE_REVISION = "Bb-Base-Revision"
+
+
+#: Units of a Go duration, as nats-server reads ``Nats-TTL`` (e.g. ``90s``, ``1h30m``, ``1.5h``).
+_DURATION_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+_DURATION_RE = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
+
+
+def parse_ttl(value: str) -> float | None:
+    """Seconds of a ``Nats-TTL`` header value (an integer of seconds or a Go duration);
+    None for ``never`` or a value nats-server would not accept either (no expiry)."""
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
+    if not value or value == "never":
+        return None
+    pos, total = 0, 0.0
+    for m in _DURATION_RE.finditer(value):
+        if m.start() != pos:
+            return None
+        total += float(m.group(1)) * _DURATION_UNITS[m.group(2)]
+        pos = m.end()
+    return total if pos == len(value) and total > 0 else None
 
 
 def _shown(value: object) -> str:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -24,7 +23,7 @@ import orjson
 from blackboard.protocol import codec, records
 from blackboard.protocol.errors import InvalidKeyError, InvalidPayloadError
 from blackboard.protocol.schemas import EntryEnvelope, MemoryForget, MemoryRecord
-from blackboard.protocol.subjects import Header, KeyParts, Subjects, validate_name
+from blackboard.protocol.subjects import Header, KeyParts, Subjects, parse_ttl, validate_name
 
 __all__ = [
     "DeadLetter",
@@ -49,28 +48,6 @@ _KV_OP = Header.KV_OPERATION.value
 _ENCODING = Header.ENCODING.value
 _MARKER = Header.MARKER_REASON.value
 _TTL = Header.MSG_TTL.value
-#: Units of a Go duration, as nats-server reads ``Nats-TTL`` (e.g. ``90s``, ``1h30m``, ``1.5h``).
-_DURATION_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
-_DURATION_RE = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
-
-
-def parse_ttl(value: str) -> float | None:
-    """Seconds of a ``Nats-TTL`` header (an integer of seconds or a Go duration);
-    None for ``never`` or a value nats-server would not accept either (no expiry recorded)."""
-    value = value.strip()
-    if value.isdigit():
-        return float(value)
-    if not value or value == "never":
-        return None
-    pos, total = 0, 0.0
-    for m in _DURATION_RE.finditer(value):
-        if m.start() != pos:
-            return None
-        total += float(m.group(1)) * _DURATION_UNITS[m.group(2)]
-        pos = m.end()
-    return total if pos == len(value) and total > 0 else None
-
-
 #: Stream, stream sequence and exact server time of a JetStream message, from its
 #: ack subject (the one parser lives in the protocol module; raises ``InvalidKeyError``,
 #: a ``ValueError``, when the reply is not an ack subject).

@@ -3,21 +3,29 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 import pytest
 
 from agents_sdk import (
     Agent,
+    Change,
     ConflictError,
     InvalidKeyError,
     NotConnectedError,
     NotFoundError,
     Operation,
+    OperationTimeoutError,
     PayloadTooLargeError,
 )
+from blackboard.client.board_store import BoardStore
+from blackboard.client.connection import connect_nats
+from blackboard.client.streams import ensure_streams
+from blackboard.devstack import EmbeddedNats
 from blackboard.protocol.errors import InvalidPayloadError
 from blackboard.protocol.subjects import Subjects
 from blackboard.settings import Settings
+from tests.conftest import make_settings
 
 pytestmark = pytest.mark.asyncio
 
@@ -279,9 +287,17 @@ async def test_listings_of_keys_sections_boards(settings: Settings, unique: str)
         await board.delete("alpha", "k2")
         assert await board.keys("alpha") == ["k1"]
         assert await board.sections() == ["alpha", "beta"]
-        assert unique in await agent.store.boards()
-        assert await board.purge() == 2
-        assert await board.sections() == []
+        # Listing every board reads across boards: the system identity's (agent.boards() asks
+        # the worker, tests/sdk/test_boards.py).
+        nc = await connect_nats(settings.nats, name="system")
+        try:
+            system = BoardStore(nc, settings)
+            assert unique in await system.boards()
+            assert await board.purge() == 2
+            assert await board.sections() == []
+            assert unique not in await system.boards()
+        finally:
+            await nc.close()
         with pytest.raises(NotFoundError):
             await board.get("beta", "k3")
 
@@ -331,25 +347,62 @@ async def test_entry_ttl_expires(settings: Settings, unique: str) -> None:
 
 
 async def test_ttl_expiry_reaches_watches_and_views(settings: Settings, unique: str) -> None:
-    # A bucket of its own, created with the settings' expiry markers.
-    settings = settings.model_copy(update={"board": settings.board.model_copy(update={"bucket": unique})})
+    """No expiry markers (the default, board.expiry_marker_ttl = 0): the server removes the
+    entry and tells nobody; the watch delivers the removal itself at the entry's stored time
+    plus its TTL, as a PURGE change carrying the expired revision, and the view drops the key."""
+    assert settings.board.expiry_marker_ttl == 0
     async with Agent.connect("w", settings=settings) as agent:
-        board = agent.board("b")
+        board = agent.board(unique)
         watch = board.watch("s")
         async with watch, board.view("s") as view:
             await watch.ready.wait()
             rev = await board.put("s", "ephemeral", "soon gone", ttl=1)
             await board.put("s", "durable", "stays")
             await view.wait_for(lambda v: ("s", "ephemeral") in v and ("s", "durable") in v, timeout=5)
-            # The server removes the entry after its TTL and places a delete marker.
             await view.wait_for(lambda v: ("s", "ephemeral") not in v, timeout=10)
             assert view.value("s", "durable") == "stays"
             seen = [await watch.next(timeout=5) for _ in range(3)]
-        with pytest.raises(NotFoundError):
+            expired_at = seen[0].entry.stored_at
+        with pytest.raises(NotFoundError):  # the server removed it too
             await board.get("s", "ephemeral")
     ops = [(c.entry.key, c.entry.operation) for c in seen]
     assert ops == [("ephemeral", Operation.PUT), ("durable", Operation.PUT), ("ephemeral", Operation.PURGE)]
-    assert seen[2].entry.revision > rev
+    assert seen[2].entry.revision == rev  # no new revision: the server wrote nothing
+    assert expired_at is not None and seen[2].entry.stored_at is not None
+    assert abs((seen[2].entry.stored_at - expired_at).total_seconds() - 1) < 0.01
+
+
+async def test_ttl_expiry_with_markers_is_delivered_once(nats_factory: Callable[[], EmbeddedNats],
+                                                          unique: str) -> None:
+    """A stream with expiry markers (board.expiry_marker_ttl > 0, on a private server): the
+    watch's own expiry and the server's marker make one removal, not two."""
+    server = await asyncio.to_thread(nats_factory)
+    s = make_settings(server.url)
+    s = s.model_copy(update={"board": s.board.model_copy(update={"expiry_marker_ttl": 1.0})})
+    nc = await connect_nats(s.nats, name="setup")  # the worker's identity: it may manage streams
+    try:
+        kv = Subjects(s.board.bucket).kv_stream
+        await nc.jetstream().delete_stream(kv)  # markers cannot be added to a stream that denies purges
+        await ensure_streams(nc.jetstream(), s)
+        info = await nc.jetstream().stream_info(kv)
+        assert info.config.subject_delete_marker_ttl
+    finally:
+        await nc.close()
+    async with Agent.connect("w", settings=s) as agent:
+        board = agent.board(unique)
+        async with board.watch("s") as watch, board.view("s") as view:
+            await watch.ready.wait()
+            rev = await board.put("s", "ephemeral", "soon gone", ttl=1)
+            removals: list[Change] = []
+            view.on_change(lambda c: removals.append(c) if c.operation is not Operation.PUT else None)
+            await view.wait_for(lambda v: ("s", "ephemeral") not in v, timeout=10)
+            first = [await watch.next(timeout=5) for _ in range(2)]
+            with pytest.raises(OperationTimeoutError):  # the marker came (or comes) and is not delivered again
+                await watch.next(timeout=2.5)
+            assert len(removals) == 1
+    assert [(c.entry.key, c.operation) for c in first] == [("ephemeral", Operation.PUT),
+                                                           ("ephemeral", Operation.PURGE)]
+    assert first[1].revision >= rev
 
 
 async def test_pipelined_writes_are_all_acknowledged(settings: Settings, unique: str) -> None:

@@ -69,9 +69,38 @@ async def test_view_callbacks_and_async_iteration(settings: Settings, unique: st
         await view.close()
 
 
+async def test_view_drops_entries_when_their_ttl_expires(settings: Settings, unique: str) -> None:
+    """No expiry markers (the default): each view removes an entry at its stored time plus its
+    TTL and tells its listeners with a PURGE change at the expired revision; a key written
+    again without TTL stays. One timer per view: many expiring entries start no task each."""
+    async with Agent.connect("w", settings=settings) as w, Agent.connect("r", settings=settings) as r:
+        wb = w.board(unique)
+        early = await wb.put("s", "early", 1, ttl=1)
+        await wb.put("s", "rewritten", 1, ttl=1)
+        view = await r.board(unique).view("s")  # the snapshot carries the TTLs too
+        own = await wb.view("s")
+        removed: list[Change] = []
+        view.on_change(lambda c: removed.append(c) if c.operation is not Operation.PUT else None)
+        tasks = len(asyncio.all_tasks())
+        late = {await wb.put("s", f"late{i}", i, ttl=2) for i in range(50)}
+        await wb.put("s", "rewritten", 2)  # its latest revision has no TTL: it stays
+        await wb.put("s", "durable", 3)
+        await view.wait_for(lambda v: len(v) == 53, timeout=5)
+        assert len(asyncio.all_tasks()) - tasks < 5
+        await view.wait_for(lambda v: ("s", "early") not in v, timeout=5)
+        assert len(view) == 52  # the others expire a second later
+        await view.wait_for(lambda v: v.keys() == [("s", "durable"), ("s", "rewritten")], timeout=5)
+        await own.wait_for(lambda v: v.keys() == [("s", "durable"), ("s", "rewritten")], timeout=5)
+        assert view.value("s", "rewritten") == 2
+        assert {c.operation for c in removed} == {Operation.PURGE}
+        assert [c.revision for c in removed] == [early, *sorted(late)]  # the expired revisions, in order
+        await view.close()
+        await own.close()
+
+
 @pytest.mark.slow
 async def test_view_converges_after_server_restart(nats_factory: Callable[[], EmbeddedNats]) -> None:
-    server = nats_factory()
+    server = await asyncio.to_thread(nats_factory)  # the factory sets the streams up with a loop of its own
     settings = make_settings(server.url)
     async with Agent.connect("w", settings=settings) as w, Agent.connect("r", settings=settings) as r:
         wb = w.board("restart-view")
