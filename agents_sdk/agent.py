@@ -19,15 +19,16 @@ from agents_sdk.messaging.messenger import Messenger, Subscriptions
 from agents_sdk.messaging.rpc import Handler
 from agents_sdk.messaging.send import Sent
 from agents_sdk.objects import ObjectStore
-from agents_sdk.search import RecallArgs, SearchClient
+from agents_sdk.search import RecallArgs, SearchClient, search_request
 from blackboard.client.board_store import BoardStore
-from blackboard.client.connection import check_nats_url, connect_nats
+from blackboard.client.connection import check_nats_url, connect_nats, permission_violations
 from blackboard.client.streams import ensure_streams
 from blackboard.protocol import codec
+from blackboard.protocol.errors import SearchError
 from blackboard.protocol.schemas.memory import MemoryKind
 from blackboard.protocol.schemas.message_search import MessageHit
-from blackboard.protocol.schemas.search import MemoryHit, SearchFilters
-from blackboard.protocol.subjects import validate_name
+from blackboard.protocol.schemas.search import BoardsResponse, MemoryHit, SearchFilters
+from blackboard.protocol.subjects import Subjects, validate_name
 from blackboard.security.credentials import CredentialsArg, find_credentials
 from blackboard.settings import Settings
 
@@ -112,13 +113,30 @@ class Agent:
 
         A board exists while it holds a key: one whose keys were all deleted
         or purged is not listed (its history stays readable through
-        ``agent.board(name)``). One listing request to the server, then a
-        short read per board (:meth:`BoardStore.boards`).
+        ``agent.board(name)``). With a credential, only the boards this agent
+        may read, as the system service (a worker) lists them
+        (``bb.search.<agent id>.boards``): listing needs the stream's subjects
+        across every board, which an agent may not read. On an open bus (no
+        credential) the agent lists them itself: one listing request to the
+        server, then a short read per board (:meth:`BoardStore.boards`).
 
         Raises:
-            NotConnectedError, OperationTimeoutError, TransportError: the listing failed.
+            SearchError: with a credential, no system service answered in time
+                (no worker running), or it failed.
+            PermissionDeniedError: with a credential, the access policy does not declare
+                this agent.
+            NotConnectedError, OperationTimeoutError, TransportError: the listing failed (open bus).
         """
-        return await self.context.store.boards()
+        violations = permission_violations(self.nc)
+        if violations is None or violations.principal is None:
+            return await self.context.store.boards()
+        try:
+            reply = await search_request(self.nc, "boards", None, BoardsResponse, principal=self.id,
+                                         timeout=self.settings.search.timeout)
+        except SearchError as exc:
+            raise SearchError(f"listing the boards: {exc} (with a credential the system service lists "
+                              f"the boards an agent may read, on {Subjects.search(self.id, 'boards')})") from exc
+        return reply.boards
 
     # ------------------------------------------------------------ long-term memory
     @property

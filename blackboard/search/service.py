@@ -19,8 +19,13 @@ entries     EntrySearchRequest      EntrySearchResponse
 history     HistoryRequest          HistoryResponse
 as_of       AsOfRequest             EntryRevision
 messages    MessageSearchRequest    MessageSearchResponse
+boards      (empty)                 BoardsResponse
 status      (empty)                 worker status (lag, embedding backlog)
 =========== ======================= =========================
+
+``boards`` lists the boards of the board bucket that hold a live key and that
+the principal may read (:meth:`BoardStore.boards`, which reads the stream's
+subjects across every board: the system identity may, an agent may not).
 
 Requests are handled concurrently (up to the pool size); errors are replied
 with ``Bb-Error`` and an ``ErrorReply`` body. A stored row that cannot be read
@@ -52,6 +57,7 @@ from nats.micro.service import Service
 from psycopg_pool import AsyncConnectionPool
 from pydantic import BaseModel
 
+from blackboard.client.board_store import BoardStore
 from blackboard.client.lifecycle import first_error
 from blackboard.db import open_pool
 from blackboard.embeddings import EmbeddingProvider
@@ -67,6 +73,7 @@ from blackboard.protocol.schemas import validate_wire
 from blackboard.protocol.schemas.message_search import MessageSearchRequest, MessageSearchResponse
 from blackboard.protocol.schemas.search import (
     AsOfRequest,
+    BoardsResponse,
     EntryRevision,
     EntrySearchRequest,
     EntrySearchResponse,
@@ -82,7 +89,7 @@ from blackboard.search.engine import SearchEngine
 from blackboard.search.history import EntryHistory
 from blackboard.search.messages import search_messages
 from blackboard.search.rows import SkippedRows, encode_response
-from blackboard.security.policy import Rights
+from blackboard.security.policy import Right, Rights
 from blackboard.security.source import RightsSource
 from blackboard.settings import Settings
 
@@ -247,9 +254,10 @@ class SearchService:
         assert self.engine is not None
         history = EntryHistory(self.engine.pool, skipped=self.skipped)
         svc = await add_service(self._nc, name=SEARCH_SERVICE, version=SEARCH_VERSION,
-                                description="blackboard search: memories, entries, history, as-of",
+                                description="blackboard search: memories, entries, history, as-of, messages, boards",
                                 queue_group=SEARCH_SERVICE)
         engine = self.engine
+        store = BoardStore(self._nc, self._settings)
 
         async def memories(req: MemorySearchRequest, rights: Rights) -> MemorySearchResponse:
             scoped = scoped_search(req, rights)
@@ -267,6 +275,11 @@ class SearchService:
             check_boards(rights, [req.board], "as-of read")
             return await history.as_of(req)
 
+        async def boards(_: Any, rights: Rights) -> BoardsResponse:
+            if rights.boards(Right.READ) == frozenset():
+                return BoardsResponse(boards=[])
+            return BoardsResponse(boards=await store.boards(where=lambda board: rights.can(board, Right.READ)))
+
         routes: dict[str, tuple[type[BaseModel] | None, Route]] = {
             "memories": (MemorySearchRequest, memories),
             "entries": (EntrySearchRequest, entries),
@@ -274,6 +287,7 @@ class SearchService:
             "as_of": (AsOfRequest, as_of),
             "status": (None, self._get_status),
             "messages": (MessageSearchRequest, self._search_messages),
+            "boards": (None, boards),
         }
         for name, (model, fn) in routes.items():
             await svc.add_endpoint(name=name, subject=Subjects.search_endpoint(name),

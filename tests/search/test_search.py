@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
@@ -14,7 +15,7 @@ from nats.aio.client import Client as NATS
 from agents_sdk.search import SearchClient, raise_for_error
 from blackboard.client.connection import connect_nats
 from blackboard.client.streams import ensure_streams
-from blackboard.devstack import EmbeddedPostgres
+from blackboard.devstack import EmbeddedNats, EmbeddedPostgres
 from blackboard.protocol import codec
 from blackboard.protocol.errors import InvalidPayloadError, NotFoundError, SearchError
 from blackboard.protocol.schemas.search import ErrorReply
@@ -225,10 +226,10 @@ async def test_service_is_discoverable_and_reports_status(corpus: Corpus) -> Non
     assert "lag" in status and status["embedding"]["model"] == "test-hash"
 
 
-async def test_no_service_raises_search_error(nats_factory: object) -> None:
+async def test_no_service_raises_search_error(nats_factory: Callable[[], EmbeddedNats]) -> None:
     from tests.conftest import make_settings
 
-    server = nats_factory()  # type: ignore[operator]
+    server = await asyncio.to_thread(nats_factory)  # it sets the streams up in a loop of its own
     s = make_settings(server.url)
     nc = await connect_nats(s.nats, name="nosvc")
     try:

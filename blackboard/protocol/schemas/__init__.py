@@ -17,6 +17,7 @@ from blackboard.protocol.schemas.message_search import (
 )
 from blackboard.protocol.schemas.search import (
     AsOfRequest,
+    BoardsResponse,
     EntryHit,
     EntryRevision,
     EntrySearchRequest,
@@ -49,6 +50,7 @@ __all__ = [
     "AsOfRequest",
     "Ballot",
     "BallotRejection",
+    "BoardsResponse",
     "Choice",
     "CountedBallot",
     "EntryEnvelope",
@@ -110,6 +112,7 @@ def json_schemas() -> dict[str, object]:
         EntryRevision,
         MessageSearchRequest,
         MessageSearchResponse,
+        BoardsResponse,
         ErrorReply,
         InboxRequest,
         InboxReply,

@@ -32,6 +32,7 @@ from blackboard.protocol.schemas.memory import MemoryKind
 
 __all__ = [
     "AsOfRequest",
+    "BoardsResponse",
     "EntryHit",
     "EntryRevision",
     "EntrySearchRequest",
@@ -245,6 +246,14 @@ class EntryRevision(WireModel):
 class HistoryResponse(WireModel):
     v: Literal[1] = 1
     revisions: list[EntryRevision]
+
+
+class BoardsResponse(WireModel):
+    """``bb.search.<principal>.boards`` (no request body): the boards that hold at least one
+    live key and that the principal may read, sorted."""
+
+    v: Literal[1] = 1
+    boards: list[Name] = Field(description="Board names, sorted.")
 
 
 class ErrorReply(WireModel):
