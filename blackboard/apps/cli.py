@@ -134,11 +134,12 @@ def _dev_identities(settings: Settings, data_dir: Path, host: str, agents: list[
     for name in agents:
         authority.declare(name, roles=["member"])
     policy = authority.policy()
-    issued = []
-    for _kind, name in policy.principals():
-        if not any(c in name for c in "*?["):
-            authority.credentials_for(name)
-            issued.append(name)
+    # Every exact id of the policy, and every --agent name (one a glob declares already, such as
+    # the example team's team-*, is not appended to the policy, but asked for all the same).
+    exact = [name for _kind, name in policy.principals() if not any(c in name for c in "*?[")]
+    issued = [*exact, *(name for name in dict.fromkeys(agents) if name not in exact)]
+    for name in issued:
+        authority.credentials_for(name)
     tls = ensure_dev_certificates(authority.directory / "tls", server_hosts(host))
     # Clients that find their credential in this directory trust this CA (docs/security.md).
     (authority.creds_dir / "ca.pem").write_bytes(tls.ca.read_bytes())

@@ -12,7 +12,7 @@ import json
 import sys
 from typing import get_args
 
-from blackboard.protocol.errors import BlackboardError, NotConnectedError
+from blackboard.protocol.errors import AuthenticationError, BlackboardError, NotConnectedError
 from blackboard.settings import Settings
 from examples.team.team import PolicyChoice, TeamConfig, run_team
 
@@ -56,6 +56,13 @@ async def _main(args: argparse.Namespace) -> int:
         return 1
     except TimeoutError:
         print(f"error: the team did not finish within {config.timeout:g}s", file=sys.stderr)
+        return 1
+    except AuthenticationError as exc:
+        print(f"error: AuthenticationError: {exc}", file=sys.stderr)
+        print("hint: the team's agents (team-<name>-planner, -actor-1, -actor-2) are issued their credentials "
+              "by the identity authority of `blackboard dev`: run this from the directory `blackboard dev` "
+              "runs in (or set BLACKBOARD_DEV__DATA_DIR to its data directory); see examples/team/README.md",
+              file=sys.stderr)
         return 1
     except BlackboardError as exc:
         print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)

@@ -1,4 +1,11 @@
-"""The example team (examples/team) runs to completion on a real nats-server.
+"""The example team (examples/team) runs to completion on a real nats-server, under authorization.
+
+The suite's server runs with authorization and TLS: the team's agents are
+issued their credentials by the test authority on first use, a system service
+(tests/conftest.py) creates their inboxes, and a vote committer (the worker's
+part that alone may commit outcomes on a secured bus) runs for the team's
+board. One test runs the team against a real ``blackboard dev`` with nothing
+but its data directory, as the README promises.
 
 With no LLM configured it uses the scripted policy; the LLM policy is run
 against the local OpenAI-compatible fake. The pure parts (scripted rules,
@@ -7,11 +14,14 @@ answer parsing, the task-history check) have unit tests here too.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -30,9 +40,40 @@ from examples.team.policy import (
     scripted_vote,
 )
 from examples.team.team import task_problems
+from tests._auth import TestAuth
+from tests._committer import running_committer
 from tests.fakes.openai_server import OpenAIFake
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+def _env(**settings: str | Path) -> dict[str, str]:
+    """A shell with no BLACKBOARD_* setting of the test run but these (no LLM: scripted)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BLACKBOARD_")}
+    return env | {f"BLACKBOARD_{name}": str(value) for name, value in settings.items()}
+
+
+def _test_authority_env(auth: TestAuth) -> dict[str, str]:
+    """A team process that holds the test authority (it issues the team's ids their
+    credentials on first use) and trusts the test CA; no dev data dir of this checkout."""
+    return _env(SECURITY__AUTHORITY_DIR=auth.authority.directory, NATS__TLS_CA_FILE=auth.tls.ca,
+                DEV__DATA_DIR=auth.authority.directory / "no-dev")
+
+
+def _team_cli(*args: str, env: dict[str, str], timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "examples.team", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def _assert_cli_succeeded(proc: subprocess.CompletedProcess[str], n_tasks: int) -> dict[str, Any]:
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "result: OK" in proc.stdout
+    summary: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert summary["ok"] is True
+    assert summary["policy"] == "scripted"
+    assert summary["outcome"] == "accepted"
+    assert sorted(t for ids in summary["done_by"].values() for t in ids) == [f"t{i + 1}" for i in range(n_tasks)]
+    return summary
 
 
 def _no_llm(settings: Settings) -> Settings:
@@ -78,37 +119,83 @@ def _assert_transcript_sane(lines: list[str], n_tasks: int) -> None:
 @pytest.mark.asyncio
 async def test_team_completes_with_scripted_policy(settings: Settings, unique: str) -> None:
     lines: list[str] = []
-    result = await run_team(_no_llm(settings), TeamConfig(team=unique, tasks=5, timeout=90, step_timeout=30),
-                            echo=lines.append)
+    async with running_committer(settings, board=unique):
+        result = await run_team(_no_llm(settings), TeamConfig(team=unique, tasks=5, timeout=90, step_timeout=30),
+                                echo=lines.append)
     assert result.policy == "scripted"
     _assert_team_succeeded(result, 5)
     _assert_transcript_sane(lines, 5)
     assert result.transcript == lines
 
 
-def test_team_cli_runs_and_exits_zero(nats_server: EmbeddedNats, unique: str) -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("BLACKBOARD_LLM__")}
-    proc = subprocess.run(
-        [sys.executable, "-m", "examples.team", "--nats-url", nats_server.url, "--team", unique, "--tasks", "3",
-         "--json", "--timeout", "90"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False,
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "result: OK" in proc.stdout
-    summary = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert summary["ok"] is True
-    assert summary["policy"] == "scripted"
-    assert summary["outcome"] == "accepted"
-    assert sorted(t for ids in summary["done_by"].values() for t in ids) == ["t1", "t2", "t3"]
+@pytest.mark.asyncio
+async def test_team_cli_runs_and_exits_zero(nats_server: EmbeddedNats, settings: Settings, test_auth: TestAuth,
+                                            unique: str) -> None:
+    # The team's board is its name (--team): the worker's committer commits its vote.
+    async with running_committer(settings, board=unique):
+        proc = await asyncio.to_thread(
+            _team_cli, "--nats-url", nats_server.url, "--team", unique, "--tasks", "3", "--json", "--timeout", "90",
+            env=_test_authority_env(test_auth))
+    _assert_cli_succeeded(proc, 3)
 
 
-def test_team_cli_fails_cleanly_without_server() -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("BLACKBOARD_")}
-    proc = subprocess.run([sys.executable, "-m", "examples.team", "--nats-url", "nats://127.0.0.1:1",
-                           "--connect-timeout", "1"], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=60, check=False)
+def test_team_cli_fails_cleanly_without_server(test_auth: TestAuth) -> None:
+    proc = _team_cli("--nats-url", "nats://127.0.0.1:1", "--connect-timeout", "1",
+                     env=_test_authority_env(test_auth), timeout=60)
     assert proc.returncode == 1
     assert "error: cannot connect to NATS at nats://127.0.0.1:1" in proc.stderr
+
+
+def test_team_cli_without_any_credential_says_where_it_looked(nats_server: EmbeddedNats, tmp_path: Path) -> None:
+    # Not run where `blackboard dev` keeps its data, no credential anywhere: one clear error.
+    proc = _team_cli("--nats-url", nats_server.url, "--team", "team-lost", "--connect-timeout", "2",
+                     env=_env(DEV__DATA_DIR=tmp_path / ".blackboard"), timeout=60)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "no credential for 'team-lost-planner'" in proc.stderr
+    assert "hint:" in proc.stderr and "BLACKBOARD_DEV__DATA_DIR" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+# ------------------------------------------------------ against `blackboard dev`
+_DEV_READY = "worker        running"
+
+
+@pytest.mark.slow
+def test_team_runs_against_blackboard_dev_with_no_manual_step() -> None:
+    # The README's promise: with `scripts/dev` running, `python -m examples.team` from the
+    # project directory just works, under authorization. The only setting is where the dev
+    # stack keeps its data (the default is ./.blackboard of the directory it runs in): its
+    # authority issues the team-* ids their credentials on first use, the dev worker creates
+    # their inboxes and commits the vote.
+    project = Path(tempfile.mkdtemp(prefix="bb-team-dev-"))
+    os.chmod(project, 0o755)  # the embedded PostgreSQL may run as another user
+    data_dir = project / ".blackboard"
+    dev = subprocess.Popen(
+        [sys.executable, "-m", "blackboard", "dev", "--data-dir", str(data_dir), "--nats-port", "0", "--pg-port",
+         "0"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env=_env(EMBEDDING__PROVIDER="local"))
+    lines: list[str] = []
+    try:
+        assert dev.stdout is not None
+        for line in dev.stdout:
+            lines.append(line.rstrip())
+            if _DEV_READY in line or "error" in line.lower():
+                break
+        text = "\n".join(lines)
+        assert _DEV_READY in text and "authorization on, TLS" in text, text
+        url = re.search(r"export BLACKBOARD_NATS__URL=(\S+)", text)
+        assert url, text
+        proc = _team_cli("--nats-url", url.group(1), "--tasks", "3", "--json", "--timeout", "90",
+                         env=_env(DEV__DATA_DIR=data_dir))
+        summary = _assert_cli_succeeded(proc, 3)
+        assert summary["team"].startswith("team-")
+        # Issued on first use by the dev authority, into the dev credentials directory.
+        for member in ("planner", "actor-1", "actor-2"):
+            assert (data_dir / "auth" / "creds" / f"{summary['team']}-{member}.creds").is_file()
+    finally:
+        dev.send_signal(signal.SIGINT)
+        out, _ = dev.communicate(timeout=60)
+    assert dev.returncode == 0, "\n".join(lines) + "\n" + out
 
 
 def _model(messages: list[dict[str, Any]]) -> str:
@@ -138,7 +225,8 @@ async def test_team_completes_with_llm_policy(settings: Settings, unique: str, o
     llm = LLMSettings(base_url=openai_fake.base_url, api_key="test-key", model="fake-model")
     cfg = settings.model_copy(update={"llm": llm})
     assert llm_configured(cfg.llm)
-    result = await run_team(cfg, TeamConfig(team=unique, tasks=3, timeout=90, policy="auto"), echo=None)
+    async with running_committer(settings, board=unique):
+        result = await run_team(cfg, TeamConfig(team=unique, tasks=3, timeout=90, policy="auto"), echo=None)
     assert result.policy == "llm"
     _assert_team_succeeded(result, 3)
     assert [t["title"] for _, t in sorted(result.tasks.items())] == [f"Model task number {i}" for i in (1, 2, 3)]
