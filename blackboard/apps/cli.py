@@ -291,11 +291,15 @@ async def _migrate(args: argparse.Namespace) -> int:
 
 
 async def _setup(args: argparse.Namespace) -> int:
-    from blackboard.client.connection import connect_nats
+    from blackboard.client.connection import check_nats_url, connect_nats
     from blackboard.client.streams import ensure_streams
+    from blackboard.security.credentials import OPERATOR_PRINCIPAL, find_system_credentials
 
     settings = _settings_from(args)
-    nc = await connect_nats(settings.nats, name="blackboard-setup")
+    check_nats_url(settings.nats.url)  # a malformed URL is told before a missing credential
+    # As the operator (nats.creds_file, else the operator's credential): agents may create no stream.
+    found = find_system_credentials(OPERATOR_PRINCIPAL, settings, process="blackboard setup")
+    nc = await connect_nats(settings.nats, name="blackboard-setup", credentials=found)
     try:
         await ensure_streams(nc.jetstream(), settings, update=True)
     finally:
@@ -502,7 +506,8 @@ def _parser() -> argparse.ArgumentParser:
     _add_conn_flags(p)
     p.add_argument("paths", nargs="+", help="files or directories")
     p.add_argument("--board", default="knowledge", help="board (scope) of the memories (default knowledge)")
-    p.add_argument("--agent", default="ingest", help="agent id recorded as author (default ingest)")
+    p.add_argument("--agent", default="ingest",
+                   help="agent id it writes as, with that agent's credential (default ingest)")
     p.add_argument("--chunk-size", type=int, default=1200, help="characters per chunk (default 1200)")
     p.add_argument("--overlap", type=int, default=200, help="characters shared by neighbouring chunks (200)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")

@@ -53,6 +53,7 @@ __all__ = [
     "credential_kind",
     "credential_principal",
     "find_credentials",
+    "find_system_credentials",
     "load_credentials_file",
     "resolve_credentials",
     "search_paths",
@@ -243,6 +244,35 @@ def _from_authority(principal: str, settings: Settings) -> FoundCredentials | No
     found = FoundCredentials(creds, credential_principal(creds, origin), origin, path, _ca_beside(path))
     if found.principal != principal:
         raise _mismatch(principal, found)
+    return found
+
+
+def find_system_credentials(principal: str, settings: Settings, *, process: str) -> FoundCredentials | None:
+    """The credential a server-side process connects with: a worker (as its
+    ``worker.name``), ``blackboard setup`` (as :data:`OPERATOR_PRINCIPAL`).
+
+    ``nats.creds_file`` when it is set, whichever worker or operator it was
+    issued for (a worker's replicas share one file; an operator may run a
+    worker), else :func:`find_credentials` for ``principal``. Never an
+    agent's: the server would grant such a process an agent's rights only,
+    under which it fails at its first step (streams, consumers, outcomes) or,
+    worse, half works. ``process`` names the process in the error.
+
+    Returns None only on an open bus (``nats.insecure_open_bus``) with no credential.
+
+    Raises:
+        AuthenticationError: the credential found is an agent's (its JWT's
+            ``bb-kind:agent`` tag); or as :func:`find_credentials` raises.
+    """
+    creds_file = settings.nats.creds_file
+    found = (load_credentials_file(creds_file, f"nats.creds_file (BLACKBOARD_NATS__CREDS_FILE) ({creds_file})")
+             if creds_file is not None else find_credentials(principal, settings))
+    if found is not None and credential_kind(found.credentials) == "agent":
+        kind, article = ("operator", "an") if principal == OPERATOR_PRINCIPAL else ("worker", "a")
+        raise AuthenticationError(
+            f"{found.origin} is the credential of the agent {found.principal!r}: {process} runs as "
+            f"{article} {kind} identity, never as an agent. Issue one (`blackboard auth add {principal} --kind {kind}`) "
+            "and point nats.creds_file (BLACKBOARD_NATS__CREDS_FILE) at it (docs/security.md)", found.principal)
     return found
 
 

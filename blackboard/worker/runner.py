@@ -24,11 +24,12 @@ from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 from psycopg_pool import AsyncConnectionPool
 
-from blackboard.client.connection import connect_nats
+from blackboard.client.connection import check_nats_url, connect_nats
 from blackboard.client.lifecycle import first_error
 from blackboard.client.streams import ensure_streams
 from blackboard.db import migrate, open_pool
 from blackboard.protocol.errors import ConfigurationError
+from blackboard.security.credentials import find_system_credentials
 from blackboard.settings import Settings
 from blackboard.worker.committer import VoteCommitter
 from blackboard.worker.embed_inbox import EmbedInbox
@@ -91,6 +92,8 @@ class Worker:
         Raises:
             StorageError, MigrationError: PostgreSQL unreachable or schema broken.
             NotConnectedError: NATS unreachable.
+            AuthenticationError: no credential for the worker, an agent's credential, or the
+                server refused it.
         """
         if self._host is not None and not self._host.done():
             return
@@ -137,7 +140,10 @@ class Worker:
         """Migrate, connect to NATS and PostgreSQL, set every component up (no task yet)."""
         s = self.settings
         await migrate(s)
-        self._nc = nc = await connect_nats(s.nats, name=f"blackboard-{s.worker.name}")
+        check_nats_url(s.nats.url)  # a malformed URL is told before a missing credential
+        # Its own identity: nats.creds_file, else the credential issued for its name; never an agent's.
+        found = find_system_credentials(s.worker.name, s, process=f"the worker {s.worker.name!r}")
+        self._nc = nc = await connect_nats(s.nats, name=f"blackboard-{s.worker.name}", credentials=found)
         held.push_async_callback(_quietly, nc.close)
         js = nc.jetstream(timeout=s.nats.request_timeout)
         await ensure_streams(js, s)

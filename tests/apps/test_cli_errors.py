@@ -119,7 +119,9 @@ def test_blackboard_worker_logs_ready_at_the_default_level_and_workers_of_a_grou
     # Its own database: these workers ingest every stream of the session's server from the
     # start, and the shared database's embedding queue is what other tests wait on.
     settings = make_settings(nats_server.url, fresh_db(postgres_server, f"cli{unique}"))
-    env = _env(WORKER__EMBED="false", WORKER__SERVE_SEARCH="false")
+    # The worker's identity and the test CA, as a deployment gives them (docs/operations.md).
+    env = _env(WORKER__EMBED="false", WORKER__SERVE_SEARCH="false", NATS__CREDS_FILE=str(settings.nats.creds_file),
+               NATS__TLS_CA_FILE=str(settings.nats.tls_ca_file))
     procs: list[subprocess.Popen[str]] = []
     try:
         readies: list[str] = []

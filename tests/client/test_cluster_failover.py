@@ -27,6 +27,7 @@ from blackboard.client.connection import connect_nats
 from blackboard.client.streams import ensure_streams
 from blackboard.protocol.subjects import Header, Subjects
 from blackboard.settings import NatsSettings, Settings
+from tests._auth import TestAuth
 from tests._cluster import NatsCluster
 from tests._write_load import WriteLoad
 from tests.conftest import make_settings
@@ -35,8 +36,8 @@ pytestmark = [pytest.mark.asyncio, pytest.mark.slow, pytest.mark.cluster]
 
 
 @pytest.fixture
-def cluster(stack_dir: Path) -> Iterator[NatsCluster]:
-    nodes = NatsCluster(stack_dir / f"failover-{os.urandom(4).hex()}")
+def cluster(stack_dir: Path, test_auth: TestAuth) -> Iterator[NatsCluster]:
+    nodes = NatsCluster(stack_dir / f"failover-{os.urandom(4).hex()}", test_auth)
     nodes.start()
     yield nodes
     nodes.stop()
@@ -71,9 +72,12 @@ async def _leader(js: JetStreamContext, stream: str, *, other_than: str | None =
 async def test_no_write_fails_while_one_node_of_three_is_killed_repeatedly(cluster: NatsCluster) -> None:
     settings = _r3_settings(cluster)
     subjects = Subjects(settings.board.bucket)
-    nc = await connect_nats(settings.nats, name="killer")
+    # The operator creates the streams (R3) and watches the cluster; the agent writes with its own credential.
+    operator = settings.model_copy(update={
+        "nats": settings.nats.model_copy(update={"creds_file": cluster.auth.creds("operator")})})
+    nc = await connect_nats(operator.nats, name="killer")
     js = nc.jetstream(timeout=2)
-    await ensure_streams(js, settings, ready_timeout=60)
+    await ensure_streams(js, operator, ready_timeout=60)
     try:
         async with Agent.connect("failover", settings=settings) as agent:
             board = agent.board("r3")
