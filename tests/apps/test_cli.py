@@ -11,11 +11,13 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import nats
@@ -71,11 +73,23 @@ def _printed(lines: list[str], variable: str) -> str:
     return found.group(1)
 
 
+_PROJECTS: list[Path] = []
+
+
+@pytest.fixture(autouse=True)
+def _remove_projects() -> Iterator[None]:
+    """Each test's project directories (a PostgreSQL cluster each) are removed after it."""
+    yield
+    while _PROJECTS:
+        shutil.rmtree(_PROJECTS.pop(), ignore_errors=True)
+
+
 def _project() -> Path:
     """A fresh project directory (mode 755: the embedded PostgreSQL may run as another user);
     ``blackboard dev`` keeps its data in ``<project>/.blackboard``, the default."""
     path = Path(tempfile.mkdtemp(prefix="bb-cli-"))
     os.chmod(path, 0o755)
+    _PROJECTS.append(path)
     return path
 
 

@@ -18,6 +18,7 @@ import asyncio
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -195,6 +196,7 @@ def test_team_runs_against_blackboard_dev_with_no_manual_step() -> None:
     finally:
         dev.send_signal(signal.SIGINT)
         out, _ = dev.communicate(timeout=60)
+        shutil.rmtree(project, ignore_errors=True)
     assert dev.returncode == 0, "\n".join(lines) + "\n" + out
 
 
