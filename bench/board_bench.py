@@ -2,7 +2,16 @@
 
 Measures, in one run on a nats-server it starts itself (JetStream, temporary
 directory, ``sync_interval`` from the settings default unless
-``--sync-interval`` is given):
+``--sync-interval`` is given). The server runs with authorization as
+``blackboard dev`` runs it (operator-mode JWT identities and TLS): the SDK
+agent ``bench-sdk`` is issued its credential, and the raw nats-py baseline
+connects with that same ``.creds``, the same CA and the inbox prefix
+``_INBOX.bench-sdk``, so both pay the same authorization and TLS, and the raw
+side uses only what the agent may (no stream info, no bare consumer create).
+``--insecure-open-bus`` measures the open bus instead; ``--with-open-bus``
+measures both in the same run, variants of both servers alternating, and
+adds what authorization costs (figures on the authorized bus / the open bus).
+The header line says which bus each table is of.
 
 * put, get and compare-and-set update: throughput and p50/p99 latency of
   ``Board.put`` / ``Board.get`` / ``Board.update`` next to nats-py's
@@ -14,20 +23,24 @@ directory, ``sync_interval`` from the settings default unless
   ``js.publish_async`` + ``gather``, with the same bound on pending acks;
 * watch fan-out: one writer at a fixed rate, 20 watchers, delivery latency
   (write call to a watcher's ``async for`` step), SDK ``Board.watch`` next to
-  nats-py ``kv.watch``.
+  what ``kv.watch`` does (an ordered push consumer, ``js.subscribe``), with the
+  consumer created by name with its filter as an agent must (``kv.watch``
+  itself uses the bare create subject and consumer info, refused to agents).
 
 Raw and SDK rounds alternate (order reversed every round) and every figure is
 the median over rounds; ratios are medians of the per-round ratios. Targets:
 SDK >= 0.9x raw for put/get/CAS, pipelined >= 0.8x raw, fan-out p99 <= 1.25x
 raw. ``--profile`` prints where the SDK spends its time (cProfile).
 
-Run: ``python bench/board_bench.py`` (60-90 s on 2 cores).
+Run: ``python bench/board_bench.py`` (60-90 s on 2 cores; twice that with
+``--with-open-bus``).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import cProfile
 import gc
 import io
@@ -38,7 +51,7 @@ import platform
 import pstats
 import sys
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -48,26 +61,34 @@ if __package__ in (None, ""):  # run as a script: make ``bench`` importable
 
 from importlib.metadata import version as _version
 
-import nats
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 from nats.js.kv import KeyValue
 
 from agents_sdk import Agent, Board, Watch
 from bench._common import (
+    Bus,
     LatencyStats,
+    RawKvWatch,
     Table,
+    add_bus_option,
     alternate,
     embedded_nats,
     interleaved_ops,
     median,
     paced_writes,
     percentile,
+    raw_kv_watch,
 )
 from blackboard.protocol.entries import encode_entry
+from blackboard.protocol.subjects import Subjects
 from blackboard.settings import Settings
 
 BOARD = "bench"
+#: The SDK agent; the raw baseline connects with its credential.
+AGENT = "bench-sdk"
+#: Variant-name suffix of the open bus's variants in a ``--with-open-bus`` run.
+OPEN = "@open"
 TARGET_SEQ = 0.9
 TARGET_PIPE = 0.8
 TARGET_FANOUT_P99 = 1.25
@@ -87,6 +108,7 @@ class FanoutStats:
 @dataclass(slots=True)
 class Ctx:
     args: argparse.Namespace
+    bus: Bus
     settings: Settings
     agent: Agent
     board: Board
@@ -277,16 +299,16 @@ async def raw_fanout(ctx: Ctx, r: int) -> FanoutStats:
     kv, payload, prefix = ctx.kv, ctx.payload, f"{BOARD}.fan-raw-{r}."
 
     async def start(sink: _Sink) -> tuple[list[asyncio.Task[None]], Callable[[], Awaitable[None]]]:
-        watchers = [await kv.watch(prefix + "*") for _ in sink.received]
+        watchers = [await raw_kv_watch(ctx.js, ctx.settings.board.bucket, prefix + "*") for _ in sink.received]
 
-        async def consume(n: int, w: KeyValue.KeyWatcher) -> None:
+        async def consume(n: int, w: RawKvWatch) -> None:
             async for entry in w:
                 if entry is not None:  # nats-py's "initial values done" marker
                     sink.record(n, entry.key)
 
         async def stop() -> None:
             for w in watchers:
-                await w.stop()  # type: ignore[no-untyped-call]
+                await w.stop()
 
         return [asyncio.create_task(consume(n, w)) for n, w in enumerate(watchers)], stop
 
@@ -330,18 +352,20 @@ async def _profile(ctx: Ctx, which: list[str], top: int) -> str:
 
 
 def _report(ctx: Ctx, seq: dict[str, dict[str, list[LatencyStats]]],
-            fan: dict[str, list[FanoutStats]]) -> tuple[Table, dict[str, Any]]:
-    """The result table (medians over rounds, ratios = medians of per-round ratios) and a summary."""
-    table = Table("board_bench (median of rounds; ratio = SDK / raw, median of the per-round ratios)",
-                  measured_label="SDK", baseline_label="raw nats-py")
-    summary: dict[str, Any] = {"envelope_bytes": len(ctx.payload)}
+            fan: dict[str, list[FanoutStats]], suffix: str = "") -> tuple[Table, dict[str, Any]]:
+    """The result table of one bus (its variants end with ``suffix``; medians over rounds, ratios
+    = medians of per-round ratios) and a summary."""
+    table = Table(f"board_bench, {ctx.bus.label} (median of rounds; ratio = SDK / raw, median of the "
+                  "per-round ratios)", measured_label="SDK", baseline_label="raw nats-py")
+    summary: dict[str, Any] = {"envelope_bytes": len(ctx.payload), "bus": ctx.bus.label}
+    sdk_v, raw_v, rid_v = f"sdk{suffix}", f"raw{suffix}", f"raw+id{suffix}"
 
     def med(stats: list[LatencyStats], attr: str) -> float:
         return median([getattr(x, attr) for x in stats])
 
     labels = {"put": "put", "get": "get (direct)", "cas": "CAS update"}
     for name in ("put", "get", "cas"):
-        sdk, raw = seq[name]["sdk"], seq[name]["raw"]
+        sdk, raw = seq[name][sdk_v], seq[name][raw_v]
         ratio = _ratio_median([x.rate for x in sdk], [x.rate for x in raw])
         table.add(f"{labels[name]} throughput", med(sdk, "rate"), med(raw, "rate"), "/s", min_ratio=TARGET_SEQ,
                   ratio=ratio, note="raw: kv.put" if name == "put" else
@@ -351,13 +375,13 @@ def _report(ctx: Ctx, seq: dict[str, dict[str, list[LatencyStats]]],
         summary[name] = {"sdk_rate": med(sdk, "rate"), "raw_rate": med(raw, "rate"), "ratio": ratio,
                          "sdk_p50_us": med(sdk, "p50") * 1e6, "raw_p50_us": med(raw, "p50") * 1e6,
                          "sdk_p99_us": med(sdk, "p99") * 1e6, "raw_p99_us": med(raw, "p99") * 1e6}
-        if "raw+id" in seq[name]:
-            rid = seq[name]["raw+id"]
+        if rid_v in seq[name]:
+            rid = seq[name][rid_v]
             id_ratio = _ratio_median([x.rate for x in sdk], [x.rate for x in rid])
             table.add(f"{labels[name]} throughput vs raw + Msg-Id", med(sdk, "rate"), med(rid, "rate"), "/s",
                       ratio=id_ratio, note="raw: js.publish with the SDK's Nats-Msg-Id header")
             summary[name].update(raw_id_rate=med(rid, "rate"), ratio_vs_raw_id=id_ratio)
-    sdk, raw, rid = seq["pipeline"]["sdk"], seq["pipeline"]["raw"], seq["pipeline"]["raw+id"]
+    sdk, raw, rid = seq["pipeline"][sdk_v], seq["pipeline"][raw_v], seq["pipeline"][rid_v]
     ratio = _ratio_median([x.rate for x in sdk], [x.rate for x in raw])
     id_ratio = _ratio_median([x.rate for x in sdk], [x.rate for x in rid])
     table.add("pipelined writes", med(sdk, "rate"), med(raw, "rate"), "/s", min_ratio=TARGET_PIPE, ratio=ratio,
@@ -366,13 +390,13 @@ def _report(ctx: Ctx, seq: dict[str, dict[str, list[LatencyStats]]],
               note="raw: the same with the SDK's Nats-Msg-Id header")
     summary["pipeline"] = {"sdk_rate": med(sdk, "rate"), "raw_rate": med(raw, "rate"), "ratio": ratio,
                            "raw_id_rate": med(rid, "rate"), "ratio_vs_raw_id": id_ratio}
-    sdk_f, raw_f = fan["sdk"], fan["raw"]
+    sdk_f, raw_f = fan[sdk_v], fan[raw_v]
     watchers = ctx.args.watchers
     p99_ratio = _ratio_median([f.p99 for f in sdk_f], [f.p99 for f in raw_f])
     table.add(f"fan-out p50 ({watchers} watchers)", median([f.p50 for f in sdk_f]), median([f.p50 for f in raw_f]),
               "ms", ratio=_ratio_median([f.p50 for f in sdk_f], [f.p50 for f in raw_f]))
     table.add(f"fan-out p99 ({watchers} watchers)", median([f.p99 for f in sdk_f]), median([f.p99 for f in raw_f]),
-              "ms", max_ratio=TARGET_FANOUT_P99, ratio=p99_ratio, note="raw: kv.watch")
+              "ms", max_ratio=TARGET_FANOUT_P99, ratio=p99_ratio, note="raw: kv.watch's ordered consumer")
     table.add("fan-out, all watchers got it: p50", median([f.all_p50 for f in sdk_f]),
               median([f.all_p50 for f in raw_f]), "ms")
     table.add("fan-out, all watchers got it: p99", median([f.all_p99 for f in sdk_f]),
@@ -384,38 +408,93 @@ def _report(ctx: Ctx, seq: dict[str, dict[str, list[LatencyStats]]],
     return table, summary
 
 
-async def run(args: argparse.Namespace) -> int:
-    base = Settings()
-    sync_interval = args.sync_interval or base.nats.sync_interval
-    with embedded_nats(sync_interval) as server:
-        settings = base.model_copy(update={"nats": base.nats.model_copy(update={"url": server.url})})
-        raw_nc = await nats.connect(server.url, name="bench-raw", pending_size=64 * 1024 * 1024)
+def _auth_cost(seq: dict[str, dict[str, list[LatencyStats]]], fan: dict[str, list[FanoutStats]]) -> Table:
+    """What authorization costs: each figure on the authorized bus next to the open bus's in the
+    same run (median of the per-round ratios, rounds alternating between the two servers)."""
+    table = Table("cost of authorization (JWT + TLS) in the same run: authorized bus / open bus "
+                  "(median of per-round ratios; throughput: below 1 is slower)",
+                  measured_label="authorized", baseline_label="open bus")
+
+    def med(stats: list[LatencyStats], attr: str) -> float:
+        return median([getattr(x, attr) for x in stats])
+
+    for name, label in (("put", "put"), ("get", "get (direct)"), ("cas", "CAS update"), ("pipeline", "pipelined")):
+        for side in ("sdk", "raw"):
+            on, off = seq[name][side], seq[name][side + OPEN]
+            table.add(f"{label} throughput, {side}", med(on, "rate"), med(off, "rate"), "/s",
+                      ratio=_ratio_median([x.rate for x in on], [x.rate for x in off]))
+        if name != "pipeline":
+            for side in ("sdk", "raw"):
+                on, off = seq[name][side], seq[name][side + OPEN]
+                table.add(f"{label} p50, {side}", med(on, "p50"), med(off, "p50"), "us",
+                          ratio=_ratio_median([x.p50 for x in on], [x.p50 for x in off]))
+    for side in ("sdk", "raw"):
+        on_f, off_f = fan[side], fan[side + OPEN]
+        table.add(f"fan-out p99, {side}", median([f.p99 for f in on_f]), median([f.p99 for f in off_f]), "ms",
+                  ratio=_ratio_median([f.p99 for f in on_f], [f.p99 for f in off_f]))
+    return table
+
+
+@contextlib.asynccontextmanager
+async def _bench_bus(args: argparse.Namespace, base: Settings, sync_interval: str, open_bus: bool
+                     ) -> AsyncIterator[Ctx]:
+    """A server (authorized unless ``open_bus``), the SDK agent and the raw connection with the
+    agent's identity (its ``.creds``, the CA, ``_INBOX.<agent>``; nothing on the open bus)."""
+    async with embedded_nats(sync_interval, open_bus=open_bus, settings=base) as bus:
+        settings = bus.settings
+        raw_nc = await bus.raw_connect(AGENT, name="bench-raw", pending_size=64 * 1024 * 1024)
         try:
-            async with Agent.connect("bench-sdk", settings=settings) as agent:
+            async with Agent.connect(AGENT, settings=settings) as agent:
                 js = raw_nc.jetstream(timeout=settings.nats.request_timeout)
-                kv = await js.key_value(settings.board.bucket)
+                # What js.key_value() returns, without its stream-info call (an agent may not).
+                subjects = Subjects(settings.board.bucket)
+                kv = KeyValue(name=settings.board.bucket, stream=subjects.kv_stream, pre=subjects.kv_prefix, js=js,
+                              direct=True)
                 value = {"text": "x" * args.value_bytes, "n": 12345}
                 payload = encode_entry(value, author=agent.id)
-                ctx = Ctx(args, settings, agent, agent.board(BOARD), raw_nc, js, kv, value, payload)
-                return await _measure(ctx, sync_interval, raw_nc)
+                yield Ctx(args, bus, settings, agent, agent.board(BOARD), raw_nc, js, kv, value, payload)
         finally:
             await raw_nc.close()
 
 
-async def _measure(ctx: Ctx, sync_interval: str, raw_nc: NATS) -> int:
-    args = ctx.args
+async def run(args: argparse.Namespace) -> int:
+    base = Settings()
+    sync_interval = args.sync_interval or base.nats.sync_interval
+    base = base.model_copy(update={"nats": base.nats.model_copy(update={"sync_interval": sync_interval})})
+    async with contextlib.AsyncExitStack() as stack:
+        ctxs = {"": await stack.enter_async_context(
+            _bench_bus(args, base, sync_interval, args.insecure_open_bus))}
+        if args.with_open_bus and not args.insecure_open_bus:
+            ctxs[OPEN] = await stack.enter_async_context(_bench_bus(args, base, sync_interval, True))
+        return await _measure(ctxs, sync_interval)
+
+
+def _variants(ctxs: dict[str, Ctx], fns: dict[str, Callable[[Ctx, int], Awaitable[Any]]]
+              ) -> dict[str, Callable[[int], Awaitable[Any]]]:
+    """Every variant of ``fns`` on every bus (named ``<variant><bus suffix>``), bound to its Ctx."""
+    def bind(fn: Callable[[Ctx, int], Awaitable[Any]], ctx: Ctx) -> Callable[[int], Awaitable[Any]]:
+        return lambda r: fn(ctx, r)
+
+    return {f"{name}{suffix}": bind(fn, ctx) for suffix, ctx in ctxs.items() for name, fn in fns.items()}
+
+
+async def _measure(ctxs: dict[str, Ctx], sync_interval: str) -> int:
+    ctx = ctxs[""]
+    args, raw_nc = ctx.args, ctx.raw_nc
     print(f"board_bench: python {platform.python_version()}, nats-py {_version('nats-py')}, "
           f"nats-server {raw_nc.connected_server_version}, sync_interval={sync_interval}, "
           f"envelope {len(ctx.payload)} B, {args.rounds} rounds x {args.ops} ops (blocks of {args.block}), "
           f"pipeline {args.pipeline_rounds} x {args.pipeline_ops}, fan-out {args.fanout_rounds} rounds x "
           f"{args.watchers} watchers x {args.rate:g}/s x {args.fanout_seconds:g}s", flush=True)
+    for suffix, c in ctxs.items():
+        raw = f"the agent's credential ({AGENT}.creds), the same CA, inbox prefix {c.raw_nc._inbox_prefix.decode()}" \
+            if c.bus.auth is not None else "no credential, no TLS"
+        print(f"{'and ' if suffix else ''}{c.bus.label}: SDK agent {AGENT!r} and raw nats-py with {raw}"
+              f" ({c.bus.url})", flush=True)
     started = time.perf_counter()
 
-    def bind(fn: Callable[[Ctx, int], Awaitable[Any]]) -> Callable[[int], Awaitable[Any]]:
-        return lambda r: fn(ctx, r)
-
     # warm-up (not measured): connections, caches, stream files
-    await interleaved_ops(1, args.ops, args.block, {"raw": bind(raw_put), "sdk": bind(sdk_put)})
+    await interleaved_ops(1, args.ops, args.block, _variants(ctxs, {"raw": raw_put, "sdk": sdk_put}))
 
     seq: dict[str, dict[str, list[LatencyStats]]] = {}
     phases: list[tuple[str, dict[str, Callable[[Ctx, int], Awaitable[Op]]]]] = [
@@ -424,31 +503,38 @@ async def _measure(ctx: Ctx, sync_interval: str, raw_nc: NATS) -> int:
         ("cas", {"raw": raw_cas, "sdk": sdk_cas}),
     ]
     for name, fns in phases:
-        seq[name] = await interleaved_ops(args.rounds, args.ops, args.block,
-                                          {v: bind(fn) for v, fn in fns.items()})
+        seq[name] = await interleaved_ops(args.rounds, args.ops, args.block, _variants(ctxs, fns))
         print(f"  {name}: done ({time.perf_counter() - started:.0f}s)", flush=True)
     seq["pipeline"] = await alternate(
         args.pipeline_rounds,
-        {"raw": bind(raw_pipeline), "raw+id": bind(raw_pipeline_id), "sdk": bind(sdk_pipeline)},
+        _variants(ctxs, {"raw": raw_pipeline, "raw+id": raw_pipeline_id, "sdk": sdk_pipeline}),
         between=_between)
     print(f"  pipeline: done ({time.perf_counter() - started:.0f}s)", flush=True)
-    fan = await alternate(args.fanout_rounds, {"raw": bind(raw_fanout), "sdk": bind(sdk_fanout)},
+    fan = await alternate(args.fanout_rounds, _variants(ctxs, {"raw": raw_fanout, "sdk": sdk_fanout}),
                           between=_between)
     print(f"  fan-out: done ({time.perf_counter() - started:.0f}s)", flush=True)
 
-    table, summary = _report(ctx, seq, fan)
-    summary["sync_interval"] = sync_interval
-    print()
-    print(table.render())
-    print("per-round ratios (SDK/raw): " + ", ".join(
-        f"{name} " + " ".join(f"{s.rate / r.rate:.2f}" for s, r in zip(seq[name]["sdk"], seq[name]["raw"],
-                                                                        strict=True))
-        for name in ("put", "get", "cas", "pipeline"))
-        + "; fan-out p99 " + " ".join(f"{s.p99 / r.p99:.2f}" for s, r in zip(fan["sdk"], fan["raw"], strict=True)))
-    misses = table.misses
+    summary: dict[str, Any] = {}
+    misses: list[str] = []
+    for suffix, c in ctxs.items():
+        table, part = _report(c, seq, fan, suffix)
+        part["sync_interval"] = sync_interval
+        summary["open_bus" if suffix else "main"] = part
+        print()
+        print(table.render())
+        print(f"per-round ratios (SDK/raw), {c.bus.label}: " + ", ".join(
+            f"{name} " + " ".join(f"{s.rate / r.rate:.2f}" for s, r in zip(
+                seq[name]["sdk" + suffix], seq[name]["raw" + suffix], strict=True))
+            for name in ("put", "get", "cas", "pipeline"))
+            + "; fan-out p99 " + " ".join(f"{s.p99 / r.p99:.2f}" for s, r in zip(
+                fan["sdk" + suffix], fan["raw" + suffix], strict=True)))
+        misses += [f"{r.name} ({c.bus.label})" for r in table.misses]
+    if OPEN in ctxs:
+        print()
+        print(_auth_cost(seq, fan).render())
     print(f"targets: put/get/CAS >= {TARGET_SEQ}x raw, pipelined >= {TARGET_PIPE}x raw async publish, "
           f"fan-out p99 <= {TARGET_FANOUT_P99}x raw KV watch -> "
-          + ("all met" if not misses else "missed: " + ", ".join(r.name for r in misses)))
+          + ("all met" if not misses else "missed: " + ", ".join(misses)))
     print(f"total {time.perf_counter() - started:.0f}s")
     if args.json:
         print(json.dumps(summary, sort_keys=True))
@@ -477,6 +563,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--rate", type=float, default=500.0, help="fan-out writes per second")
     parser.add_argument("--fanout-seconds", type=float, default=1.5, help="fan-out writing time per round")
     parser.add_argument("--json", action="store_true", help="also print the summary as one JSON line")
+    add_bus_option(parser)
+    parser.add_argument("--with-open-bus", action="store_true",
+                        help="also measure everything on an open-bus server in the same run (variants of both "
+                             "servers alternate) and print what authorization costs")
     parser.add_argument("--profile", nargs="*", choices=sorted(_PROFILED), default=None,
                         help="afterwards, cProfile one SDK round of these phases (all when none named)")
     parser.add_argument("--profile-top", type=int, default=30)

@@ -1,9 +1,11 @@
 """Failover benchmark: write gaps while nodes of an R3 cluster die, next to its leader elections.
 
 Starts three nats-server nodes from ``docker/nats/nats.conf`` (as
-``tests/_cluster.py`` does: loopback ports, a temporary store), creates the
-assets with three replicas, and has agents write board entries continuously
-(sequential writers, the default ``nats.write_timeout`` and
+``tests/_cluster.py`` does: loopback ports, a temporary store; the file's
+authorization and TLS, with a throw-away identity authority's rendered config
+and dev certificates), creates the assets with three replicas as the
+operator, and has agents (each with its own credential) write board entries
+continuously (sequential writers, the default ``nats.write_timeout`` and
 ``nats.write_attempt_timeout``) while one node at a time is killed
 (``kill -9``): the KV stream's leader, or a follower. Each node is restarted
 after ``--down`` seconds and caught up before the next kill.
@@ -46,11 +48,19 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
 from agents_sdk import Agent, BlackboardError
-from bench._common import percentile
+from bench._common import (
+    AUTH_LABEL,
+    BenchAuth,
+    add_bus_option,
+    make_bench_auth,
+    percentile,
+    secured_settings,
+)
 from blackboard.client.connection import connect_nats
 from blackboard.client.streams import ensure_streams
 from blackboard.protocol.subjects import Subjects
-from blackboard.settings import NatsSettings, Settings
+from blackboard.settings import Settings
+from tests._auth import TestAuth
 from tests._cluster import NatsCluster
 
 BOARD = "failover"
@@ -146,19 +156,22 @@ def _gap_across(acks: list[list[float]], at: float) -> float:
 
 async def run(args: argparse.Namespace) -> bool:
     with tempfile.TemporaryDirectory(prefix="failover-bench-") as tmp:
-        cluster = NatsCluster(Path(tmp))
+        auth = make_bench_auth(Path(tmp) / "auth")
+        cluster = NatsCluster(Path(tmp), TestAuth(auth.authority, auth.tls))
         cluster.start()
         try:
-            return await _run(cluster, args)
+            return await _run(cluster, auth, Path(tmp), args)
         finally:
             cluster.stop()
 
 
-async def _run(cluster: NatsCluster, args: argparse.Namespace) -> bool:
-    settings = Settings().model_copy(update={"nats": NatsSettings(url=cluster.urls)})
+async def _run(cluster: NatsCluster, auth: BenchAuth, root: Path, args: argparse.Namespace) -> bool:
+    settings = secured_settings(Settings(), cluster.urls, auth, root)
     settings = settings.model_copy(update={"board": settings.board.model_copy(update={"replicas": 3})})
+    print(f"failover_bench: {AUTH_LABEL}", flush=True)
     stream = Subjects(settings.board.bucket).kv_stream
-    nc = await connect_nats(settings.nats, name="failover-bench")
+    nc = await connect_nats(settings.nats.model_copy(update={"creds_file": auth.creds("operator")}),
+                            name="failover-bench")
     js = nc.jetstream(timeout=1.0)
     await ensure_streams(nc.jetstream(), settings, ready_timeout=60)
     # Each stream leader, once elected, announces it.
@@ -255,7 +268,11 @@ def main() -> None:
     parser.add_argument("--pause", type=float, default=0.005, help="seconds between a writer's writes")
     parser.add_argument("--down", type=float, default=1.0, help="seconds a killed node stays down (default 1)")
     parser.add_argument("--settle", type=float, default=1.0, help="seconds of writing between kills")
+    add_bus_option(parser)
     args = parser.parse_args()
+    if args.insecure_open_bus:
+        parser.error("the compose file's cluster (docker/nats/nats.conf) runs with authorization and TLS; "
+                     "its failover is measured that way only")
     sys.exit(0 if asyncio.run(run(args)) else 1)
 
 

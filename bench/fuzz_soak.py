@@ -39,7 +39,7 @@ from typing import Any
 
 import msgpack
 import psycopg
-from _common import embedded_stack
+from _common import Bus, add_bus_option, embedded_stack
 from nats.js import JetStreamContext
 
 from agents_sdk import Agent, BlackboardError
@@ -121,7 +121,8 @@ def _base(kind: str, rng: random.Random, board: str, agent: str, n: int) -> tupl
                "counted_ballots": [], "superseded_ballots": [], "rejected_ballots": []}
         if kind == "applied":
             rec["revision"] = rng.randint(1, 2**40)
-    return rec, Subjects.vote(board, pid, kind), None
+    # A ballot's subject names its voter (the payload's, unless a mutation changes that one).
+    return rec, Subjects.vote(board, pid, kind, "v1" if kind == "ballot" else None), None
 
 
 def _encode(rec: Any, encoding: str) -> bytes:
@@ -210,9 +211,9 @@ def rss_kib(pid: int | None, *, tree: bool = False) -> int:
     return total
 
 
-def spawn_worker(settings: Settings) -> subprocess.Popen[bytes]:
+def spawn_worker(settings: Settings, bus: Bus) -> subprocess.Popen[bytes]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("BLACKBOARD_")}
-    env.update({"BLACKBOARD_NATS__URL": settings.nats.url,
+    env.update({**bus.worker_env(),  # its identity, the CA and the policy (or the open bus)
                 "BLACKBOARD_POSTGRES__DSN": settings.postgres.dsn.get_secret_value(),
                 "BLACKBOARD_WORKER__NAME": "soak", "BLACKBOARD_WORKER__GROUP": "soak",
                 "BLACKBOARD_WORKER__EMBED": "false",
@@ -332,9 +333,13 @@ async def main() -> int:
     ap.add_argument("--sdk", type=int, default=2_000, help="hostile SDK calls")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--catch-up", type=float, default=600.0, help="seconds the worker may take to catch up")
+    add_bus_option(ap)
     a = ap.parse_args()
-    async with embedded_stack("bb-fuzz-soak-") as (settings, ns, pg):
-        worker = spawn_worker(settings)
+    async with embedded_stack("bb-fuzz-soak-", open_bus=a.insecure_open_bus) as (settings, bus, pg):
+        ns = bus.server
+        print(f"fuzz_soak: {bus.label}" + ("" if bus.open_bus else " (raw messages published as the worker, "
+                                           "hostile SDK calls as the agent 'soaker')"), flush=True)
+        worker = spawn_worker(settings, bus)
         try:
             before = {"worker": rss_kib(worker.pid), "nats-server": rss_kib(ns.pid),
                       "postgres": rss_kib(pg.pid, tree=True)}

@@ -28,6 +28,7 @@ import time
 import numpy as np
 from _common import (
     Sentences,
+    add_bus_option,
     embedded_stack,
     load_vectors,
     locomo_dialogs,
@@ -58,6 +59,7 @@ async def main() -> None:
     ap.add_argument("--queries", type=int, default=500)
     ap.add_argument("--ef", default="40,64,100,200", help="ef_search values, comma-separated")
     ap.add_argument("--k", default="10,50", help="result counts (LIMIT), comma-separated")
+    add_bus_option(ap)
     args = ap.parse_args()
     efs = [int(x) for x in args.ef.split(",")]
     ks = [int(x) for x in args.k.split(",")]
@@ -66,7 +68,8 @@ async def main() -> None:
         raise SystemExit("needs the LoCoMo data in ../shared/data/locomo")
     texts = Sentences(turns).distinct(args.n, random.Random(11))
     questions = list(dict.fromkeys(questions))[: args.queries]
-    async with embedded_stack("bb-hnsw-recall-", worker=WorkerSettings(lag_interval=600)) as (s, _, _):
+    async with embedded_stack("bb-hnsw-recall-", open_bus=args.insecure_open_bus,
+                              worker=WorkerSettings(lag_interval=600)) as (s, _, _):
         async with provider_from_settings(s.embedding) as prov, \
                 provider_from_settings(s.embedding, queries=True) as qprov:
             vecs = await model_vectors(prov, texts)

@@ -31,7 +31,7 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
-from _common import embedded_stack, process_tree_cpu
+from _common import add_bus_option, embedded_stack, process_tree_cpu
 
 from blackboard.client.connection import connect_nats
 from blackboard.db import open_pool
@@ -137,9 +137,13 @@ async def main() -> None:
     ap.add_argument("--entries", type=int, default=20000)
     ap.add_argument("--memories", type=int, default=1000)
     ap.add_argument("--rounds", type=int, default=3)
+    add_bus_option(ap)
     args = ap.parse_args()
-    async with embedded_stack("bb-ingest-bench-", worker=WorkerSettings(
-            embed=False, serve_search=False, lag_interval=600)) as (s, ns, pg):
+    async with embedded_stack("bb-ingest-bench-", open_bus=args.insecure_open_bus, worker=WorkerSettings(
+            embed=False, serve_search=False, lag_interval=600)) as (s, bus, pg):
+        ns = bus.server
+        print(f"ingest_bench: {bus.label}" + ("" if bus.open_bus else
+                                              " (publishers, consumers and the worker connect as the worker)"))
         n, batch = args.entries, s.worker.batch_size
         raws, works, copies, ratios = [], [], [], []
         cpu: dict[str, list[tuple[float, float, float]]] = {"raw": [], "worker": []}

@@ -41,7 +41,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import psycopg
-from _common import alternate, embedded_stack, locomo_dialogs, percentile
+from _common import add_bus_option, alternate, embedded_stack, locomo_dialogs, percentile
 
 from agents_sdk import Agent, MemoryInput
 from blackboard.embeddings import EmbeddingProvider, provider_from_settings
@@ -183,12 +183,15 @@ async def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--items", type=int, default=2000)
     ap.add_argument("--queries", type=int, default=200)
+    add_bus_option(ap)
     args = ap.parse_args()
     texts, queries = load_workload(args.items, args.queries)
     # Every query pays its embedding, as in LangGraph (which has no query
     # cache): the same queries are asked once per mode.
-    async with embedded_stack("bb-lg-bench-", worker=WorkerSettings(name="lgbench", lag_interval=600),
-                              search=SearchSettings(query_cache_size=0)) as (s, _, pg):
+    async with embedded_stack("bb-lg-bench-", open_bus=args.insecure_open_bus,
+                              worker=WorkerSettings(name="lgbench", lag_interval=600),
+                              search=SearchSettings(query_cache_size=0)) as (s, bus, pg):
+        print(f"langgraph_compare: {bus.label}")
         async with provider_from_settings(s.embedding) as provider, \
                 provider_from_settings(s.embedding, queries=True) as query_provider:
             await provider.embed(texts[:8])  # load the models outside the timings

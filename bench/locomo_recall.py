@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _common import embedded_stack
+from _common import add_bus_option, embedded_stack
 
 from agents_sdk.agent import Agent
 from agents_sdk.memory.longterm import MemoryInput
@@ -58,9 +58,12 @@ async def main() -> None:
     ap.add_argument("--modes", default="keyword,semantic,hybrid")
     ap.add_argument("--fusion", choices=["convex", "rrf"], help="override settings.search.fusion (ablation)")
     ap.add_argument("--neighbour-weight", type=float, help="override settings.search.neighbour_weight (ablation)")
+    add_bus_option(ap)
     args = ap.parse_args()
     convs = [load(p) for p in sorted(args.data.glob("*.json"))]
-    async with embedded_stack("bb-locomo-", worker=WorkerSettings(lag_interval=600)) as (s, _, _):
+    async with embedded_stack("bb-locomo-", open_bus=args.insecure_open_bus,
+                              worker=WorkerSettings(lag_interval=600)) as (s, bus, _):
+        print(f"locomo_recall: {bus.label}")
         overrides = {k: v for k, v in (("fusion", args.fusion), ("neighbour_weight", args.neighbour_weight))
                      if v is not None}
         if overrides:

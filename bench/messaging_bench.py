@@ -1,7 +1,12 @@
 """Messaging benchmark: the SDK next to raw nats-py on the same embedded server.
 
 Measures, in one run on a nats-server it starts itself (JetStream, temporary
-directory):
+directory; with authorization as ``blackboard dev`` runs it, JWT identities and
+TLS, unless ``--insecure-open-bus``). Each SDK agent connects with its own
+credential; inboxes are created by the inbox administration service and votes
+committed by the committer, run beside (``bench._common.system_services``). The
+raw connections use the worker's identity (the same TLS and authorization; the
+raw variants create consumers and use core subjects, which an agent may not):
 
 * **direct send** (awaited one by one): ``agent.send`` next to nats-py
   ``js.publish`` of the same envelope bytes (with a ``Nats-Msg-Id``) on the
@@ -45,7 +50,6 @@ from typing import Any
 if __package__ in (None, ""):  # run as a script: make ``bench`` importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import nats
 import nats.errors
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
@@ -54,18 +58,23 @@ from nats.js import JetStreamContext, api
 from agents_sdk import Agent, Message
 from agents_sdk.messaging.envelope import encode_envelope, new_envelope
 from bench._common import (
+    Bus,
     LatencyStats,
     Table,
+    add_bus_option,
     alternate,
     embedded_nats,
     interleaved_ops,
     median,
     percentile,
+    system_services,
 )
 from blackboard.protocol.subjects import MESSAGE_STREAM, Subjects
-from blackboard.settings import NatsSettings, Settings
+from blackboard.settings import Settings
 
 Op = Callable[[int], Awaitable[Any]]
+#: The identity of the raw connections (on the open bus: none).
+RAW = "worker"
 clock = time.perf_counter
 _ids = itertools.count()
 
@@ -122,9 +131,10 @@ async def _sdk_drain(agent: Agent, n: int, on: Callable[[Message], None]) -> Non
 
 
 class Bench:
-    def __init__(self, args: argparse.Namespace, settings: Settings, nc: NATS) -> None:
+    def __init__(self, args: argparse.Namespace, bus: Bus, nc: NATS) -> None:
         self.args = args
-        self.settings = settings
+        self.bus = bus
+        self.settings = settings = bus.settings
         self.nc = nc
         self.js = nc.jetstream(timeout=settings.nats.request_timeout)
         env = new_envelope(id="0123456789abcdef0", sender="bench-sender", kind="direct", recipients=["x"],
@@ -208,7 +218,7 @@ class Bench:
 
         async def raw_js(r: int) -> LatencyStats:
             subject = Subjects.direct(f"e2e-raw-{r}")
-            recv_nc = await nats.connect(self.settings.nats.url)
+            recv_nc = await self.bus.raw_connect(RAW)
             lat: list[float] = []
             try:
                 psub = await _raw_consumer(recv_nc.jetstream(), f"e2e-raw-{r}", subject)
@@ -229,7 +239,7 @@ class Bench:
 
     async def _core_fanout(self, subject: str, receivers: int, n: int, rate: float | None) -> LatencyStats:
         """Core NATS: ``receivers`` connections subscribed to ``subject``; n publishes (paced or burst)."""
-        conns = [await nats.connect(self.settings.nats.url) for _ in range(receivers)]
+        conns = [await self.bus.raw_connect(RAW) for _ in range(receivers)]
         lat: list[float] = []
         done = asyncio.Event()
         total = n * receivers
@@ -288,7 +298,7 @@ class Bench:
 
         async def raw_js(r: int) -> LatencyStats:
             subject = Subjects.broadcast(f"bcast-raw-{'burst' if rate is None else 'rate'}-{r}")
-            conns = [await nats.connect(self.settings.nats.url) for _ in range(k)]
+            conns = [await self.bus.raw_connect(RAW) for _ in range(k)]
             lat: list[float] = []
             try:
                 psubs = [await _raw_consumer(c.jetstream(), f"bc-{'b' if rate is None else 'r'}-{r}-{i}", subject)
@@ -323,7 +333,7 @@ class Bench:
     async def request_rounds(self) -> dict[str, list[LatencyStats]]:
         server = await self.connect("rpc-server")
         client = await self.connect("rpc-client")
-        raw_server = await nats.connect(self.settings.nats.url)
+        raw_server = await self.bus.raw_connect(RAW)
         try:
             await server.handle("echo", lambda req: req.body)
             reply = self.payload
@@ -359,13 +369,13 @@ def _paired(a: list[LatencyStats], b: list[LatencyStats], attr: str) -> float:
 
 async def main(args: argparse.Namespace) -> None:
     started = clock()
-    with embedded_nats(args.sync_interval) as server:
-        settings = Settings().model_copy(update={"nats": NatsSettings(url=server.url)})
-        async with Agent.connect("bench-setup", settings=settings):  # creates the streams
-            pass
-        nc = await nats.connect(server.url)
-        bench = Bench(args, settings, nc)
-        print(f"messaging bench: nats-server {server.url}, nats-py {_version('nats-py')}, "
+    async with embedded_nats(args.sync_interval, open_bus=args.insecure_open_bus, settings=Settings()) as bus, \
+            system_services(bus):
+        nc = await bus.raw_connect(RAW)
+        bench = Bench(args, bus, nc)
+        raw = "no credential" if bus.open_bus else f"the {RAW}'s credential, the same CA"
+        print(f"messaging bench: {bus.label}; SDK agents with their own credentials, raw nats-py with {raw}; "
+              f"nats-server {bus.url}, nats-py {_version('nats-py')}, "
               f"Python {platform.python_version()}, envelope {len(bench.payload)} B, "
               f"{args.rounds} rounds, {args.agents} broadcast receivers\n")
 
@@ -423,6 +433,7 @@ def _args() -> argparse.Namespace:
     p.add_argument("--burst-msgs", type=int, default=500)
     p.add_argument("--body", type=int, default=100, help="bytes of text in the message body")
     p.add_argument("--sync-interval", default="1s")
+    add_bus_option(p)
     return p.parse_args()
 
 

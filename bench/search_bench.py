@@ -35,7 +35,14 @@ import time
 from datetime import UTC, datetime, timedelta
 
 import numpy as np
-from _common import Sentences, embedded_stack, load_vectors, locomo_dialogs, model_vectors
+from _common import (
+    Sentences,
+    add_bus_option,
+    embedded_stack,
+    load_vectors,
+    locomo_dialogs,
+    model_vectors,
+)
 from nats.aio.msg import Msg
 from psycopg import sql
 from psycopg.types.json import Jsonb
@@ -65,6 +72,7 @@ async def main() -> None:
     ap.add_argument("--queries", type=int, default=300)
     ap.add_argument("--vectors", choices=("model", "random"), default="model",
                     help="the memories' vectors: their texts embedded with the local model (cached), or random")
+    add_bus_option(ap)
     args = ap.parse_args()
     rng = random.Random(7)
     turns, _ = locomo_dialogs()
@@ -77,7 +85,10 @@ async def main() -> None:
         texts = [" ".join(rng.choices(vocab, weights, k=14)) for _ in range(args.n)]
     print(f"texts: {'LoCoMo word bigrams' if sentences else 'made-up Zipf vocabulary (no LoCoMo data)'}; "
           f"vectors: {args.vectors}")
-    async with embedded_stack("bb-search-bench-", worker=WorkerSettings(lag_interval=600)) as (s, _, _):
+    async with embedded_stack("bb-search-bench-", open_bus=args.insecure_open_bus,
+                              worker=WorkerSettings(lag_interval=600)) as (s, bus, _):
+        print(f"search_bench: {bus.label}; the search client is the agent 'bench' (its credential), the raw "
+              "request/reply the worker's connection")
         prov = provider_from_settings(s.embedding)
         boards = [f"b{i}" for i in range(20)]
         kinds = ["episodic", "semantic", "procedural", "knowledge"]
@@ -131,7 +142,8 @@ async def main() -> None:
                     out.append(q)
             return out
 
-        nc = await connect_nats(s.nats, name="bench")
+        nc = await connect_nats(s.nats, name="bench-raw")  # the worker's identity (raw request/reply)
+        agent_nc = await bus.connect_as("bench", "bench")
         # The search service's own query provider, as a worker makes it (the
         # local model's quantised copy, one text per call).
         qprov = provider_from_settings(s.embedding, queries=True)
@@ -151,7 +163,7 @@ async def main() -> None:
                 await nc.request("bench.echo", b"x", timeout=2)
                 rtt.append((time.perf_counter() - t) * 1000)
             await sub.unsubscribe()
-            client = SearchClient(nc, s, "bench")
+            client = SearchClient(agent_nc, s, "bench")
             ann95 = _pct(raw, 95)
             print(f"raw: NATS request/reply p50 {_pct(rtt, 50):.2f} ms; ANN top-10 SQL p50 {_pct(raw, 50):.2f} / "
                   f"p95 {ann95:.2f} ms; one query embedding (model alone) p50 {_pct(emb, 50):.2f} / "
@@ -176,6 +188,7 @@ async def main() -> None:
                           f"   (p95 / raw ANN p95: {_pct(cold, 95) / ann95:.1f}x, {_pct(warm, 95) / ann95:.1f}x)")
             print("target: hybrid p95 <= 10 ms at 100k memories")
         await nc.close()
+        await agent_nc.close()
 
 
 if __name__ == "__main__":

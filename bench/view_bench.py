@@ -1,12 +1,15 @@
 """View benchmark: live-view update latency and snapshot load, next to raw KV watch.
 
 Measures, in one run on a nats-server it starts itself (JetStream, temporary
-directory):
+directory; with authorization as ``blackboard dev`` runs it, JWT identities and
+TLS, unless ``--insecure-open-bus``; the writer and the raw reader connect with
+their own agent credentials, the same CA and their ``_INBOX.<id>`` prefixes):
 
 * **update latency**: a writer puts an entry; the time until a *second* agent's
   :class:`~agents_sdk.view.View` shows it (its change callback fires, i.e. the
   entry is readable with ``view.get``), next to the time until a raw nats-py
-  ``kv.watch`` on the same bucket yields it. The writer is the same for both
+  watch on the same bucket yields it (``kv.watch``'s ordered consumer, created
+  by name with its filter as an agent must: :func:`bench._common.raw_kv_watch`). The writer is the same for both
   variants (nats-py ``kv.put`` of a pre-encoded entry envelope on its own
   connection), so the difference is the observer side only: decoding the
   envelope into an :class:`~blackboard.protocol.entries.Entry`, the watch queue, the
@@ -16,9 +19,8 @@ directory):
   - *stream*: writes at a fixed rate, latency of every delivery (queueing).
 
 * **snapshot load**: ``await board.view(section)`` over N existing keys until
-  the view is ready (every key readable), next to a raw ``kv.watch`` that
-  collects the current values into a dict until nats-py's "initial values
-  done" marker; a third column adds decoding every envelope to the raw watch
+  the view is ready (every key readable), next to that raw watch collecting
+  the current values into a dict until the last one (no more pending); a third column adds decoding every envelope to the raw watch
   (the work a view must do), to show where the remaining cost lies.
 
 Raw and view rounds alternate (order reversed every round); every figure is
@@ -47,13 +49,22 @@ from typing import Any
 if __package__ in (None, ""):  # run as a script: make ``bench`` importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import nats
 from nats.aio.client import Client as NATS
+from nats.js import JetStreamContext
 from nats.js.kv import KeyValue
 
 from agents_sdk import Agent, Board, Change
 from agents_sdk.view import View
-from bench._common import LatencyStats, Table, alternate, embedded_nats, median, paced_writes
+from bench._common import (
+    LatencyStats,
+    Table,
+    add_bus_option,
+    alternate,
+    embedded_nats,
+    median,
+    paced_writes,
+    raw_kv_watch,
+)
 from blackboard.protocol.entries import decode_entry, encode_entry
 from blackboard.protocol.subjects import Subjects
 from blackboard.settings import Settings
@@ -66,7 +77,7 @@ class Ctx:
     args: argparse.Namespace
     reader: Board
     writer_kv: KeyValue
-    reader_kv: KeyValue
+    reader_js: JetStreamContext
     payload: bytes
     subjects: Subjects
 
@@ -114,7 +125,7 @@ async def _observe_view(ctx: Ctx, section: str, arrivals: _Arrivals) -> Callable
 
 
 async def _observe_raw(ctx: Ctx, section: str, arrivals: _Arrivals) -> Callable[[], Awaitable[None]]:
-    watcher = await ctx.reader_kv.watch(_raw_filter(ctx, section))
+    watcher = await raw_kv_watch(ctx.reader_js, ctx.subjects.bucket, _raw_filter(ctx, section))
 
     async def consume() -> None:
         async for entry in watcher:
@@ -124,7 +135,7 @@ async def _observe_raw(ctx: Ctx, section: str, arrivals: _Arrivals) -> Callable[
     task = asyncio.create_task(consume())
 
     async def stop() -> None:
-        await watcher.stop()  # type: ignore[no-untyped-call]  # nats-py lacks the annotation
+        await watcher.stop()
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
 
@@ -204,7 +215,7 @@ async def snapshot_view(ctx: Ctx, r: int) -> float:
 
 async def _raw_snapshot(ctx: Ctx, decode: bool) -> float:
     t = time.perf_counter()
-    watcher = await ctx.reader_kv.watch(_raw_filter(ctx, SNAPSHOT_SECTION))
+    watcher = await raw_kv_watch(ctx.reader_js, ctx.subjects.bucket, _raw_filter(ctx, SNAPSHOT_SECTION))
     values: dict[str, Any] = {}
     async for entry in watcher:
         if entry is None:
@@ -215,7 +226,7 @@ async def _raw_snapshot(ctx: Ctx, decode: bool) -> float:
         else:
             values[entry.key] = entry.value
     elapsed = time.perf_counter() - t
-    await watcher.stop()  # type: ignore[no-untyped-call]  # nats-py lacks the annotation
+    await watcher.stop()
     if len(values) != ctx.args.snapshot_keys:
         raise RuntimeError(f"raw snapshot has {len(values)} keys, expected {ctx.args.snapshot_keys}")
     return elapsed
@@ -233,19 +244,23 @@ def _ratio_median(view: list[float], raw: list[float]) -> float:
 
 async def run(args: argparse.Namespace) -> int:
     base = Settings()
-    with embedded_nats(base.nats.sync_interval) as server:
-        settings = base.model_copy(update={"nats": base.nats.model_copy(update={"url": server.url})})
-        writer_nc = await nats.connect(server.url, name="viewbench-writer", pending_size=64 * 1024 * 1024)
-        raw_nc = await nats.connect(server.url, name="viewbench-raw-reader", pending_size=64 * 1024 * 1024)
+    async with embedded_nats(base.nats.sync_interval, open_bus=args.insecure_open_bus, settings=base) as bus:
+        settings = bus.settings
+        writer_nc = await bus.raw_connect("viewbench-writer", name="viewbench-writer", pending_size=64 * 1024 * 1024)
+        raw_nc = await bus.raw_connect("viewbench-raw-reader", name="viewbench-raw-reader",
+                                       pending_size=64 * 1024 * 1024)
         try:
             async with Agent.connect("viewbench-reader", settings=settings) as agent:
                 bucket = settings.board.bucket
                 timeout = settings.nats.request_timeout
-                writer_kv = await writer_nc.jetstream(timeout=timeout).key_value(bucket)
-                reader_kv = await raw_nc.jetstream(timeout=timeout).key_value(bucket)
+                subjects = Subjects(bucket)
+                # What js.key_value() returns, without its stream-info call (an agent may not).
+                writer_kv = KeyValue(name=bucket, stream=subjects.kv_stream, pre=subjects.kv_prefix,
+                                     js=writer_nc.jetstream(timeout=timeout), direct=True)
                 value = {"text": "x" * args.value_bytes, "n": 12345}
                 payload = encode_entry(value, author="viewbench-writer")
-                ctx = Ctx(args, agent.board(BOARD), writer_kv, reader_kv, payload, Subjects(bucket))
+                ctx = Ctx(args, agent.board(BOARD), writer_kv, raw_nc.jetstream(timeout=timeout), payload, subjects)
+                print(f"view_bench: {bus.label}", flush=True)
                 return await _measure(ctx, raw_nc)
         finally:
             await writer_nc.close()
@@ -326,6 +341,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--snapshot-keys", type=int, default=10_000, help="keys of the snapshot (default 10k)")
     parser.add_argument("--value-bytes", type=int, default=200, help="size of the text in the value")
     parser.add_argument("--json", action="store_true", help="also print the summary as one JSON line")
+    add_bus_option(parser)
     return parser.parse_args(argv)
 
 

@@ -1,19 +1,26 @@
 """Voting benchmark: from the deciding ballot to the committed outcome.
 
-Measures, on a nats-server it starts itself (JetStream, temporary directory):
+Measures, on a nats-server it starts itself (JetStream, temporary directory;
+with authorization as ``blackboard dev`` runs it, JWT identities and TLS,
+unless ``--insecure-open-bus``), with the worker's vote committer running
+beside (``bench._common.system_services``):
 
 * **deciding ballot → committed outcome**, as the deciding voter sees it:
   ``await board.vote(...)`` for the ballot that settles a majority of three,
   from the call to its return with the committed outcome (publish the ballot,
-  follow the stream up to it, tally, record the outcome with CAS, write the
-  accepted value to the board entry with CAS, mark it applied);
+  follow the stream up to it; the commit: tally, record the outcome with CAS,
+  write the accepted value to the board entry with CAS, mark it applied, is
+  the committer's under authorization, where agents may not commit, and the
+  voter's own on the open bus);
 * the same, **with the proposer waiting** on ``outcome()`` (it races the voter
   to commit): deciding call → the proposer's ``outcome()`` returns;
 * the parts: a counted, non-deciding ``vote`` (publish + fate) and the commit
-  alone (``VoteStore.commit`` on a decided proposal nobody committed);
+  alone (``VoteStore.commit`` as the worker, on a decided proposal nobody
+  committed, on a board the committer leaves alone);
 * the raw layer in the same run: a nats-py JetStream publish awaited for its
   ack, and a direct get (the commit is five such round trips: a read of the
-  target, the outcome CAS, a scan, the entry CAS, the applied CAS).
+  target, the outcome CAS, a scan, the entry CAS, the applied CAS), on the
+  board's KV stream, connected with the proposer's credential.
 
 Variants alternate round by round (order reversed every round); figures are
 medians over rounds, ratios are to the raw publish round trip.
@@ -36,16 +43,25 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make ``bench`` importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import nats
-
 from agents_sdk import Agent
-from bench._common import LatencyStats, Table, alternate, embedded_nats, median
+from bench._common import (
+    LatencyStats,
+    Table,
+    add_bus_option,
+    alternate,
+    embedded_nats,
+    median,
+    system_services,
+)
 from blackboard.client.connection import connect_nats
 from blackboard.client.consensus import ProposalFollower, VoteStore
 from blackboard.protocol.schemas import Ballot
-from blackboard.settings import NatsSettings, Settings
+from blackboard.protocol.subjects import Subjects
+from blackboard.settings import Settings
 
 BOARD = "bench"
+#: The board of "commit alone": the committer running beside commits only BOARD's proposals.
+COMMIT_BOARD = "bench-commit"
 
 
 async def timed(n: int, op: Callable[[int], Awaitable[float | None]]) -> LatencyStats:
@@ -60,21 +76,23 @@ async def timed(n: int, op: Callable[[int], Awaitable[float | None]]) -> Latency
 
 
 async def run(args: argparse.Namespace) -> None:
-    with embedded_nats() as server:
-        settings = Settings().model_copy(update={"nats": NatsSettings(url=server.url)})
+    async with embedded_nats(open_bus=args.insecure_open_bus, settings=Settings()) as bus, \
+            system_services(bus, committer_board=BOARD):
+        settings = bus.settings
+        print(f"voting_bench: {bus.label}", flush=True)
         voters = [await Agent.connect(f"voter{i}", settings=settings) for i in range(3)]
         proposer = voters[0]
-        raw = await nats.connect(server.url)
+        raw = await bus.raw_connect(proposer.id)
         js = raw.jetstream()
-        await js.add_stream(name="RAW", subjects=["raw.>"], allow_direct=True)
-        rawnc = await connect_nats(settings.nats, name="raw-committer")
+        subjects = Subjects(settings.board.bucket)
+        rawnc = await connect_nats(settings.nats, name="raw-committer")  # the worker's identity
         store = VoteStore(rawnc, settings, name="raw-committer")
         counter = iter(range(10**9))
 
-        async def new_proposal(key: str) -> str:
-            p = await proposer.board(BOARD).propose("facts", key, ["x", "y"], voters=[v.id for v in voters])
+        async def new_proposal(key: str, board: str = BOARD) -> str:
+            p = await proposer.board(board).propose("facts", key, ["x", "y"], voters=[v.id for v in voters])
             for v in voters[1:]:  # followers started outside the timing
-                await v.voting.follower(BOARD, p.id)
+                await v.voting.follower(board, p.id)
             return p.id
 
         async def deciding(r: int) -> LatencyStats:
@@ -114,15 +132,15 @@ async def run(args: argparse.Namespace) -> None:
         async def commit_only(r: int) -> LatencyStats:
             decided = []
             for i in range(args.per_round):
-                pid = await new_proposal(f"k{r}-{i}")
+                pid = await new_proposal(f"k{r}-{i}", COMMIT_BOARD)
                 for v in ("voter1", "voter2"):  # ballots of a voter that "crashed" before committing
-                    await store.publish_ballot(BOARD, Ballot(id=f"{pid}-{v}", proposal_id=pid, voter=v,
+                    await store.publish_ballot(COMMIT_BOARD, Ballot(id=f"{pid}-{v}", proposal_id=pid, voter=v,
                                                              choice=0, created_at=datetime.now(UTC)))
                 decided.append(pid)
             # The decided outcomes, computed outside the timing.
             outcomes = []
             for pid in decided:
-                async with ProposalFollower(store, BOARD, pid) as f:
+                async with ProposalFollower(store, COMMIT_BOARD, pid) as f:
                     await f.wait_for(lambda log: log.decided is not None, timeout=5)
                     assert f.log.decided is not None
                     outcomes.append(f.log.decided)
@@ -130,13 +148,14 @@ async def run(args: argparse.Namespace) -> None:
 
         async def raw_publish(r: int) -> LatencyStats:
             payload = json.dumps({"n": r}).encode()
-            return await timed(args.per_round, lambda i: _none(js.publish(f"raw.{r}.{next(counter)}", payload)))
+            return await timed(args.per_round, lambda i: _none(
+                js.publish(subjects.entry(BOARD, "raw", f"p{r}-{next(counter)}"), payload)))
 
         async def raw_get(r: int) -> LatencyStats:
-            subject = f"raw.get.{r}"
+            subject = subjects.entry(BOARD, "raw", f"get{r}")
             await js.publish(subject, b"x")
             return await timed(args.per_round, lambda i: _none(
-                raw.request(f"$JS.API.DIRECT.GET.RAW.{subject}", b"", timeout=5)))
+                raw.request(Subjects.direct_get(subjects.kv_stream, subject), b"", timeout=5)))
 
         variants = {"deciding": deciding, "waiter": with_waiter, "counted": counted, "commit": commit_only,
                     "raw_publish": raw_publish, "raw_get": raw_get}
@@ -178,6 +197,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--per-round", type=int, default=40, help="proposals per round and variant")
+    add_bus_option(parser)
     asyncio.run(run(parser.parse_args()))
 
 
