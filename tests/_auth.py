@@ -28,7 +28,7 @@ from blackboard.protocol.subjects import Grants
 from blackboard.security.authority import Authority
 from blackboard.security.tls import TlsFiles, client_context, ensure_dev_certificates, server_hosts
 
-__all__ = ["TEST_POLICY", "TestAuth", "make_test_auth", "raw_connect", "setup_streams"]
+__all__ = ["SESSION", "TEST_POLICY", "SystemService", "TestAuth", "make_test_auth", "operator_nats", "raw_connect", "setup_streams"]
 
 TEST_POLICY = """\
 version = 1
@@ -80,14 +80,25 @@ class TestAuth:
         return self.authority.credentials_path(principal)
 
 
+#: The session's TestAuth (made once by tests/conftest.py).
+SESSION: TestAuth | None = None
+
+
 def make_test_auth(directory: Path) -> TestAuth:
+    global SESSION
     authority = Authority(directory, Grants())
     authority.init(policy=TEST_POLICY)
     for principal in ("operator", "worker"):
         authority.credentials_for(principal)
     authority.write_server_config()
     tls = ensure_dev_certificates(directory / "tls", server_hosts("127.0.0.1"))
-    return TestAuth(authority, tls)
+    SESSION = TestAuth(authority, tls)
+    return SESSION
+
+
+async def operator_nats(url: str, principal: str = "operator", **options: Any) -> NATS:
+    """A raw nats-py connection to a test server as ``principal`` (default the operator)."""
+    return await raw_connect(url, SESSION, principal=principal, **options)
 
 
 async def raw_connect(url: str, auth: TestAuth | None, principal: str | None = "operator",
@@ -121,4 +132,71 @@ def setup_streams(url: str, auth: TestAuth) -> None:
         finally:
             await nc.close()
 
-    asyncio.run(run())
+    # On a thread of its own: callers may be inside a running event loop (a private server
+    # started from an async test).
+    import threading
+
+    errors: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            asyncio.run(run())
+        except BaseException as exc:  # re-raised in the caller
+            errors.append(exc)
+
+    thread = threading.Thread(target=target, name="test-setup-streams")
+    thread.start()
+    thread.join(60)
+    if errors:
+        raise errors[0]
+
+
+class SystemService:
+    """The worker's bus-only system service (inbox administration) for one test server, run
+    on a thread of its own for the whole session, as a worker would run it. Tests that need the
+    vote committer or search start those themselves."""
+
+    def __init__(self, settings: Any) -> None:
+        import threading
+
+        self._settings = settings
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+        self._stop: Any = None
+        self._loop: Any = None
+        self._thread = threading.Thread(target=self._run, name="test-system-service", daemon=True)
+
+    def _run(self) -> None:
+        import asyncio
+
+        async def main() -> None:
+            from blackboard.client.connection import connect_nats
+            from blackboard.security.source import RightsSource
+            from blackboard.worker.inbox_admin import InboxAdmin
+
+            self._loop = asyncio.get_running_loop()
+            self._stop = asyncio.Event()
+            nc = await connect_nats(self._settings.nats, name="test-system-service")
+            try:
+                async with InboxAdmin(nc, self._settings, rights=RightsSource.from_settings(self._settings)):
+                    self._ready.set()
+                    await self._stop.wait()
+            finally:
+                await nc.close()
+
+        try:
+            asyncio.run(main())
+        except BaseException as exc:  # reported by start()
+            self._error = exc
+            self._ready.set()
+
+    def start(self) -> None:
+        self._thread.start()
+        self._ready.wait(30)
+        if self._error is not None:
+            raise RuntimeError("the test system service did not start") from self._error
+
+    def stop(self) -> None:
+        if self._loop is not None and self._stop is not None:
+            self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(15)

@@ -163,6 +163,11 @@ def spawn_worker(settings: Settings, name: str, **env: str) -> subprocess.Popen[
         "BLACKBOARD_NATS__URL": settings.nats.url,
         "BLACKBOARD_POSTGRES__DSN": settings.postgres.dsn.get_secret_value(),
         "BLACKBOARD_WORKER__NAME": name,
+        **({"BLACKBOARD_NATS__CREDS_FILE": str(settings.nats.creds_file)} if settings.nats.creds_file else {}),
+        **({"BLACKBOARD_NATS__TLS_CA_FILE": str(settings.nats.tls_ca_file)} if settings.nats.tls_ca_file else {}),
+        **({"BLACKBOARD_SECURITY__POLICY_FILE": str(settings.security.policy_file)}
+           if settings.security.policy_file else {}),
+        **({"BLACKBOARD_NATS__INSECURE_OPEN_BUS": "true"} if settings.nats.insecure_open_bus else {}),
         "BLACKBOARD_WORKER__GROUP": name,  # consumers of its own (env may name another group)
         "BLACKBOARD_WORKER__EMBED": "false",
         "BLACKBOARD_WORKER__SERVE_SEARCH": "false",

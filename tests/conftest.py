@@ -29,7 +29,7 @@ from blackboard.devstack import EmbeddedNats, EmbeddedPostgres
 from blackboard.protocol import codec
 from blackboard.protocol.subjects import MEMORY_STREAM, Subjects
 from blackboard.settings import NatsSettings, PostgresSettings, SecuritySettings, Settings
-from tests._auth import TestAuth, make_test_auth, setup_streams
+from tests._auth import SystemService, TestAuth, make_test_auth, setup_streams
 from tests.fakes.openai_server import OpenAIFake
 
 if TYPE_CHECKING:
@@ -88,7 +88,10 @@ def nats_server(stack_dir: Path, test_auth: TestAuth) -> Iterator[EmbeddedNats]:
     server = auth_nats(stack_dir / "nats", test_auth, port=0)
     server.start()
     setup_streams(server.url, test_auth)
+    system = SystemService(make_settings(server.url))  # inbox administration, as a worker runs it
+    system.start()
     yield server
+    system.stop()
     server.stop()
 
 

@@ -54,6 +54,18 @@ __all__ = ["Connection", "PermissionViolations", "check_nats_url", "connect_nats
 
 log = logging.getLogger("blackboard.client.connection")
 
+
+class _QuietTlsClose(logging.Filter):
+    """Drops asyncio's warning on every TLS connection's close ("returning true from
+    eof_received() has no effect when using ssl"): nats-py's stream protocol returns True
+    there, which means nothing over TLS; the warning is noise in every program's output."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "eof_received() has no effect when using ssl" not in record.getMessage()
+
+
+logging.getLogger("asyncio").addFilter(_QuietTlsClose())
+
 #: The URL schemes nats-py connects with (a URL without one is ``nats://``).
 _SCHEMES = ("nats", "tls", "ws", "wss")
 

@@ -21,7 +21,6 @@ import json
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
-import nats
 import pytest
 import pytest_asyncio
 from nats.aio.client import Client as NATS
@@ -32,6 +31,7 @@ from blackboard.client.streams import ensure_streams
 from blackboard.devstack import EmbeddedNats
 from blackboard.protocol.subjects import Subjects, subject_matches
 from blackboard.settings import Settings
+from tests._auth import operator_nats
 from tests.conftest import make_settings
 
 pytestmark = pytest.mark.asyncio
@@ -93,7 +93,7 @@ async def settings_(server: EmbeddedNats) -> Settings:
 
 @pytest_asyncio.fixture
 async def recorder(server: EmbeddedNats, settings_: Settings) -> AsyncIterator[Recorder]:
-    admin = await nats.connect(server.url, name="admin")
+    admin = await operator_nats(server.url, name="admin")
     await ensure_streams(admin.jetstream(), settings_)
     rec = Recorder()
     await admin.subscribe("$JS.API.>", cb=rec.record)
@@ -106,7 +106,7 @@ async def recorder(server: EmbeddedNats, settings_: Settings) -> AsyncIterator[R
 
 @pytest_asyncio.fixture
 async def agent_nc(server: EmbeddedNats) -> AsyncIterator[NATS]:
-    conn = await nats.connect(server.url, name="agent")
+    conn = await operator_nats(server.url, principal="agent-apisubjects", name="agent")
     try:
         yield conn
     finally:

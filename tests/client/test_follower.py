@@ -22,6 +22,7 @@ from blackboard.client.streams import ensure_streams
 from blackboard.protocol.errors import ConfigurationError, NotConnectedError, TransportError
 from blackboard.protocol.subjects import Subjects
 from blackboard.settings import Settings
+from tests._auth import operator_nats
 
 
 # ------------------------------------------------------------------- pure
@@ -52,7 +53,7 @@ def test_start_errors_map_to_our_error_classes() -> None:
 # ------------------------------------------------------------ real server
 @pytest_asyncio.fixture
 async def nc(settings: Settings) -> AsyncIterator[NATS]:
-    conn = await nats.connect(settings.nats.url)
+    conn = await operator_nats(settings.nats.url)
     await ensure_streams(conn.jetstream(), settings)
     try:
         yield conn
@@ -197,7 +198,7 @@ async def test_missing_stream_raises_configuration_error_and_stays_unstarted(
 
 @pytest.mark.asyncio
 async def test_closed_connection_raises_not_connected(settings: Settings, unique: str) -> None:
-    conn = await nats.connect(settings.nats.url)
+    conn = await operator_nats(settings.nats.url)
     js = conn.jetstream()
     await conn.close()
     follower = OrderedFollower(js, Subjects(settings.board.bucket).kv_stream, f"{unique}.>", Seen(), nc=conn)

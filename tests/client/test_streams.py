@@ -17,6 +17,7 @@ from blackboard.client.streams import ensure_streams, refuses_removal, stream_sp
 from blackboard.devstack import EmbeddedNats
 from blackboard.protocol.subjects import MEMORY_STREAM, MESSAGE_STREAM, VOTE_STREAM, Subjects
 from blackboard.settings import Settings
+from tests._auth import operator_nats
 from tests.conftest import make_settings
 
 pytestmark = pytest.mark.asyncio
@@ -35,7 +36,7 @@ async def server(nats_factory: Callable[[], EmbeddedNats]) -> EmbeddedNats:
 
 @pytest_asyncio.fixture
 async def nc(server: EmbeddedNats) -> AsyncIterator[NATS]:
-    conn = await nats.connect(server.url)
+    conn = await operator_nats(server.url)
     try:
         yield conn
     finally:

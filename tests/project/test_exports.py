@@ -10,12 +10,12 @@ import blackboard.protocol.errors
 import blackboard.search
 
 AGENTS_SDK = {
-    "Agent", "Ballot", "BallotReceipt", "BlackboardError", "Board", "BoardPipeline", "BudgetExceededError",
+    "Agent", "AuthenticationError", "Ballot", "BallotReceipt", "BlackboardError", "Board", "BoardPipeline", "BudgetExceededError",
     "Change", "ConfigurationError", "ConflictError", "ConsumerLimitError", "DeadlinePassedError", "Entry", "EntryHit", "EntryRevision", "Handler", "Inbox",
     "InboxBusyError", "IneligibleVoterError", "InvalidBallotError", "InvalidKeyError", "InvalidPayloadError",
     "LLMError", "LimitExceededError", "MemoryHit", "MemoryInput", "Message", "MessagingError", "Messenger", "NoHandlerError", "NoResponderError",
     "NotConnectedError", "NotFoundError", "ObjectRef", "ObjectStore", "Operation", "OperationTimeoutError",
-    "Outcome", "OutcomeTimeoutError", "PayloadTooLargeError", "Policy", "Proposal", "ProposalClosedError",
+    "Outcome", "OutcomeTimeoutError", "PermissionDeniedError", "PayloadTooLargeError", "Policy", "Proposal", "ProposalClosedError",
     "ProposalHandle", "ProposalNotFoundError", "RemoteError", "RequestTimeoutError", "SearchClient",
     "SearchError", "SearchFilters", "Sent", "Settings", "Subscriptions", "TallyCounts", "TransportError", "View",
     "VoteError", "VoteEvent",

@@ -7,7 +7,6 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-import nats
 import pytest
 
 from agents_sdk import Agent, Message
@@ -25,6 +24,7 @@ from blackboard.protocol.errors import (
 )
 from blackboard.protocol.subjects import MESSAGE_STREAM, Subjects
 from blackboard.settings import Settings
+from tests._auth import operator_nats
 from tests.conftest import make_settings
 
 pytestmark = pytest.mark.asyncio
@@ -179,7 +179,7 @@ async def test_a_second_concurrent_reader_is_refused(settings: Settings, unique:
 
 async def test_json_envelopes_interoperate_with_raw_nats(settings: Settings, unique: str) -> None:
     b_id = f"{unique}-b"
-    nc = await nats.connect(settings.nats.url)
+    nc = await operator_nats(settings.nats.url)
     try:
         js = nc.jetstream()
         doc = {"v": 1, "id": "raw-1", "sender": "cli", "kind": "direct", "recipients": [b_id], "type": "ping",
@@ -382,7 +382,7 @@ async def test_handler_exception_comes_back_as_remote_error(settings: Settings, 
 async def test_raw_nats_client_can_call_a_handler(settings: Settings, unique: str) -> None:
     async with Agent.connect(f"{unique}-b", settings=settings) as b:
         await b.handle("double", lambda req: req.body * 2)
-        nc = await nats.connect(settings.nats.url)
+        nc = await operator_nats(settings.nats.url)
         try:
             doc = {"v": 1, "id": "r1", "sender": "cli", "kind": "direct", "recipients": [f"{unique}-b"],
                    "type": "double", "body": 21, "created_at": "2025-01-02T03:04:05Z"}

@@ -12,6 +12,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -111,7 +112,11 @@ class Bus:
 
 
 @pytest_asyncio.fixture(scope="module")
-async def bus(nats_server: EmbeddedNats) -> AsyncIterator[Bus]:
+async def bus(stack_dir: Path) -> AsyncIterator[Bus]:
+    # A private server without authorization: the session server's own system service
+    # answers bb.inbox.* with the test policy, which would race this module's admin.
+    nats_server = EmbeddedNats(stack_dir / f"inbox-admin-{uuid.uuid4().hex[:8]}", port=0)
+    nats_server.start()
     tag = uuid.uuid4().hex[:10]
     alice, bob, a, b = f"alice{tag}", f"bob{tag}", f"ia{tag}", f"ib{tag}"
     policy = AccessPolicy.parse(f"""
@@ -123,13 +128,17 @@ topics = ["ops{tag}.>"]
 boards = {{ "{b}" = ["read", "write"] }}
 """)
     s = make_settings(nats_server.url)
-    s = s.model_copy(update={"nats": s.nats.model_copy(update={"insecure_open_bus": False})})
+    s = s.model_copy(update={"nats": s.nats.model_copy(update={"insecure_open_bus": False, "creds_file": None,
+                                                                 "tls_ca_file": None})})
     open_bus = s.model_copy(update={"nats": s.nats.model_copy(update={"insecure_open_bus": True})})
     nc = await connect_nats(open_bus.nats, name="test-inbox-admin")  # (the test server has no authorization)
     await ensure_streams(nc.jetstream(), open_bus)
-    async with InboxAdmin(nc, s, rights=policy) as admin:
-        yield Bus(nc, s, admin, tag, alice, bob, a, b)
-    await nc.close()
+    try:
+        async with InboxAdmin(nc, s, rights=policy) as admin:
+            yield Bus(nc, s, admin, tag, alice, bob, a, b)
+    finally:
+        await nc.close()
+        nats_server.stop()
 
 
 async def _consumer(nc: NATS, agent: str) -> api.ConsumerInfo | None:
