@@ -30,14 +30,15 @@ __all__ = ["committer_settings", "connect_agent", "open_bus", "running_committer
 
 
 def open_bus(settings: Settings) -> Settings:
-    """The same settings on an insecure open bus (agents commit outcomes themselves)."""
+    """The same settings flagged as an insecure open bus (agents commit outcomes themselves);
+    for a server WITHOUT authorization (the ``open_settings`` fixture gives one)."""
     return settings.model_copy(update={"nats": settings.nats.model_copy(update={"insecure_open_bus": True})})
 
 
 async def connect_agent(agent_id: str, settings: Settings) -> Agent:
-    """An agent connected to the (unauthenticated) test server that commits vote outcomes
-    itself only if ``settings.nats.insecure_open_bus``, as one under credentials would not."""
-    agent = await Agent.connect(agent_id, settings=open_bus(settings))
+    """An agent that commits vote outcomes itself only on an open bus
+    (``settings.nats.insecure_open_bus``), as one under credentials would not."""
+    agent = await Agent.connect(agent_id, settings=settings)
     agent.voting.self_commit = settings.nats.insecure_open_bus
     return agent
 

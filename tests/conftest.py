@@ -96,6 +96,27 @@ def nats_server(stack_dir: Path, test_auth: TestAuth) -> Iterator[EmbeddedNats]:
 
 
 @pytest.fixture(scope="session")
+def open_nats_server(stack_dir: Path) -> Iterator[EmbeddedNats]:
+    """A server WITHOUT authorization (the insecure open bus, ``blackboard dev
+    --insecure-open-bus``), for the tests of that mode; its streams are made by a client."""
+    server = EmbeddedNats(stack_dir / "nats-open", port=0)
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def open_settings(open_nats_server: EmbeddedNats) -> Settings:
+    """Settings of an agent on the open bus (no credential; agents commit votes themselves)."""
+    return make_open_settings(open_nats_server.url)
+
+
+def make_open_settings(nats_url: str) -> Settings:
+    return Settings().model_copy(update={"nats": NatsSettings(url=nats_url, write_timeout=10.0,
+                                                              insecure_open_bus=True)})
+
+
+@pytest.fixture(scope="session")
 def postgres_server(stack_dir: Path) -> Iterator[EmbeddedPostgres]:
     server = EmbeddedPostgres(stack_dir / "postgres", port=0)
     server.start()

@@ -25,6 +25,7 @@ from blackboard.devstack import EmbeddedNats
 from blackboard.protocol.errors import InvalidPayloadError
 from blackboard.protocol.subjects import Subjects
 from blackboard.settings import Settings
+from tests._auth import operator_nats
 from tests.conftest import make_settings
 
 pytestmark = pytest.mark.asyncio
@@ -453,17 +454,22 @@ async def test_json_written_without_header_is_read(settings: Settings, unique: s
     import json
 
     async with Agent.connect("reader", settings=settings) as agent:
-        js = agent.nc.jetstream()
-        kv = await js.key_value(settings.board.bucket)
-        envelope = {"v": 1, "value": {"n": 1}, "content_type": "application/json", "tags": ["cli"],
-                    "metadata": {}, "author": "shell", "created_at": "2026-01-01T00:00:00+00:00"}
-        await kv.put(f"{unique}.s.k", json.dumps(envelope).encode())
+        # The shell's `nats kv put` (as an operator: it asks for the stream's info first).
+        shell = await operator_nats(settings.nats.url)
+        try:
+            kv = await shell.jetstream().key_value(settings.board.bucket)
+            envelope = {"v": 1, "value": {"n": 1}, "content_type": "application/json", "tags": ["cli"],
+                        "metadata": {}, "author": "shell", "created_at": "2026-01-01T00:00:00+00:00"}
+            await kv.put(f"{unique}.s.k", json.dumps(envelope).encode())
+        finally:
+            await shell.close()
         entry = await agent.board(unique).get("s", "k")
         assert (entry.value, entry.author, entry.tags) == ({"n": 1}, "shell", ("cli",))
 
 
-async def test_connect_without_a_server_fails_fast_with_typed_error() -> None:
+async def test_connect_without_a_server_fails_fast_with_typed_error(settings: Settings) -> None:
     from blackboard.devstack import free_port
 
-    with pytest.raises(NotConnectedError):
-        await asyncio.wait_for(Agent.connect("lonely", nats_url=f"nats://127.0.0.1:{free_port()}"), 30)
+    with pytest.raises(NotConnectedError):  # with a credential, so that connecting is what fails
+        await asyncio.wait_for(Agent.connect("lonely", nats_url=f"nats://127.0.0.1:{free_port()}",
+                                             settings=settings), 30)

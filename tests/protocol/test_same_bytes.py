@@ -42,6 +42,7 @@ from blackboard.worker.decode import (
     decode_memory,
 )
 from blackboard.worker.messages import MessageRow, decode_message
+from tests._auth import operator_nats
 from tests._committer import committer_settings, running_committer
 
 MAX_BYTES = 1 << 20
@@ -173,14 +174,25 @@ def test_message_bytes_of_the_sdk_decode_in_the_worker_to_the_same_record(
 
 
 # ---------------------------------------------------------- integration: the real SDK
+async def _stored(agent: Agent, stream: str, *, seq: int | None = None, subject: str | None = None) -> Any:
+    """What the stream holds, read the way the worker may (STREAM.MSG.GET is no agent's right)."""
+    nc = await operator_nats(agent.nc.connected_url.geturl() if agent.nc.connected_url else "")
+    try:
+        if subject is not None:
+            return await nc.jetstream().get_last_msg(stream, subject)
+        return await nc.jetstream().get_msg(stream, seq)
+    finally:
+        await nc.close()
+
+
 async def _last(agent: Agent, stream: str, subject: str) -> RawMessage:
-    raw = await agent.nc.jetstream().get_last_msg(stream, subject)
+    raw = await _stored(agent, stream, subject=subject)
     assert raw.data is not None and raw.seq is not None
     return _raw(stream, raw.seq, subject, raw.data, raw.headers)
 
 
 async def _at(agent: Agent, stream: str, seq: int) -> RawMessage:
-    raw = await agent.nc.jetstream().get_msg(stream, seq)
+    raw = await _stored(agent, stream, seq=seq)
     assert raw.data is not None and raw.subject is not None
     return _raw(stream, seq, raw.subject, raw.data, raw.headers)
 

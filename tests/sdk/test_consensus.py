@@ -21,6 +21,7 @@ from agents_sdk import Agent
 from blackboard.client.connection import connect_nats
 from blackboard.client.consensus import CONSENSUS_METADATA, ProposalFollower, VoteStore
 from blackboard.consensus.log import VoteMessage, same_outcome
+from blackboard.devstack import EmbeddedNats
 from blackboard.protocol import codec
 from blackboard.protocol.entries import encode_entry
 from blackboard.protocol.errors import (
@@ -38,7 +39,8 @@ from blackboard.protocol.schemas import Ballot, Outcome, Policy
 from blackboard.protocol.subjects import Subjects
 from blackboard.settings import Settings
 from blackboard.worker.committer import VoteCommitter
-from tests._committer import committer_settings, connect_agent, open_bus, running_committer
+from tests._committer import committer_settings, connect_agent, running_committer
+from tests.conftest import make_open_settings
 
 pytestmark = pytest.mark.asyncio
 
@@ -51,10 +53,12 @@ async def committer(settings: Settings, unique: str) -> AsyncIterator[VoteCommit
 
 
 @pytest_asyncio.fixture(params=["committer", "open_bus"])
-async def bus(request: pytest.FixtureRequest, settings: Settings, unique: str) -> AsyncIterator[Settings]:
-    """The agents' settings: with a committer running, or an open bus where agents commit themselves."""
+async def bus(request: pytest.FixtureRequest, settings: Settings, unique: str,
+              open_nats_server: EmbeddedNats) -> AsyncIterator[Settings]:
+    """The agents' settings: with a committer running, or an open bus (a server without
+    authorization) where agents commit themselves."""
     if request.param == "open_bus":
-        yield open_bus(settings)
+        yield make_open_settings(open_nats_server.url)
         return
     async with running_committer(committer_settings(settings), board=unique):
         yield settings
@@ -252,9 +256,16 @@ async def test_racing_committers_commit_exactly_once(settings: Settings, unique:
     store, pid, decided = await _decided_but_uncommitted(settings, unique, "s", "k")
     async with agents(settings, unique + "r", 6) as racers:
         handles = [await r.board(unique).proposal(pid) for r in racers]
-        others = [VoteStore(r.nc, settings, name=f"{r.id}-raw") for r in racers]
-        results = await asyncio.gather(*[h.commit() for h in handles], *[s.commit(decided) for s in others],
-                                       store.commit(decided), *[h.outcome(timeout=5) for h in handles])
+        # Committers race under the worker's identity (agents may not record outcomes: their
+        # commit() waits for one); the agents' handles race to read it.
+        conns = [await connect_nats(settings.nats, name=f"committer-{i}") for i in range(3)]
+        others = [VoteStore(nc, settings, name=f"committer-{i}") for i, nc in enumerate(conns)]
+        try:
+            results = await asyncio.gather(*[h.commit() for h in handles], *[s.commit(decided) for s in others],
+                                           store.commit(decided), *[h.outcome(timeout=5) for h in handles])
+        finally:
+            for nc in conns:
+                await nc.close()
         assert all(r is not None and r == results[0] for r in results)
         committed = results[0]
         assert committed is not None and committed.value == "y" and committed.revision is not None

@@ -29,7 +29,7 @@ from blackboard.protocol.errors import OutcomeTimeoutError, ProposalClosedError,
 from blackboard.protocol.schemas import Ballot, Outcome, Policy, Proposal
 from blackboard.protocol.subjects import Subjects
 from blackboard.settings import Settings
-from tests._committer import connect_agent, open_bus
+from tests._committer import connect_agent
 from tests._worker_helpers import StartWorker, running_worker, spawn_worker, worker_settings
 from tests.conftest import make_settings
 
@@ -213,8 +213,8 @@ async def test_two_workers_and_agents_race_to_commit_exactly_once(pg_settings: S
     async with running_worker(settings) as w1, running_worker(settings) as w2:
         nc = await connect_nats(settings.nats, name="raw")
         store = VoteStore(nc, settings, name="raw")
-        # On an open bus, where agents commit too.
-        agents = [await connect_agent(f"{unique}-{i}", open_bus(settings)) for i in range(4)]
+        # Agents under credentials commit nothing: they wait for the two workers' committers.
+        agents = [await connect_agent(f"{unique}-{i}", settings) for i in range(4)]
         try:
             # Decided by ballots nobody commits (stored raw), and one closed by deadline.
             voters = ["v0", "v1", "v2"]
@@ -305,7 +305,8 @@ async def test_a_ballot_whose_payload_names_another_voter_is_a_dead_letter(pg_se
             p = await board.propose("s", "k", ["x", "y"], voters=[a.id, "victim"])
             forged = {"v": 1, "id": "forged", "proposal_id": p.id, "voter": "victim", "choice": 1,
                       "created_at": datetime.now(UTC).isoformat()}
-            subject = Subjects.vote(unique, p.id, "ballot", "mallory")
+            # On its own ballot subject (the server refuses any other), naming another voter.
+            subject = Subjects.vote(unique, p.id, "ballot", a.id)
             seq = (await a.nc.jetstream().publish(subject, codec.encode(forged))).seq
             receipt = await board.vote(p.id, "x")
             assert receipt.outcome is None  # 1 of 2: the forged ballot did not count for "victim"
@@ -319,4 +320,4 @@ async def test_a_ballot_whose_payload_names_another_voter_is_a_dead_letter(pg_se
         dead = await (await conn.execute(
             "SELECT reason FROM bb_dead_letters WHERE subject = %s AND seq = %s", (subject, seq))).fetchall()
     assert ballots == [(receipt.sequence, a.id)]
-    assert len(dead) == 1 and "victim" in dead[0][0] and "mallory" in dead[0][0]
+    assert len(dead) == 1 and "victim" in dead[0][0] and a.id in dead[0][0]
