@@ -86,6 +86,8 @@ class Authority:
         self.config_file = directory / "nats-auth.conf"
         self._keys = directory / "keys"
         self._registry = directory / "registry.json"
+        #: The registry as last read, with the file's (mtime, size, inode) then.
+        self._read: tuple[tuple[int, int, int], list[Identity]] | None = None
 
     # -- setting up ------------------------------------------------------------
     @classmethod
@@ -152,16 +154,28 @@ class Authority:
     def identities(self) -> list[Identity]:
         """Every identity issued, in issue order (revoked ones included)."""
         try:
+            stat = self._registry.stat()
+        except FileNotFoundError:
+            return []
+        except OSError as exc:
+            raise ConfigurationError(f"cannot read the identity registry {self._registry}: {exc}") from None
+        stamp = (stat.st_mtime_ns, stat.st_size, stat.st_ino)
+        if self._read is not None and self._read[0] == stamp:  # unchanged since read (a host issuing many)
+            return list(self._read[1])
+        try:
             doc = json.loads(self._registry.read_text(encoding="utf-8"))
         except FileNotFoundError:
             return []
         except (OSError, ValueError) as exc:
             raise ConfigurationError(f"cannot read the identity registry {self._registry}: {exc}") from None
-        return [Identity(**item) for item in doc.get("identities", [])]
+        identities = [Identity(**item) for item in doc.get("identities", [])]
+        self._read = (stamp, identities)
+        return list(identities)
 
     def _save(self, identities: list[Identity]) -> None:
         doc: dict[str, Any] = {"version": 1, "identities": [asdict(i) for i in identities]}
         _write_private(self._registry, json.dumps(doc, indent=2) + "\n")
+        self._read = None
 
     def revocations(self) -> dict[str, int]:
         """Revoked user public keys and when (what the account JWT carries)."""
