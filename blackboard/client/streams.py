@@ -203,11 +203,18 @@ def _replicas(stream: str, have: int, want: int) -> int:
     return want
 
 
-async def _update(js: JetStreamContext, config: api.StreamConfig) -> api.StreamInfo:
+#: nats-server's stream configuration validation error (JSStreamInvalidConfigF, answered as a
+#: 500): an update the server will not make, e.g. one that would cancel ``deny_purge``.
+_STREAM_INVALID_CONFIG = 10052
+
+
+async def _update(js: JetStreamContext, config: api.StreamConfig, hint: str = "") -> api.StreamInfo:
     try:
         return await js.update_stream(config)
-    except BadRequestError as exc:
-        raise ConfigurationError(f"cannot update stream {config.name}: {exc.description}") from exc
+    except APIError as exc:
+        if not isinstance(exc, BadRequestError) and exc.err_code != _STREAM_INVALID_CONFIG:
+            raise
+        raise ConfigurationError(f"cannot update stream {config.name}: {exc.description}{hint}") from exc
 
 
 async def _ensure(js: JetStreamContext, settings: Settings, *, update: bool) -> None:
@@ -229,8 +236,12 @@ async def _ensure(js: JetStreamContext, settings: Settings, *, update: bool) -> 
                 cfg.allow_msg_ttl = True
                 cfg.subject_delete_marker_ttl = want_marker
                 cfg.num_replicas = replicas
+                sealed = bool(cfg.deny_purge)
                 _refuse_removal(cfg)
-                cfg = (await _update(js, cfg)).config
+                cfg = (await _update(js, cfg, hint=(
+                    ". A stream that refuses purges cannot take subject delete markers (nats-server "
+                    "would turn purges back on, and never lets deny_purge be cancelled): set "
+                    "board.expiry_marker_ttl to 0") if sealed and want_marker else "")).config
         created = False
     except NotFoundError:
         cfg = (await js.add_stream(kv_stream_config(settings))).config

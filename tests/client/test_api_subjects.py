@@ -121,9 +121,24 @@ async def _settled(nc: NATS) -> None:
 
 # ---------------------------------------------------------------- the checker can fail
 async def test_the_checker_flags_nats_py_ordered_consumers_and_body_direct_gets(
-        recorder: Recorder, agent_nc: NATS, settings_: Settings) -> None:
+        recorder: Recorder, server: EmbeddedNats, settings_: Settings) -> None:
+    """nats-py's own forms are sent by the operator: the server refuses them to an agent (it
+    drops the request, so the recorder would never see it), and the checker must flag them."""
     subjects = Subjects(settings_.board.bucket)
-    js = agent_nc.jetstream()
+    nc = await operator_nats(server.url, name="nats-py forms")
+    try:
+        await _send_nats_py_forms(nc, subjects)
+    finally:
+        await nc.close()
+    bad = violations(recorder.requests, settings_.board.bucket, BOARD)
+    assert f"$JS.API.CONSUMER.CREATE.{subjects.kv_stream}" in bad  # the bare create, no filter
+    assert any(s.startswith(f"$JS.API.CONSUMER.INFO.{subjects.kv_stream}.") for s in bad)
+    assert Subjects.direct_get(subjects.kv_stream) in bad  # a get by sequence, in the body
+    assert Subjects.direct_get(subjects.kv_stream, subjects.entry("other", "s", "k")) in bad  # another board
+
+
+async def _send_nats_py_forms(nc: NATS, subjects: Subjects) -> None:
+    js = nc.jetstream()
     await js.publish(subjects.entry(BOARD, "s", "k"), b"v")
 
     async def ignore(_: Msg) -> None:
@@ -133,14 +148,9 @@ async def test_the_checker_flags_nats_py_ordered_consumers_and_body_direct_gets(
                              ordered_consumer=True)
     await sub.consumer_info()
     await sub.unsubscribe()
-    await agent_nc.request(Subjects.direct_get(subjects.kv_stream), b'{"seq": 1}')
-    await agent_nc.request(Subjects.direct_get(subjects.kv_stream, subjects.entry("other", "s", "k")), b"")
-    await _settled(agent_nc)
-    bad = violations(recorder.requests, settings_.board.bucket, BOARD)
-    assert f"$JS.API.CONSUMER.CREATE.{subjects.kv_stream}" in bad  # the bare create, no filter
-    assert any(s.startswith(f"$JS.API.CONSUMER.INFO.{subjects.kv_stream}.") for s in bad)
-    assert Subjects.direct_get(subjects.kv_stream) in bad  # a get by sequence, in the body
-    assert Subjects.direct_get(subjects.kv_stream, subjects.entry("other", "s", "k")) in bad  # another board
+    await nc.request(Subjects.direct_get(subjects.kv_stream), b'{"seq": 1}')
+    await nc.request(Subjects.direct_get(subjects.kv_stream, subjects.entry("other", "s", "k")), b"")
+    await _settled(nc)
 
 
 # ---------------------------------------------------------------- our requests

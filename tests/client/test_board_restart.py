@@ -10,7 +10,6 @@ import pytest
 from agents_sdk import Agent, NotConnectedError, Operation
 from blackboard.devstack import EmbeddedNats
 from blackboard.protocol.errors import OperationTimeoutError
-from blackboard.settings import NatsSettings
 from tests.conftest import make_settings
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.slow]
@@ -85,8 +84,8 @@ async def test_write_during_long_outage_fails_with_typed_error(
         nats_factory: Callable[[], EmbeddedNats]) -> None:
     server = nats_factory()
     settings = make_settings(server.url)
-    settings = settings.model_copy(update={"nats": NatsSettings(url=server.url, write_timeout=1.0,
-                                                                request_timeout=0.5)})
+    settings = settings.model_copy(update={"nats": settings.nats.model_copy(
+        update={"write_timeout": 1.0, "request_timeout": 0.5})})  # keeps the credentials and the CA
     async with Agent.connect("impatient", settings=settings) as agent:
         board = agent.board("outage")
         await board.put("s", "before", 1)

@@ -12,6 +12,7 @@ from blackboard.client.connection import Connection, connect_nats
 from blackboard.devstack import EmbeddedNats
 from blackboard.protocol.errors import ConfigurationError, NotConnectedError
 from blackboard.settings import NatsSettings
+from tests.conftest import make_settings
 
 
 def _settings(url: str) -> NatsSettings:
@@ -84,9 +85,14 @@ async def test_agent_connect_meets_the_same_errors() -> None:
 
 @pytest.mark.asyncio
 async def test_urls_nats_py_accepts_still_connect(nats_server: EmbeddedNats) -> None:
-    host_port = nats_server.url.removeprefix("nats://")
-    for url in (nats_server.url, host_port, f"nats://nohost.invalid:4222,{nats_server.url}"):
-        nc = await connect_nats(_settings(url).model_copy(update={"connect_attempts": 2}), name="test")
+    # The test server requires TLS and a credential: the settings' CA and the worker's creds.
+    secure = make_settings(nats_server.url).nats
+    host_port = nats_server.url.split("://", 1)[1]
+    for url in (nats_server.url, host_port, f"nats://{host_port}",
+                f"nats://nohost.invalid:4222,{nats_server.url}"):
+        settings = _settings(url).model_copy(update={
+            "connect_attempts": 2, "creds_file": secure.creds_file, "tls_ca_file": secure.tls_ca_file})
+        nc = await connect_nats(settings, name="test")
         try:
             assert nc.is_connected, url
         finally:

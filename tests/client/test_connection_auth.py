@@ -203,9 +203,9 @@ async def test_no_credential_at_a_server_that_requires_one_is_an_authentication_
 
 @pytest.mark.asyncio
 async def test_the_insecure_open_bus_connects_to_an_open_server_without_a_credential(
-        nats_server: EmbeddedNats, tmp_path: Path) -> None:
+        open_nats_server: EmbeddedNats, tmp_path: Path) -> None:
     s = Settings().model_copy(update={
-        "nats": NatsSettings(url=nats_server.url, insecure_open_bus=True),
+        "nats": NatsSettings(url=open_nats_server.url, insecure_open_bus=True),
         "dev": DevSettings(data_dir=tmp_path)})
     async with Agent.connect("anyone", settings=s) as agent:
         assert agent.nc.is_connected

@@ -26,6 +26,7 @@ from blackboard.client.publisher import Publisher
 from blackboard.devstack import EmbeddedNats
 from blackboard.protocol.errors import ConflictError
 from blackboard.settings import NatsSettings, Settings
+from tests._auth import operator_nats
 from tests._write_load import KV_HISTORY, WriteLoad
 from tests.conftest import make_settings
 
@@ -169,5 +170,9 @@ async def test_writes_in_flight_through_server_restarts_are_all_acknowledged_onc
         load = WriteLoad(agent.board("failover"), stop, settle=30)
         await load.run(_restarts(server, 2, stop), puts=6, cas=3)
         assert server.running
-        counts = await load.check(agent.nc.jetstream(), agent.store.subjects)
+        admin = await operator_nats(server.url)  # stream info is the operator's (an agent holds no STREAM.*)
+        try:
+            counts = await load.check(admin.jetstream(), agent.store.subjects)
+        finally:
+            await admin.close()
         assert sum(counts.values()) == len(load.plain) + sum(min(len(revs), KV_HISTORY) for revs in load.cas.values())

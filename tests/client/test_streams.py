@@ -15,6 +15,7 @@ from nats.js import api
 
 from blackboard.client.streams import ensure_streams, refuses_removal, stream_specs
 from blackboard.devstack import EmbeddedNats
+from blackboard.protocol.errors import ConfigurationError
 from blackboard.protocol.subjects import MEMORY_STREAM, MESSAGE_STREAM, VOTE_STREAM, Subjects
 from blackboard.settings import Settings
 from tests._auth import operator_nats
@@ -27,6 +28,12 @@ STREAMS = (MEMORY_STREAM, MESSAGE_STREAM, VOTE_STREAM)
 
 def _without_markers(settings: Settings) -> Settings:
     return settings.model_copy(update={"board": settings.board.model_copy(update={"expiry_marker_ttl": 0})})
+
+
+def _with_markers(settings: Settings) -> Settings:
+    return settings.model_copy(update={
+        "nats": settings.nats.model_copy(update={"insecure_open_bus": False}),
+        "board": settings.board.model_copy(update={"expiry_marker_ttl": 1.0})})
 
 
 @pytest_asyncio.fixture
@@ -80,14 +87,17 @@ async def test_update_brings_an_existing_deployments_streams_to_refuse_them(
         server: EmbeddedNats, nc: NATS) -> None:
     settings = _without_markers(make_settings(server.url))
     js = nc.jetstream()
-    # A deployment made before issue 19: nats-py's KV bucket and streams allowing all three.
+    # A deployment made before issue 19 (the private server's set-up streams dropped first):
+    # nats-py's KV bucket and streams allowing all three.
+    kv = Subjects(settings.board.bucket).kv_stream
+    for stream in (kv, *STREAMS):
+        await js.delete_stream(stream)
     await js.create_key_value(api.KeyValueConfig(bucket=settings.board.bucket, history=settings.board.history,
                                                  direct=True))
     for spec in stream_specs(settings):
         config = spec.config(1)
         config.allow_rollup_hdrs, config.deny_delete, config.deny_purge = True, False, False
         await js.add_stream(config)
-    kv = Subjects(settings.board.bucket).kv_stream
     await ensure_streams(js, settings)  # without update: left as they are
     assert not refuses_removal((await js.stream_info(kv)).config)
     await ensure_streams(js, settings, update=True)
@@ -100,12 +110,24 @@ async def test_update_brings_an_existing_deployments_streams_to_refuse_them(
 async def test_a_board_stream_with_expiry_markers_keeps_rollups_and_setup_warns(
         server: EmbeddedNats, nc: NATS, caplog: pytest.LogCaptureFixture) -> None:
     """nats-server turns rollups and purges back on for a stream with subject delete markers
-    (board.expiry_marker_ttl > 0): ensure_streams says so, and what to set instead."""
-    settings = make_settings(server.url)
-    settings = settings.model_copy(update={"nats": settings.nats.model_copy(update={"insecure_open_bus": False})})
-    assert settings.board.expiry_marker_ttl > 0
+    (board.expiry_marker_ttl > 0, no longer the default): ensure_streams says so, and what to
+    set instead."""
+    settings = _with_markers(make_settings(server.url))
+    await nc.jetstream().delete_stream(Subjects(settings.board.bucket).kv_stream)  # the set-up one, sealed
     with caplog.at_level(logging.WARNING, logger="blackboard.client.streams"):
         await ensure_streams(nc.jetstream(), settings, update=True)
     kv = (await nc.jetstream().stream_info(Subjects(settings.board.bucket).kv_stream)).config
     assert kv.allow_rollup_hdrs and not kv.deny_purge and kv.deny_delete
     assert any("expiry_marker_ttl" in r.getMessage() for r in caplog.records)
+
+
+async def test_expiry_markers_on_a_sealed_board_stream_are_a_configuration_error(
+        server: EmbeddedNats, nc: NATS) -> None:
+    """A board stream that refuses purges (the private server's, as setup made it) cannot be
+    given delete markers: nats-server refuses the update; ensure_streams says what to set."""
+    settings = _with_markers(make_settings(server.url))
+    kv = Subjects(settings.board.bucket).kv_stream
+    assert refuses_removal((await nc.jetstream().stream_info(kv)).config)
+    with pytest.raises(ConfigurationError, match="expiry_marker_ttl to 0"):
+        await ensure_streams(nc.jetstream(), settings, update=True)
+    assert refuses_removal((await nc.jetstream().stream_info(kv)).config)  # left sealed
