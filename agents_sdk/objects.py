@@ -8,10 +8,16 @@ an object and writes an entry whose value is a reference::
 ``board.fetch(entry)`` returns the bytes of either kind of entry. Object names
 include the content's SHA-256, so a reference always points at the bytes it
 was written with.
+
+Reading an object subscribes to its chunks on the object store's stream,
+named here: nats-py's ``ObjectStore.get`` would look the stream up by subject
+(``$JS.API.STREAM.NAMES``), which an agent holds no right to (docs/security.md).
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -20,6 +26,7 @@ from typing import Any
 import nats.errors
 import nats.js.errors
 from nats.js import api
+from nats.js.object_store import OBJ_CHUNKS_PRE_TEMPLATE, OBJ_DIGEST_TYPE
 from nats.js.object_store import ObjectStore as NatsObjectStore
 
 from blackboard.protocol.entries import Entry
@@ -29,11 +36,14 @@ from blackboard.protocol.errors import (
     NotFoundError,
     TransportError,
 )
-from blackboard.protocol.subjects import Header, encode_key, validate_name
+from blackboard.protocol.subjects import Header, Subjects, encode_key, validate_name
 
 __all__ = ["OBJECT_REF_KEY", "ObjectRef", "ObjectStore"]
 
 OBJECT_REF_KEY = "$object"
+
+#: Seconds to wait for each chunk of an object being read.
+CHUNK_TIMEOUT = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,16 +134,57 @@ class ObjectStore:
         Raises:
             NotFoundError: no such object.
             InvalidKeyError: ``name`` is not a non-empty string.
+            InvalidPayloadError: its metadata is malformed or its bytes don't match its digest.
+            TransportError: the object store refused or timed out.
         """
         _check_name(name)
         store = await self._get_store()
         try:
-            result = await store.get(name)
+            info = await store.get_info(name)
+            return await self._read_chunks(name, info)
         except nats.js.errors.NotFoundError as exc:
             raise NotFoundError(name, f"object {name!r} not found") from exc
         except (nats.errors.Error, TimeoutError) as exc:
             raise TransportError(f"reading object {name!r} failed: {exc!r}") from exc
-        return bytes(result.data or b"")
+
+    async def _read_chunks(self, name: str, info: api.ObjectInfo) -> bytes:
+        """The bytes of the object ``info`` describes, checked against its digest.
+
+        What nats-py's ``ObjectStore.get`` does, with the stream named: an ordered
+        consumer of the object's chunk subject on ``OBJ_<bucket>``. Links to other
+        objects are not followed (this SDK writes none).
+
+        Raises:
+            InvalidPayloadError: the metadata is unusable (no chunk id, a link), or the
+                bytes don't match its digest.
+            nats.errors.Error, TimeoutError: the read failed or a chunk did not come.
+        """
+        if info.is_link():
+            raise InvalidPayloadError(f"object {name!r} is a link to another object; links are not followed")
+        if not info.nuid:
+            raise InvalidPayloadError(f"object {name!r} has malformed metadata (no chunk id)")
+        if not info.size:
+            return b""
+        subject = OBJ_CHUNKS_PRE_TEMPLATE.format(bucket=self.bucket, obj=info.nuid)
+        sub = await self._js.subscribe(subject, stream=Subjects.objects_stream(self.bucket), ordered_consumer=True)
+        parts: list[bytes] = []
+        try:
+            while True:
+                msg = await sub.next_msg(timeout=CHUNK_TIMEOUT)
+                parts.append(msg.data)
+                if msg.metadata.num_pending == 0:
+                    break
+        finally:
+            await sub.unsubscribe()
+        data = b"".join(parts)
+        digest = (info.digest or "").replace(OBJ_DIGEST_TYPE, "").replace(OBJ_DIGEST_TYPE.upper(), "")
+        try:
+            expected = base64.urlsafe_b64decode(digest)
+        except (binascii.Error, ValueError) as exc:
+            raise InvalidPayloadError(f"object {name!r} has a malformed digest {info.digest!r}") from exc
+        if hashlib.sha256(data).digest() != expected:
+            raise InvalidPayloadError(f"object {name!r} does not match the digest of its metadata")
+        return data
 
     async def delete(self, name: str) -> None:
         _check_name(name)

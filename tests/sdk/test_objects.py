@@ -26,6 +26,19 @@ async def test_attach_and_fetch_a_large_binary(settings: Settings, unique: str) 
         assert await b.board(unique).fetch("screens", "home.png") == blob
 
 
+async def test_an_identity_with_object_read_rights_only_fetches_an_attachment(settings: Settings,
+                                                                               unique: str) -> None:
+    """Reading an object needs only the objects read grant (stream info, gets, chunk consumers):
+    the chunks' stream is named, never looked up ($JS.API.STREAM.NAMES, no agent's right)."""
+    blob = os.urandom(300 * 1024 + 5)  # several chunks
+    async with Agent.connect(f"{unique}-w", settings=settings) as w, \
+            Agent.connect(f"reader-{unique}", settings=settings) as r:
+        await w.board(unique).attach("files", "report.bin", blob, content_type="application/octet-stream")
+        assert await r.board(unique).fetch("files", "report.bin") == blob
+        with pytest.raises(NotFoundError):
+            await r.objects.get(f"{unique}/nothing/here")
+
+
 async def test_small_bytes_value_fetches_directly_and_missing_object(settings: Settings, unique: str) -> None:
     async with Agent.connect("a", settings=settings) as agent:
         board = agent.board(unique)
