@@ -22,14 +22,13 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import pytest
 import pytest_asyncio
-from nats.aio.client import Client as NATS
 from nats.js import api
 
 from blackboard.devstack import EmbeddedNats, EmbeddedPostgres
 from blackboard.protocol import codec
 from blackboard.protocol.subjects import MEMORY_STREAM, Subjects
 from blackboard.settings import NatsSettings, PostgresSettings, SecuritySettings, Settings
-from tests._auth import SystemService, TestAuth, make_test_auth, setup_streams
+from tests._auth import SystemService, TestAuth, make_test_auth, operator_nats, setup_streams
 from tests.fakes.openai_server import OpenAIFake
 
 if TYPE_CHECKING:
@@ -173,21 +172,27 @@ def make_settings(nats_url: str, pg_dsn: str | None = None, **overrides: object)
     return Settings().model_copy(update=values)
 
 
-async def stored_memories(nc: NATS, board: str) -> list[dict[str, Any]]:
+async def stored_memories(url: str, board: str) -> list[dict[str, Any]]:
     """Every memory-stream message of ``board`` as JetStream holds it, decoded (an ephemeral
-    consumer from the start, no acks; stops at the first empty fetch)."""
-    sub = await nc.jetstream().pull_subscribe(
-        Subjects.memory_board(board), stream=MEMORY_STREAM,
-        config=api.ConsumerConfig(deliver_policy=api.DeliverPolicy.ALL, ack_policy=api.AckPolicy.NONE))
-    out: list[dict[str, Any]] = []
+    pull consumer from the start, no acks; stops at the first empty fetch). Read as the
+    operator: pulling from a consumer of ``BB_MEMORY`` is no agent's right (an agent's pull
+    is refused by the server, and its fetch then only times out, i.e. reads nothing)."""
+    nc = await operator_nats(url, name="test-stored-memories")
     try:
-        while True:
-            out += [codec.decode(m.data) for m in await sub.fetch(200, timeout=0.5)]
-    except TimeoutError:
-        pass
+        sub = await nc.jetstream().pull_subscribe(
+            Subjects.memory_board(board), stream=MEMORY_STREAM,
+            config=api.ConsumerConfig(deliver_policy=api.DeliverPolicy.ALL, ack_policy=api.AckPolicy.NONE))
+        out: list[dict[str, Any]] = []
+        try:
+            while True:
+                out += [codec.decode(m.data) for m in await sub.fetch(200, timeout=0.5)]
+        except TimeoutError:
+            pass
+        finally:
+            await sub.unsubscribe()
+        return out
     finally:
-        await sub.unsubscribe()
-    return out
+        await nc.close()
 
 
 @pytest.fixture

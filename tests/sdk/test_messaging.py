@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from agents_sdk import Agent, Message
+from blackboard.client.connection import connect_nats
 from blackboard.devstack import EmbeddedNats
 from blackboard.protocol import codec
 from blackboard.protocol.errors import (
@@ -23,7 +24,9 @@ from blackboard.protocol.errors import (
     RequestTimeoutError,
 )
 from blackboard.protocol.subjects import MESSAGE_STREAM, Subjects
+from blackboard.security.source import RightsSource
 from blackboard.settings import Settings
+from blackboard.worker.inbox_admin import InboxAdmin
 from tests._auth import operator_nats
 from tests.conftest import make_settings
 
@@ -411,7 +414,11 @@ async def test_pending_request_fails_when_the_agent_closes(settings: Settings, u
 async def test_codec_of_stored_message_is_the_documented_envelope(settings: Settings, unique: str) -> None:
     async with Agent.connect(f"{unique}-a", settings=settings) as a:
         sent = await a.send(f"{unique}-b", "t", {"k": "v"})
-        raw = await a.nc.jetstream().get_msg(MESSAGE_STREAM, sent.seq)
+    nc = await operator_nats(settings.nats.url)  # the stored bytes: no agent may read the stream raw
+    try:
+        raw = await nc.jetstream().get_msg(MESSAGE_STREAM, sent.seq)
+    finally:
+        await nc.close()
     doc = codec.decode(raw.data)
     assert set(doc) == {"v", "id", "sender", "kind", "recipients", "type", "body", "created_at", "metadata"}
     assert raw.headers and raw.headers["Nats-Msg-Id"] == f"{sent.id}:{unique}-b"
@@ -422,30 +429,37 @@ async def test_inbox_reader_keeps_receiving_in_order_across_a_server_kill(
         nats_factory: Callable[[], EmbeddedNats]) -> None:
     server = nats_factory()
     settings = make_settings(server.url)
-    async with Agent.connect("restart-a", settings=settings) as a, \
-            Agent.connect("restart-b", settings=settings) as b:
-        got: list[int] = []
-        first_ten = asyncio.Event()
+    # A private server: its inboxes are administered by a system service of its own (the
+    # session's serves the session server only), which reconnects across the kill as a worker's would.
+    admin_nc = await connect_nats(settings.nats, name="inbox-admin")
+    try:
+        async with InboxAdmin(admin_nc, settings, rights=RightsSource.from_settings(settings)), \
+                Agent.connect("restart-a", settings=settings) as a, \
+                Agent.connect("restart-b", settings=settings) as b:
+            got: list[int] = []
+            first_ten = asyncio.Event()
 
-        async def read() -> None:
-            async for msg in b.inbox(timeout=20):
-                got.append(msg.body)
-                await msg.ack(wait=True)
-                if msg.body == 9:
-                    first_ten.set()
-                if msg.body == 19:
-                    return
+            async def read() -> None:
+                async for msg in b.inbox(timeout=20):
+                    got.append(msg.body)
+                    await msg.ack(wait=True)
+                    if msg.body == 9:
+                        first_ten.set()
+                    if msg.body == 19:
+                        return
 
-        reader = asyncio.create_task(read())
-        for i in range(10):
-            await a.send("restart-b", "n", i)
-        await asyncio.wait_for(first_ten.wait(), 10)
-        server.kill()  # the reader's standing pull request dies with the server
-        await asyncio.sleep(0.5)
-        await asyncio.to_thread(server.start)
-        for i in range(10, 20):
-            await a.send("restart-b", "n", i)  # retried until the server is back
-        await asyncio.wait_for(reader, 30)
+            reader = asyncio.create_task(read())
+            for i in range(10):
+                await a.send("restart-b", "n", i)
+            await asyncio.wait_for(first_ten.wait(), 10)
+            server.kill()  # the reader's standing pull request dies with the server
+            await asyncio.sleep(0.5)
+            await asyncio.to_thread(server.start)
+            for i in range(10, 20):
+                await a.send("restart-b", "n", i)  # retried until the server is back
+            await asyncio.wait_for(reader, 30)
+    finally:
+        await admin_nc.close()
     # Nothing lost, nothing out of order. A SIGKILLed server may forget the
     # last acks it had not yet written (consumer state is flushed
     # periodically), so a suffix of 0-9 can come again: at-least-once.

@@ -15,8 +15,9 @@ from tests.conftest import stored_memories
 pytestmark = pytest.mark.asyncio
 
 
-async def _stored(agent: Agent, board: str) -> list[MemoryRecord]:
-    return [validate_wire(MemoryRecord, raw, strict=True) for raw in await stored_memories(agent.nc, board)]
+async def _stored(settings: Settings, board: str) -> list[MemoryRecord]:
+    """The board's memory records as the stream holds them (read as the operator: no agent may)."""
+    return [validate_wire(MemoryRecord, raw, strict=True) for raw in await stored_memories(settings.nats.url, board)]
 
 
 async def test_remember_publishes_a_valid_record_once(settings: Settings, unique: str) -> None:
@@ -24,7 +25,7 @@ async def test_remember_publishes_a_valid_record_once(settings: Settings, unique
         mid = await agent.remember("the build is green", kind="semantic", tags=["ci"],
                                    metadata={"run": 7}, importance=0.9, board=unique)
         again = await agent.remember("the build is green", kind="semantic", board=unique, id=mid)
-        records = await _stored(agent, unique)
+        records = await _stored(settings, unique)
     assert again == mid
     assert len(records) == 1  # same id: deduplicated by JetStream
     rec = records[0]
@@ -38,7 +39,7 @@ async def test_remember_many_pipelined(settings: Settings, unique: str) -> None:
     async with Agent.connect("bulk", settings=settings) as agent:
         ids = await agent.remember_many(MemoryInput(f"turn {i}", board=unique, metadata={"i": i})
                                         for i in range(300))
-        records = await _stored(agent, unique)
+        records = await _stored(settings, unique)
     assert len(ids) == len(set(ids)) == 300
     assert [r.metadata["i"] for r in records] == list(range(300))
 

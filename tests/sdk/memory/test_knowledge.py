@@ -17,8 +17,9 @@ from tests.conftest import stored_memories
 pytestmark = pytest.mark.asyncio
 
 
-async def _records(agent: Agent, board: str) -> list[dict[str, Any]]:
-    return await stored_memories(agent.nc, board)
+async def _records(settings: Settings, board: str) -> list[dict[str, Any]]:
+    """The board's memory-stream messages (read as the operator: no agent may)."""
+    return await stored_memories(settings.nats.url, board)
 
 
 async def test_ingest_then_reingest_only_changed_files(settings: Settings, unique: str) -> None:
@@ -31,7 +32,7 @@ async def test_ingest_then_reingest_only_changed_files(settings: Settings, uniqu
     async with Agent.connect("ingester", settings=settings) as agent:
         first = await ingest_files(agent, [root], board=unique, chunk_size=500, overlap=50)
         assert (first.files_seen, first.files_ingested, first.files_unchanged) == (2, 2, 0)
-        records = await _records(agent, unique)
+        records = await _records(settings, unique)
         assert len(records) == first.chunks_written > 2
         assert all(r["kind"] == "knowledge" and r["read_only"] is True for r in records)
         assert {r["source"] for r in records} == {str((root / "guide.md").resolve()),
@@ -39,12 +40,12 @@ async def test_ingest_then_reingest_only_changed_files(settings: Settings, uniqu
 
         second = await ingest_files(agent, [root], board=unique, chunk_size=500, overlap=50)
         assert (second.files_ingested, second.files_unchanged, second.chunks_written) == (0, 2, 0)
-        assert len(await _records(agent, unique)) == len(records)
+        assert len(await _records(settings, unique)) == len(records)
 
         (root / "guide.md").write_text("# Guide\n\nNow much shorter.")
         third = await ingest_files(agent, [root], board=unique, chunk_size=500, overlap=50)
         assert (third.files_ingested, third.files_unchanged, third.chunks_written) == (1, 1, 1)
         assert third.chunks_forgotten == first.chunks_written - 1 - 1  # guide had n chunks, notes 1
-        after = await _records(agent, unique)
+        after = await _records(settings, unique)
         forgets = [r for r in after if r.get("op") == "forget"]
         assert len(forgets) == 1 and len(forgets[0]["ids"]) == third.chunks_forgotten  # type: ignore[arg-type]
