@@ -351,6 +351,10 @@ objects = "read"
 [agents.planner]
 roles = ["member"]
 
+# `blackboard ingest` (knowledge files into memories) writes as this agent by default.
+[agents.ingest]
+roles = ["member"]
+
 # The example team (python -m examples.team): team-<id>-planner, -actor-1, -actor-2.
 [agents."team-*"]
 roles = ["member"]

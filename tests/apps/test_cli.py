@@ -239,7 +239,7 @@ def test_dev_issues_every_agent_named_with_agent_even_one_a_glob_declares() -> N
     # team-* (the example team) declares team-x-planner already: not appended, issued all the same.
     data_dir = _data_dir()
     made = _dev_identities(Settings(), data_dir, "127.0.0.1", ["team-x-planner", "cli-a", "cli-a"])
-    assert sorted(made.issued) == ["cli-a", "operator", "planner", "team-x-planner", "worker"]
+    assert sorted(made.issued) == ["cli-a", "ingest", "operator", "planner", "team-x-planner", "worker"]
     for principal in made.issued:
         assert (made.creds_dir / f"{principal}.creds").is_file()
     assert (made.creds_dir / "ca.pem").read_bytes() == made.tls.ca.read_bytes()

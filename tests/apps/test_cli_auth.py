@@ -160,7 +160,7 @@ def test_list_shows_identities_and_the_declared_rest(capsys: pytest.CaptureFixtu
     assert code == 0
     lines = out.splitlines()
     assert lines[0].split() == ["principal", "kind", "status", "issued", "(UTC)", "public", "key"]
-    assert "declared in the policy, no active credential: agent:planner, agent:team-*, worker:worker, " \
+    assert "declared in the policy, no active credential: agent:planner, agent:ingest, agent:team-*, worker:worker, " \
            "operator:operator" in out
     auth(capsys, initialized, "add", "worker")
     code, out, _ = auth(capsys, initialized, "list")
