@@ -33,6 +33,7 @@ from blackboard.protocol.errors import DevStackError
 
 if TYPE_CHECKING:
     import psycopg
+from blackboard.security.files import write_private
 from blackboard.security.tls import TlsFiles
 
 __all__ = ["EmbeddedNats", "EmbeddedPostgres", "default_shared_buffers", "free_port"]
@@ -318,19 +319,6 @@ def _scram_verifier(password: str, *, salt: bytes | None = None, iterations: int
     return f"SCRAM-SHA-256${iterations}:{b64(salt)}${b64(stored_key)}:{b64(server_key)}"
 
 
-def _write_secret(path: Path, value: str) -> None:
-    """Write ``value`` to ``path``, readable by its owner only (mode 0600 from its creation),
-    replacing the file at once (a crash leaves the old one or the new one)."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.unlink(missing_ok=True)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w", encoding="ascii") as out:
-        out.write(value + "\n")
-        out.flush()
-        os.fsync(out.fileno())
-    os.replace(tmp, path)
-
-
 def _read_secret(path: Path) -> str | None:
     try:
         text = path.read_text(encoding="ascii").strip()
@@ -412,7 +400,7 @@ class EmbeddedPostgres(_Process):
 
     def _new_password(self, role: str) -> str:
         password = secrets.token_urlsafe(32)
-        _write_secret(self.password_file(role), password)
+        write_private(self.password_file(role), password + "\n")
         self._passwords[role] = password
         return password
 
@@ -490,7 +478,7 @@ class EmbeddedPostgres(_Process):
         """A new cluster whose superuser has a new password and no connection is trusted."""
         password = self._new_password(_SUPERUSER)
         pwfile = self.data_dir / ".initdb-pwfile"  # initdb, run as the server's user, reads it
-        _write_secret(pwfile, password)
+        write_private(pwfile, password + "\n")
         try:
             if self._user:
                 os.chown(pwfile, *self._uid_gid())

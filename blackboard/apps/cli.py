@@ -396,10 +396,10 @@ async def _auth(args: argparse.Namespace) -> int:
         creds, reissued = authority.issue(args.id)
         path = authority.credentials_path(args.id)
         if args.out:
-            out = Path(args.out)
-            out.write_text(creds.render(), encoding="utf-8")
-            out.chmod(0o600)
-            path = out
+            from blackboard.security.files import write_private
+
+            path = Path(args.out)
+            write_private(path, creds.render())
         print(f"issued {args.id!r}: {path}  (public key {creds.public_key})")
         if reissued:
             print(f"its earlier key is revoked: {_reload_dev_server(settings)}")

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -31,6 +30,7 @@ from typing import Any
 
 from blackboard.protocol.errors import AuthenticationError, ConfigurationError
 from blackboard.protocol.subjects import Grants, validate_name
+from blackboard.security.files import write_private
 from blackboard.security.jwt import (
     Credentials,
     account_claims,
@@ -64,15 +64,6 @@ class Identity:
     @property
     def active(self) -> bool:
         return self.revoked_at is None
-
-
-def _write_private(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(text)
-    os.replace(tmp, path)
 
 
 class Authority:
@@ -109,7 +100,7 @@ class Authority:
         for name, kind in (("operator", "operator"), ("account", "account"), ("system", "account")):
             path = self._keys / f"{name}.nk"
             if not path.exists():
-                _write_private(path, new_seed(kind) + "\n")
+                write_private(path, new_seed(kind) + "\n")
                 made = True
         if not self.policy_file.exists():
             self.policy_file.parent.mkdir(parents=True, exist_ok=True)
@@ -174,7 +165,7 @@ class Authority:
 
     def _save(self, identities: list[Identity]) -> None:
         doc: dict[str, Any] = {"version": 1, "identities": [asdict(i) for i in identities]}
-        _write_private(self._registry, json.dumps(doc, indent=2) + "\n")
+        write_private(self._registry, json.dumps(doc, indent=2) + "\n")
         self._read = None
 
     def revocations(self) -> dict[str, int]:
@@ -222,7 +213,7 @@ class Authority:
         updated.append(Identity(principal, kind, creds.public_key, now))
         self._save(updated)
         if write:
-            _write_private(self.creds_dir / f"{principal}.creds", creds.render())
+            write_private(self.creds_dir / f"{principal}.creds", creds.render())
         if changed:
             self.write_server_config()
         return creds, changed
@@ -303,11 +294,11 @@ class Authority:
             pass
         token = encode(operator_claims(operator, "blackboard", public_key(system), issued_at=int(time.time())),
                        operator)
-        _write_private(path, token + "\n")
+        write_private(path, token + "\n")
         return token
 
     def write_server_config(self, path: Path | None = None) -> Path:
         """Write :meth:`server_config` (default ``nats-auth.conf``) for the server to include."""
         target = path or self.config_file
-        _write_private(target, self.server_config())
+        write_private(target, self.server_config())
         return target

@@ -8,13 +8,13 @@ certificates (docs/security.md).
 
 from __future__ import annotations
 
-import os
 import ssl
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from blackboard.protocol.errors import ConfigurationError
+from blackboard.security.files import write_private
 
 __all__ = ["TlsFiles", "client_context", "ensure_dev_certificates", "server_hosts"]
 
@@ -26,13 +26,6 @@ class TlsFiles:
     ca: Path
     cert: Path
     key: Path
-
-
-def _write_private(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
 
 
 def _hosts_file(directory: Path) -> Path:
@@ -54,7 +47,7 @@ def ensure_dev_certificates(directory: Path, hosts: list[str]) -> TlsFiles:
         ca = trustme.CA.from_pem(files.ca.read_bytes(), ca_key.read_bytes())
     else:
         ca = trustme.CA(organization_name="blackboard dev")
-        _write_private(ca_key, ca.private_key_pem.bytes())
+        write_private(ca_key, ca.private_key_pem.bytes())
         files.ca.write_bytes(ca.cert_pem.bytes())
     wanted = ",".join(sorted(set(hosts)))
     hosts_file = _hosts_file(directory)
@@ -70,7 +63,7 @@ def ensure_dev_certificates(directory: Path, hosts: list[str]) -> TlsFiles:
         names = [h for h in sorted(set(hosts)) if h]
         leaf = ca.issue_cert(*names, common_name=names[0] if names else "localhost",
                              not_after=datetime.now(UTC) + timedelta(days=825))
-        _write_private(files.key, leaf.private_key_pem.bytes())
+        write_private(files.key, leaf.private_key_pem.bytes())
         files.cert.write_bytes(b"".join(p.bytes() for p in leaf.cert_chain_pems))
         hosts_file.write_text(wanted)
     return files
