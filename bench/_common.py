@@ -69,8 +69,9 @@ from blackboard.devstack import EmbeddedNats, EmbeddedPostgres
 from blackboard.embeddings import EmbeddingProvider
 from blackboard.embeddings.local import cache_dir
 from blackboard.protocol.subjects import Grants, Subjects
-from blackboard.security.authority import Authority
-from blackboard.security.tls import TlsFiles, client_context, ensure_dev_certificates, server_hosts
+from blackboard.security.authority import Authority, LocalAuth
+from blackboard.security.policy import STANDARD_ROLES
+from blackboard.security.tls import client_context
 from blackboard.settings import PostgresSettings, SecuritySettings, Settings
 
 __all__ = [
@@ -175,14 +176,7 @@ class Sentences:
 
 #: The benches' access policy: any agent id is a member (read, write, vote on every board;
 #: every topic; the object store), as an agent ``blackboard dev --agent NAME`` declares is.
-BENCH_POLICY = """\
-version = 1
-
-[roles.member]
-boards = { "*" = ["read", "write", "vote"] }
-topics = [">"]
-objects = "write"
-
+BENCH_POLICY = "version = 1\n\n" + STANDARD_ROLES + """
 [agents."*"]
 roles = ["member"]
 
@@ -196,23 +190,8 @@ AUTH_LABEL = "authorization: on (JWT, TLS)"
 OPEN_BUS_LABEL = "OPEN BUS (no authorization, no TLS)"
 
 
-@dataclass(frozen=True)
-class BenchAuth:
-    """A throw-away identity authority and TLS files (what ``blackboard dev`` makes in
-    ``<data-dir>/auth``)."""
-
-    authority: Authority
-    tls: TlsFiles
-
-    @property
-    def config(self) -> Path:
-        """The server's operator-mode config (included by the server's config)."""
-        return self.authority.config_file
-
-    def creds(self, principal: str) -> Path:
-        """``principal``'s ``.creds`` file (issued now if it has none)."""
-        self.authority.credentials_for(principal)
-        return self.authority.credentials_path(principal)
+#: The benches' authority and TLS files (what ``blackboard dev`` makes in ``<data-dir>/auth``).
+BenchAuth = LocalAuth
 
 
 def make_bench_auth(directory: Path, host: str = "127.0.0.1") -> BenchAuth:
@@ -220,11 +199,7 @@ def make_bench_auth(directory: Path, host: str = "127.0.0.1") -> BenchAuth:
     operator's credentials, the server's config, and dev TLS certificates for ``host``."""
     authority = Authority(directory, Grants())
     authority.init(policy=BENCH_POLICY)
-    for principal in ("operator", "worker"):
-        authority.credentials_for(principal)
-    authority.write_server_config()
-    tls = ensure_dev_certificates(directory / "tls", server_hosts(host))
-    return BenchAuth(authority, tls)
+    return LocalAuth.prepare(authority, host=host)
 
 
 def open_bus_default() -> bool:

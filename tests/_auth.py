@@ -17,7 +17,6 @@ uses) take :func:`raw_connect`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,24 +24,13 @@ import nats
 from nats.aio.client import Client as NATS
 
 from blackboard.protocol.subjects import Grants
-from blackboard.security.authority import Authority
-from blackboard.security.tls import TlsFiles, client_context, ensure_dev_certificates, server_hosts
+from blackboard.security.authority import Authority, LocalAuth
+from blackboard.security.policy import STANDARD_ROLES
+from blackboard.security.tls import client_context
 
 __all__ = ["SESSION", "TEST_POLICY", "SystemService", "TestAuth", "make_test_auth", "operator_nats", "raw_connect", "setup_streams"]
 
-TEST_POLICY = """\
-version = 1
-
-[roles.member]
-boards = { "*" = ["read", "write", "vote"] }
-topics = [">"]
-objects = "write"
-
-[roles.reader]
-boards = { "*" = ["read"] }
-topics = [">"]
-objects = "read"
-
+TEST_POLICY = "version = 1\n\n" + STANDARD_ROLES + """
 [agents."*"]
 roles = ["member"]
 
@@ -61,23 +49,10 @@ topics = ["solo.>"]
 """
 
 
-@dataclass(frozen=True)
-class TestAuth:
-    """The session's authority and TLS files."""
+class TestAuth(LocalAuth):
+    """The session's authority and TLS files (the servers' auth, as ``blackboard dev`` has it)."""
 
     __test__ = False  # not a test class
-
-    authority: Authority
-    tls: TlsFiles
-
-    @property
-    def config(self) -> Path:
-        return self.authority.config_file
-
-    def creds(self, principal: str) -> Path:
-        """``principal``'s ``.creds`` file (issued now if it has none)."""
-        self.authority.credentials_for(principal)
-        return self.authority.credentials_path(principal)
 
 
 #: The session's TestAuth (made once by tests/conftest.py).
@@ -88,11 +63,8 @@ def make_test_auth(directory: Path) -> TestAuth:
     global SESSION
     authority = Authority(directory, Grants())
     authority.init(policy=TEST_POLICY)
-    for principal in ("operator", "worker"):
-        authority.credentials_for(principal)
-    authority.write_server_config()
-    tls = ensure_dev_certificates(directory / "tls", server_hosts("127.0.0.1"))
-    SESSION = TestAuth(authority, tls)
+    local = LocalAuth.prepare(authority)
+    SESSION = TestAuth(local.authority, local.tls)
     return SESSION
 
 

@@ -124,8 +124,7 @@ def _dev_identities(settings: Settings, data_dir: Path, host: str, agents: list[
     """The dev stack's authority under ``<data_dir>/auth``: keys and policy (made once), the
     agents named with ``--agent`` declared, credentials issued to the worker, the operator and
     every agent the policy names exactly, TLS certificates, and the server's config."""
-    from blackboard.security.authority import Authority
-    from blackboard.security.tls import ensure_dev_certificates, server_hosts
+    from blackboard.security.authority import Authority, LocalAuth
 
     dev_settings = settings.model_copy(update={"security": settings.security.model_copy(
         update={"authority_dir": settings.security.authority_dir or data_dir / "auth"})})
@@ -138,12 +137,10 @@ def _dev_identities(settings: Settings, data_dir: Path, host: str, agents: list[
     # the example team's team-*, is not appended to the policy, but asked for all the same).
     exact = [name for _kind, name in policy.principals() if not any(c in name for c in "*?[")]
     issued = [*exact, *(name for name in dict.fromkeys(agents) if name not in exact)]
-    for name in issued:
-        authority.credentials_for(name)
-    tls = ensure_dev_certificates(authority.directory / "tls", server_hosts(host))
+    local = LocalAuth.prepare(authority, principals=issued, host=host)
     # Clients that find their credential in this directory trust this CA (docs/security.md).
-    (authority.creds_dir / "ca.pem").write_bytes(tls.ca.read_bytes())
-    return _DevIdentities(authority.write_server_config(), authority.creds_dir, authority.policy_file, tls, issued)
+    (authority.creds_dir / "ca.pem").write_bytes(local.tls.ca.read_bytes())
+    return _DevIdentities(local.config, authority.creds_dir, authority.policy_file, local.tls, issued)
 
 
 async def _dev(args: argparse.Namespace) -> int:

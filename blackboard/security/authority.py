@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import json
 import time
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -43,9 +44,10 @@ from blackboard.security.jwt import (
 )
 from blackboard.security.permissions import permissions_for
 from blackboard.security.policy import DEFAULT_POLICY, AccessPolicy, Kind, Rights
+from blackboard.security.tls import TlsFiles, ensure_dev_certificates, server_hosts
 from blackboard.settings import Settings
 
-__all__ = ["Authority", "Identity"]
+__all__ = ["Authority", "Identity", "LocalAuth"]
 
 _ACCOUNT_NAME = "blackboard"
 _SYSTEM_NAME = "SYS"
@@ -302,3 +304,34 @@ class Authority:
         target = path or self.config_file
         write_private(target, self.server_config())
         return target
+
+
+@dataclass(frozen=True)
+class LocalAuth:
+    """An authority with the dev TLS files of the server it authorizes: what a server on this
+    host runs with (``blackboard dev``, the test suite, the benches)."""
+
+    authority: Authority
+    tls: TlsFiles
+
+    @classmethod
+    def prepare(cls, authority: Authority, *, principals: Iterable[str] = ("operator", "worker"),
+                host: str = "127.0.0.1") -> LocalAuth:
+        """Issue ``principals`` their credentials (keeping active ones), make the dev TLS
+        certificates for ``host`` (in ``<authority>/tls``) and write the server's config.
+        The authority must be initialized (:meth:`Authority.init`)."""
+        for principal in principals:
+            authority.credentials_for(principal)
+        tls = ensure_dev_certificates(authority.directory / "tls", server_hosts(host))
+        authority.write_server_config()
+        return cls(authority, tls)
+
+    @property
+    def config(self) -> Path:
+        """The server's operator-mode config (included by the server's config)."""
+        return self.authority.config_file
+
+    def creds(self, principal: str) -> Path:
+        """``principal``'s ``.creds`` file (issued now if it has none)."""
+        self.authority.credentials_for(principal)
+        return self.authority.credentials_path(principal)

@@ -46,6 +46,7 @@ __all__ = [
     "ALL_BOARDS",
     "DEFAULT_POLICY",
     "OPEN_RIGHTS",
+    "STANDARD_ROLES",
     "AccessPolicy",
     "Kind",
     "ObjectAccess",
@@ -331,11 +332,9 @@ class AccessPolicy:
 
 
 #: What ``blackboard auth init`` and ``blackboard dev`` start from.
-DEFAULT_POLICY = """\
-# The blackboard access policy (docs/security.md). Rights on a board: read,
-# write, vote, admin (all three); the board "*" means every board.
-version = 1
-
+#: The starting policy's roles: ``member`` (read, write and vote on every board, every topic,
+#: the object store) and ``reader`` (read everything); other policies build on them.
+STANDARD_ROLES = """\
 [roles.member]
 boards = { "*" = ["read", "write", "vote"] }
 topics = [">"]
@@ -345,7 +344,14 @@ objects = "write"
 boards = { "*" = ["read"] }
 topics = [">"]
 objects = "read"
+"""
 
+DEFAULT_POLICY = """\
+# The blackboard access policy (docs/security.md). Rights on a board: read,
+# write, vote, admin (all three); the board "*" means every board.
+version = 1
+
+""" + STANDARD_ROLES + """
 # One table per agent id (or a glob such as "ci-*": the longest glob that
 # matches an id declares it); `blackboard auth add` appends one.
 [agents.planner]
