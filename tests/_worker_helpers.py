@@ -182,6 +182,18 @@ def spawn_worker(settings: Settings, name: str, **env: str) -> subprocess.Popen[
     return proc
 
 
+def rows(settings: Settings, query: str, *params: Any) -> list[tuple[Any, ...]]:
+    """The rows of ``query`` on the worker's database."""
+    with psycopg.connect(settings.postgres.dsn.get_secret_value()) as conn:
+        return conn.execute(query, params).fetchall()
+
+
+def dead_letters(settings: Settings, subject: str) -> dict[int, str]:
+    """The dead letters of one subject: stream sequence -> reason."""
+    return {int(seq): reason for seq, reason in rows(
+        settings, "SELECT seq, reason FROM bb_dead_letters WHERE subject = %s", subject)}
+
+
 def count_rows(dsn: str, query: str, *params: Any) -> int:
     """The count a ``SELECT count(*) ...`` returns; -1 while PostgreSQL is unreachable."""
     try:

@@ -16,7 +16,6 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import msgpack
-import psycopg
 import pytest
 import pytest_asyncio
 from nats.aio.client import Client as NATS
@@ -29,22 +28,20 @@ from blackboard.protocol.subjects import Subjects
 from blackboard.settings import Settings
 from blackboard.worker.decode import RawMessage
 from blackboard.worker.handlers import default_handlers
-from tests._worker_helpers import HashProvider, put_entry, remember, running_worker, worker_settings
+from tests._worker_helpers import (
+    HashProvider,
+    dead_letters,
+    put_entry,
+    remember,
+    rows,
+    running_worker,
+    worker_settings,
+)
 
 pytestmark = pytest.mark.asyncio
 
 #: How long a healthy worker needs, at most, to catch up here (a stalled one never does).
 CATCH_UP = 20.0
-
-
-def _rows(settings: Settings, query: str, *params: Any) -> list[tuple[Any, ...]]:
-    with psycopg.connect(settings.postgres.dsn.get_secret_value()) as conn:
-        return conn.execute(query, params).fetchall()
-
-
-def _dead(settings: Settings, subject: str) -> dict[int, str]:
-    return {int(seq): reason for seq, reason in _rows(
-        settings, "SELECT seq, reason FROM bb_dead_letters WHERE subject = %s", subject)}
 
 
 @pytest_asyncio.fixture
@@ -103,12 +100,12 @@ async def test_a_json_envelope_nested_5000_deep_is_dead_lettered_on_every_consum
     async with running_worker(s, provider=HashProvider(), serve_search=False) as w:
         await w.wait_caught_up(CATCH_UP)
         for subject, seq in poison_seqs.items():
-            reasons = _dead(s, subject)
+            reasons = dead_letters(s, subject)
             assert seq in reasons, f"the poison pill on {subject} was not dead-lettered"
             assert "nested deeper than" in reasons[seq]
-        assert _rows(s, "SELECT seq FROM bb_entry_revisions WHERE board = %s", unique) == [(good_entry,)]
-        assert _rows(s, "SELECT seq FROM bb_memories WHERE board = %s", unique) == [(good_memory,)]
-        assert _rows(s, "SELECT seq FROM bb_messages WHERE subject = %s", message_subject) == [(good_message,)]
+        assert rows(s, "SELECT seq FROM bb_entry_revisions WHERE board = %s", unique) == [(good_entry,)]
+        assert rows(s, "SELECT seq FROM bb_memories WHERE board = %s", unique) == [(good_memory,)]
+        assert rows(s, "SELECT seq FROM bb_messages WHERE subject = %s", message_subject) == [(good_message,)]
         assert all(not t.done() for t in w.tasks)
         assert all(loop.stats.unexpected == 0 for loop in w.loops), "a limit was met by the guard, not the codec"
 
@@ -133,9 +130,9 @@ async def test_a_proposal_with_a_candidate_nested_600_deep_leaves_vote_ingest_ru
             receipt = await board.vote(handle.id, "x")
             assert receipt.outcome is not None and receipt.outcome.status == "accepted"
         await w.wait_caught_up(CATCH_UP)
-        assert poison in _dead(s, subject)
-        assert "nested deeper than" in _dead(s, subject)[poison]
-        stored = _rows(s, "SELECT p.status, count(b.seq) FROM bb_proposals p JOIN bb_ballots b "
+        assert poison in dead_letters(s, subject)
+        assert "nested deeper than" in dead_letters(s, subject)[poison]
+        stored = rows(s, "SELECT p.status, count(b.seq) FROM bb_proposals p JOIN bb_ballots b "
                           "USING (board, proposal_id) WHERE p.board = %s AND p.proposal_id = %s GROUP BY p.status",
                        unique, handle.id)
         assert stored == [("accepted", 1)]
@@ -170,10 +167,10 @@ async def test_an_exception_no_decoder_names_dead_letters_its_message_alone(
             for key in ("before", "decode-bug", "write-bug", "after")}
     async with running_worker(s, handlers=[handler], provider=HashProvider(), serve_search=False) as w:
         await w.wait_caught_up(CATCH_UP)
-        stored = {int(r[0]) for r in _rows(s, "SELECT seq FROM bb_entry_revisions WHERE board = %s", unique)}
+        stored = {int(r[0]) for r in rows(s, "SELECT seq FROM bb_entry_revisions WHERE board = %s", unique)}
         assert stored == {seqs["before"], seqs["after"]}
-        decode_dead = _dead(s, subjects.entry(unique, "s", "decode-bug"))
-        write_dead = _dead(s, subjects.entry(unique, "s", "write-bug"))
+        decode_dead = dead_letters(s, subjects.entry(unique, "s", "decode-bug"))
+        write_dead = dead_letters(s, subjects.entry(unique, "s", "write-bug"))
         assert decode_dead[seqs["decode-bug"]].startswith("unexpected RecursionError while decoding")
         assert write_dead[seqs["write-bug"]].startswith("unexpected ValueError while writing")
         assert w.loops[0].stats.unexpected == 2
@@ -195,7 +192,7 @@ async def test_a_memory_stamped_beyond_the_timestamp_range_is_dead_lettered_not_
     good = await remember(js, unique, "eve", f"{unique}-ok", "a good memory")
     async with running_worker(s, provider=HashProvider(), serve_search=False) as w:
         await w.wait_caught_up(CATCH_UP)
-        dead = _dead(s, subject)
+        dead = dead_letters(s, subject)
         for stamp, seq in seqs.items():
             assert "timestamp" in dead[seq], stamp
-        assert _rows(s, "SELECT seq FROM bb_memories WHERE board = %s", unique) == [(good,)]
+        assert rows(s, "SELECT seq FROM bb_memories WHERE board = %s", unique) == [(good,)]

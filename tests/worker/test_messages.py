@@ -5,7 +5,6 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import psycopg
 import pytest
 
 from agents_sdk import Agent
@@ -16,12 +15,7 @@ from blackboard.protocol.subjects import MESSAGE_STREAM, Subjects
 from blackboard.settings import Settings
 from blackboard.worker.decode import RawMessage
 from blackboard.worker.messages import decode_message
-from tests._worker_helpers import running_worker, worker_settings
-
-
-def _rows(settings: Settings, query: str, *params: Any) -> list[tuple[Any, ...]]:
-    with psycopg.connect(settings.postgres.dsn.get_secret_value()) as conn:
-        return conn.execute(query, params).fetchall()
+from tests._worker_helpers import rows, running_worker, worker_settings
 
 
 def _worker_settings(settings: Settings, name: str) -> Settings:
@@ -46,11 +40,11 @@ async def test_messages_land_in_postgres_exactly_once_and_are_searchable(pg_sett
     first = _worker_settings(pg_settings, f"w{unique}")
     async with running_worker(first) as w:
         await w.wait_caught_up(30)
-        rows = _rows(first, "SELECT seq, id, sender, recipients, kind, board, topic, type, body, body_raw, "
-                            "correlation_id, metadata, subject FROM bb_messages WHERE stream = %s AND "
-                            "seq = ANY(%s) ORDER BY seq", MESSAGE_STREAM, seqs)
-        assert [r[0] for r in rows] == seqs  # one row per stream message
-        by_seq = {r[0]: r for r in rows}
+        stored = rows(first, "SELECT seq, id, sender, recipients, kind, board, topic, type, body, body_raw, "
+                              "correlation_id, metadata, subject FROM bb_messages WHERE stream = %s AND "
+                              "seq = ANY(%s) ORDER BY seq", MESSAGE_STREAM, seqs)
+        assert [r[0] for r in stored] == seqs  # one row per stream message
+        by_seq = {r[0]: r for r in stored}
         two = by_seq[to_two.sequences[0]]
         assert two[1:8] == (to_two.id, a, [b, c], "direct", board, None, "task.handoff")
         assert two[8] == {"text": "rotate the signing keys"} and two[10] == f"{unique}-conv"
@@ -84,7 +78,7 @@ async def test_messages_land_in_postgres_exactly_once_and_are_searchable(pg_sett
     # A second worker (new durable, replays the whole stream) stores nothing twice.
     async with running_worker(_worker_settings(pg_settings, f"x{unique}"), serve_search=False) as w2:
         await w2.wait_caught_up(60)
-    again = _rows(first, "SELECT count(*) FROM bb_messages WHERE stream = %s AND seq = ANY(%s)",
+    again = rows(first, "SELECT count(*) FROM bb_messages WHERE stream = %s AND seq = ANY(%s)",
                   MESSAGE_STREAM, seqs)
     assert again == [(len(seqs),)]
 

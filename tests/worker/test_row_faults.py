@@ -28,7 +28,14 @@ from blackboard.protocol.subjects import Subjects
 from blackboard.settings import Settings
 from blackboard.worker.handlers import default_handlers
 from blackboard.worker.ingest import is_retryable
-from tests._worker_helpers import HashProvider, put_entry, running_worker, worker_settings
+from tests._worker_helpers import (
+    HashProvider,
+    dead_letters,
+    put_entry,
+    rows,
+    running_worker,
+    worker_settings,
+)
 
 #: How long a healthy worker needs, at most, to catch up here (a stalled one never does).
 CATCH_UP = 20.0
@@ -59,16 +66,6 @@ async def nc(pg_settings: Settings) -> AsyncIterator[NATS]:
     await conn.close()
 
 
-def _rows(settings: Settings, query: str, *params: Any) -> list[tuple[Any, ...]]:
-    with psycopg.connect(settings.postgres.dsn.get_secret_value()) as conn:
-        return conn.execute(query, params).fetchall()
-
-
-def _dead(settings: Settings, subject: str) -> dict[int, str]:
-    return {int(seq): reason for seq, reason in _rows(
-        settings, "SELECT seq, reason FROM bb_dead_letters WHERE subject = %s", subject)}
-
-
 @pytest.mark.asyncio
 async def test_a_row_over_a_postgresql_limit_is_dead_lettered_and_ingest_goes_on(
         pg_settings: Settings, nc: NATS, unique: str) -> None:
@@ -90,9 +87,9 @@ async def test_a_row_over_a_postgresql_limit_is_dead_lettered_and_ingest_goes_on
     seqs = {key: await put_entry(js, subjects, unique, "s", key, key) for key in ("before", "too-big", "after")}
     async with running_worker(s, handlers=[handler], provider=HashProvider(), serve_search=False) as w:
         await w.wait_caught_up(CATCH_UP)
-        stored = {int(r[0]) for r in _rows(s, "SELECT seq FROM bb_entry_revisions WHERE board = %s", unique)}
+        stored = {int(r[0]) for r in rows(s, "SELECT seq FROM bb_entry_revisions WHERE board = %s", unique)}
         assert stored == {seqs["before"], seqs["after"]}
-        reason = _dead(s, subjects.entry(unique, "s", "too-big"))[seqs["too-big"]]
+        reason = dead_letters(s, subjects.entry(unique, "s", "too-big"))[seqs["too-big"]]
         assert reason.startswith("refused by PostgreSQL")
         assert w.loops[0].stats.retries == 0
         assert all(not t.done() for t in w.tasks)
@@ -117,6 +114,6 @@ async def test_a_message_with_a_megabyte_indexed_field_is_dead_lettered(
     handlers = [h for h in default_handlers(s) if h.name == "messages"]
     async with running_worker(s, handlers=handlers, provider=HashProvider(), serve_search=False) as w:
         await w.wait_caught_up(CATCH_UP)
-        assert _rows(s, "SELECT seq FROM bb_messages WHERE subject = %s", subject) == [(good,)]
-        assert poison in _dead(s, subject)
+        assert rows(s, "SELECT seq FROM bb_messages WHERE subject = %s", subject) == [(good,)]
+        assert poison in dead_letters(s, subject)
         assert all(not t.done() for t in w.tasks)
