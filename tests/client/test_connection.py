@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import socket
-from typing import Any
 
 import pytest
 
 from agents_sdk import Agent
-from blackboard.client.connection import Connection, connect_nats
+from blackboard.client.connection import connect_nats
 from blackboard.devstack import EmbeddedNats
 from blackboard.protocol.errors import ConfigurationError, NotConnectedError
 from blackboard.settings import NatsSettings
@@ -17,16 +16,6 @@ from tests.conftest import make_settings
 
 def _settings(url: str) -> NatsSettings:
     return NatsSettings(url=url, connect_attempts=1, connect_timeout=1.0, reconnect_time_wait=0.05)
-
-
-@pytest.fixture
-def no_connect(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Fail the test if a connection is attempted (a URL must be refused before that)."""
-
-    async def refuse(self: Connection, **options: Any) -> None:
-        raise AssertionError(f"connected to {options['servers']!r}")
-
-    monkeypatch.setattr(Connection, "connect", refuse)
 
 
 @pytest.mark.asyncio

@@ -19,7 +19,7 @@ import pytest_asyncio
 from nats.aio.client import Client as NATS
 
 from agents_sdk import Agent
-from blackboard.client.connection import Connection, connect_nats, permission_violations
+from blackboard.client.connection import connect_nats, permission_violations
 from blackboard.client.publisher import Publisher
 from blackboard.client.streams import ensure_streams
 from blackboard.devstack import EmbeddedNats
@@ -103,16 +103,6 @@ async def alice_nc(secure: SecureStack) -> AsyncIterator[NATS]:
     nc = await connect_nats(s.nats, name="alice", credentials=find_credentials("alice", s))
     yield nc
     await nc.close()
-
-
-@pytest.fixture
-def no_connect(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Fail the test if a connection is attempted (the refusal must come before that)."""
-
-    async def refuse(self: Connection, **options: Any) -> None:
-        raise AssertionError(f"connected to {options['servers']!r}")
-
-    monkeypatch.setattr(Connection, "connect", refuse)
 
 
 # -- connecting ------------------------------------------------------------------------
