@@ -40,10 +40,12 @@ from blackboard.protocol.errors import (
     RequestTimeoutError,
     SearchError,
     TransportError,
+    UnverifiedRecordError,
     VoteError,
 )
 from blackboard.protocol.schemas import Ballot, Outcome, Policy, Proposal, TallyCounts
 from blackboard.protocol.schemas.search import EntryHit, EntryRevision, MemoryHit, SearchFilters
+from blackboard.protocol.signing import Verdict
 from blackboard.settings import Settings
 
 __all__ = [
@@ -104,6 +106,8 @@ __all__ = [
     "Subscriptions",
     "TallyCounts",
     "TransportError",
+    "UnverifiedRecordError",
+    "Verdict",
     "View",
     "VoteError",
     "VoteEvent",

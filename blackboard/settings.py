@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator
+from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 #: The most embedding dimensions a space can index (pgvector's HNSW limit for ``halfvec``).
@@ -36,6 +36,7 @@ __all__ = [
 ]
 
 _SYNC_RE = re.compile(r"^(always|\d+(ms|s|m|h))$")
+_ACCOUNT_KEY_RE = re.compile(r"A[A-Z2-7]{55}")
 
 
 class NatsSettings(BaseModel):
@@ -99,6 +100,11 @@ class NatsSettings(BaseModel):
     sync_interval: str = "1s"
     #: Maximum acknowledged-but-unfinished writes of the pipelined write path.
     max_pending_writes: int = Field(4000, ge=1)
+    #: Seconds the streams remember a ``Nats-Msg-Id`` to drop a duplicate write
+    #: (their ``duplicate_window``; applied by ``ensure_streams``). Must exceed
+    #: ``write_timeout`` (re-sends are deduplicated) and ``security.max_clock_skew``
+    #: (a replayed signed write is dropped within it and ``stale`` after it).
+    duplicate_window: float = Field(120.0, gt=0)
 
     @field_validator("sync_interval")
     @classmethod
@@ -254,6 +260,14 @@ class WorkerSettings(BaseModel):
     index_build_memory: str = Field("1GB", pattern=r"^[1-9][0-9]*\s*(kB|MB|GB|TB)$")
     #: Serve the search micro service from the worker process.
     serve_search: bool = True
+    #: Verify each ingested record's signature (docs/security.md, "Signatures");
+    #: a record that does not verify goes to the dead-letter table.
+    verify: bool = True
+    #: Threads that check signatures of a batch (PyNaCl releases the GIL); 0: in the event loop's thread.
+    verify_threads: int = Field(2, ge=0, le=64)
+    #: Dead-letter unsigned records too (when false, or when the worker has no
+    #: credential, i.e. an open bus, they are stored with the verdict ``unsigned``).
+    require_signatures: bool = True
 
 
 class SearchSettings(BaseModel):
@@ -364,6 +378,31 @@ class SecuritySettings(BaseModel):
     #: Where ``blackboard auth`` keeps the signing keys, the policy and the registry of
     #: identities. None: ``<dev.data_dir>/auth``.
     authority_dir: Path | None = None
+    #: Sign every record this process writes with its credential's key (docs/security.md,
+    #: "Signatures"). Without a credential (an open bus) nothing is signed.
+    sign: bool = True
+    #: Verify the signatures of the records this process reads.
+    verify: bool = True
+    #: What a read does with a record that does not verify: ``hide`` (views, watches and
+    #: lists skip it, strict reads raise ``UnverifiedRecordError``) or ``flag`` (it is
+    #: returned with its ``verdict``).
+    unverified: Literal["hide", "flag"] = "hide"
+    #: Seconds a record's stored time may differ from its signed time before it is
+    #: ``stale`` (a replay of an old write); less than ``nats.duplicate_window``.
+    max_clock_skew: float = Field(30.0, gt=0)
+    #: Verdicts kept per stored message (stream, sequence), least recently used out; 0: none.
+    verified_cache: int = Field(100_000, ge=0)
+    #: Account public keys (``A...``) whose certificates are trusted besides the issuer of
+    #: this process's own credential.
+    trusted_accounts: list[str] = []
+
+    @field_validator("trusted_accounts")
+    @classmethod
+    def _check_accounts(cls, value: list[str]) -> list[str]:
+        for key in value:
+            if not _ACCOUNT_KEY_RE.fullmatch(key):
+                raise ValueError(f"{key!r} is not an account public key (A and 55 base32 characters)")
+        return value
 
 
 class Settings(BaseSettings):
@@ -386,6 +425,18 @@ class Settings(BaseSettings):
     dev: DevSettings = DevSettings()
     security: SecuritySettings = SecuritySettings()
 
+    @model_validator(mode="after")
+    def _check_windows(self) -> Settings:
+        window = self.nats.duplicate_window
+        if self.security.max_clock_skew >= window:
+            raise ValueError(f"security.max_clock_skew ({self.security.max_clock_skew:g}) must be less than "
+                             f"nats.duplicate_window ({window:g}): a replayed signed write must be either "
+                             "dropped as a duplicate or stale")
+        if self.nats.write_timeout >= window:
+            raise ValueError(f"nats.write_timeout ({self.nats.write_timeout:g}) must be less than "
+                             f"nats.duplicate_window ({window:g}): a write's re-sends must be deduplicated")
+        return self
+
 
 #: Settings whose values an error message must not repeat.
 _SECRET_FIELDS = frozenset({"password", "token", "dsn", "api_key"})
@@ -398,6 +449,9 @@ def describe_errors(exc: ValidationError) -> str:
     for err in exc.errors(include_url=False):
         loc = [str(part) for part in err["loc"]]
         msg = str(err["msg"]).removeprefix("Value error, ")
+        if not loc:  # a check across settings (its message names them); the input is every setting
+            parts.append(msg)
+            continue
         given = "" if _SECRET_FIELDS & set(loc) else f" (got {err.get('input')!r})"
         parts.append(f"{'.'.join(loc)} (BLACKBOARD_{'__'.join(loc).upper()}): {msg}{given}")
     return "invalid setting " + "; ".join(parts)

@@ -14,6 +14,7 @@
     │   └── BudgetExceededError          (cost, budget, unit: prompt parts that must fit do not)
     ├── NotFoundError                    (key)
     ├── ConflictError                    (key, expected_revision, current_revision)
+    ├── UnverifiedRecordError            (verdict, subject, revision, sequence, signer, record: its signature does not verify)
     ├── TransportError
     │   ├── NotConnectedError
     │   ├── OperationTimeoutError
@@ -79,6 +80,7 @@ __all__ = [
     "SearchError",
     "StorageError",
     "TransportError",
+    "UnverifiedRecordError",
     "VoteError",
 ]
 
@@ -187,6 +189,31 @@ class ConflictError(BlackboardError):
             f"conflict on {key!r}: expected revision {expected_revision}, "
             f"current revision is {current_revision}"
         )
+
+
+class UnverifiedRecordError(BlackboardError):
+    """A record read strictly does not carry a valid signature (docs/security.md, "Signatures").
+
+    ``verdict`` is why (a ``blackboard.protocol.signing.Verdict``: ``unsigned``,
+    ``unknown_key``, ``bad_signature``, ``wrong_author``, ``stale``, ``revoked``,
+    ``malformed``); ``subject`` the record's subject; ``revision`` (a board
+    entry) or ``sequence`` (another stream's message) where it is stored;
+    ``signer`` the principal of the signing key when known; ``record`` the
+    decoded record (an ``Entry``, a message...) when it could be decoded.
+    """
+
+    def __init__(self, verdict: str, subject: str, *, revision: int | None = None,
+                 sequence: int | None = None, signer: str | None = None, record: object = None) -> None:
+        self.verdict = verdict
+        self.subject = subject
+        self.revision = revision
+        self.sequence = sequence
+        self.signer = signer
+        self.record = record
+        where = f" (revision {revision})" if revision is not None else \
+            f" (sequence {sequence})" if sequence is not None else ""
+        by = f" signed by {signer!r}" if signer else ""
+        super().__init__(f"{subject}{where}{by} does not verify: {verdict}")
 
 
 class TransportError(BlackboardError):

@@ -18,6 +18,8 @@ Layout (``<bucket>`` defaults to ``blackboard``)::
     bb.vote.<board>.<proposal>.ballot.<voter>       a ballot (the subject's voter is authoritative)
     bb.search.<principal>.<endpoint>                search micro service (as that principal)
     bb.inbox.<principal>                            inbox administration (the system service)
+    bb.keys.cert.<public key>                       an identity's certificate (its user JWT; stream BB_KEYS)
+    bb.keys.revocations                             the revoked signing keys (operators only)
     <worker>-<handler>                              the worker's durable consumer of one stream
 
 JetStream API and reply subjects (formatted and parsed here too)::
@@ -47,6 +49,7 @@ from blackboard.protocol.errors import InvalidKeyError
 
 __all__ = [
     "INBOX_SERVICE",
+    "KEYS_STREAM",
     "MAX_KEY_TOKEN_LENGTH",
     "MEMORY_STREAM",
     "MESSAGE_STREAM",
@@ -67,6 +70,7 @@ __all__ = [
     "patterns_overlap",
     "subject_matches",
     "validate_name",
+    "validate_user_key",
 ]
 
 #: Tokens used for boards, sections, agent ids, proposal ids and topics
@@ -77,6 +81,8 @@ _NAME_RE = re.compile(r"[A-Za-z0-9_-]{1,128}")
 #: UTF-8 bytes. ``=`` cannot occur in a plain token, so decoding is unambiguous.
 _PLAIN_KEY_RE = re.compile(r"[A-Za-z0-9_-]{1,256}")
 #: ``bb.mem.<board>.<agent>``, both tokens valid names, in one match (the ingest hot path).
+#: A user public nkey: ``U`` and 55 more base32 characters (its checksum is checked with the certificate).
+_USER_KEY_RE = re.compile(r"U[A-Z2-7]{55}")
 _MEMORY_RE = re.compile(r"bb\.mem\.([A-Za-z0-9_-]{1,128})\.([A-Za-z0-9_-]{1,128})")
 _UNIX_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _ENCODED_PREFIX = "="
@@ -85,6 +91,8 @@ MAX_KEY_TOKEN_LENGTH = 1024
 MEMORY_STREAM = "BB_MEMORY"
 MESSAGE_STREAM = "BB_MSG"
 VOTE_STREAM = "BB_VOTE"
+#: The key registry: identities' certificates and the revocations (docs/security.md, "Signatures").
+KEYS_STREAM = "BB_KEYS"
 #: Message kinds of a proposal's subjects (see docs/voting.md): the proposal,
 #: ballots, deadline close requests, the recorded outcome and its application.
 VOTE_KINDS = ("proposal", "ballot", "close", "outcome", "applied")
@@ -146,6 +154,12 @@ class Header(StrEnum):
     #: On a recorded vote outcome: the target entry's revision when it was
     #: recorded (0: absent); the accepted value is written after it.
     BASE_REVISION = "Bb-Base-Revision"
+    #: A record's signature (docs/protocol.md, "Signatures"): the signer's public
+    #: nkey (``U...``), the signed write time (decimal microseconds since the Unix
+    #: epoch) and the Ed25519 signature (unpadded base64url).
+    SIG_KEY = "Bb-Sig-Key"
+    SIG_TIME = "Bb-Sig-Time"
+    SIG = "Bb-Sig"
 
 
 #: Units of a Go duration, as nats-server reads ``Nats-TTL`` (e.g. ``90s``, ``1h30m``, ``1.5h``).
@@ -187,6 +201,17 @@ def validate_name(value: str, what: str = "name") -> str:
         raise InvalidKeyError(
             _shown(value), f"{what} must be 1-128 characters of letters, digits, '_' or '-'"
         )
+    return value
+
+
+def validate_user_key(value: str) -> str:
+    """Check the form of a user public nkey (``U`` + 55 base32 characters; 56 in all).
+
+    Raises:
+        InvalidKeyError: anything else.
+    """
+    if not isinstance(value, str) or not _USER_KEY_RE.fullmatch(value):
+        raise InvalidKeyError(_shown(value), "not a user public key (U and 55 base32 characters)")
     return value
 
 
@@ -386,6 +411,26 @@ class Subjects:
     def memory_board(board: str) -> str:
         """Every agent's memories on one board (a consumer's filter)."""
         return f"bb.mem.{validate_name(board, 'board')}.*"
+
+    # -- the key registry (BB_KEYS) ---------------------------------------
+    @staticmethod
+    def key_certificate(public_key: str) -> str:
+        """``bb.keys.cert.<public key>``: the certificate (user JWT) of a signing key.
+
+        Raises:
+            InvalidKeyError: not a user public nkey (``U`` + 55 base32 characters).
+        """
+        return f"bb.keys.cert.{validate_user_key(public_key)}"
+
+    @staticmethod
+    def key_revocations() -> str:
+        """``bb.keys.revocations``: the revoked signing keys (the last message wins)."""
+        return "bb.keys.revocations"
+
+    @staticmethod
+    def keys_all() -> str:
+        """Every subject of the key registry stream ``BB_KEYS``."""
+        return "bb.keys.>"
 
     # -- messages --------------------------------------------------------
     @staticmethod
@@ -734,6 +779,22 @@ class Grants:
     def inbox_admin(principal: str) -> str:
         """Inbox administration requests as ``principal``: ``bb.inbox.<principal>``."""
         return f"bb.inbox.{validate_name(principal, 'principal')}"
+
+    # the key registry
+    @staticmethod
+    def key_reads() -> list[str]:
+        """Direct gets of the key registry: any certificate, the revocations."""
+        return [f"$JS.API.DIRECT.GET.{KEYS_STREAM}.bb.keys.>"]
+
+    @staticmethod
+    def key_revocations() -> str:
+        """Subscribe to revocation news (``bb.keys.revocations``)."""
+        return Subjects.key_revocations()
+
+    @staticmethod
+    def own_certificate(public_key: str) -> str:
+        """Publish the certificate of one's own key: ``bb.keys.cert.<public key>``."""
+        return Subjects.key_certificate(public_key)
 
     # replies and the JetStream API
     @staticmethod

@@ -17,7 +17,7 @@ AGENTS_SDK = {
     "NotConnectedError", "NotFoundError", "ObjectRef", "ObjectStore", "Operation", "OperationTimeoutError",
     "Outcome", "OutcomeTimeoutError", "PermissionDeniedError", "PayloadTooLargeError", "Policy", "Proposal", "ProposalClosedError",
     "ProposalHandle", "ProposalNotFoundError", "RemoteError", "RequestTimeoutError", "SearchClient",
-    "SearchError", "SearchFilters", "Sent", "Settings", "Subscriptions", "TallyCounts", "TransportError", "View",
+    "SearchError", "SearchFilters", "Sent", "Settings", "Subscriptions", "TallyCounts", "TransportError", "UnverifiedRecordError", "Verdict", "View",
     "VoteError", "VoteEvent",
     "VoteWatch", "Voting", "Watch", "WriteOp",
 }

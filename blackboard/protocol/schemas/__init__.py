@@ -8,6 +8,7 @@ prints their JSON Schema.
 from blackboard.protocol.schemas._base import Name, Timestamp, WireModel, utcnow, validate_wire
 from blackboard.protocol.schemas.entry import ENTRY_SCHEMA_VERSION, EntryEnvelope
 from blackboard.protocol.schemas.inbox import InboxReply, InboxRequest
+from blackboard.protocol.schemas.keys import KeyRevocations
 from blackboard.protocol.schemas.memory import MemoryForget, MemoryKind, MemoryRecord
 from blackboard.protocol.schemas.message import MessageEnvelope, MessageKind
 from blackboard.protocol.schemas.message_search import (
@@ -63,6 +64,7 @@ __all__ = [
     "HistoryResponse",
     "InboxReply",
     "InboxRequest",
+    "KeyRevocations",
     "MemoryForget",
     "MemoryHit",
     "MemoryKind",
@@ -116,5 +118,6 @@ def json_schemas() -> dict[str, object]:
         ErrorReply,
         InboxRequest,
         InboxReply,
+        KeyRevocations,
     ]
     return {m.__name__: m.model_json_schema() for m in models}
