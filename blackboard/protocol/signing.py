@@ -1,0 +1,159 @@
+"""Record signatures on the wire: what is signed and how it is carried (pure, no crypto).
+
+Every record an identity writes carries three headers (docs/protocol.md, "Signatures"):
+
+* ``Bb-Sig-Key``: the signer's public nkey (``U...``, 56 characters),
+* ``Bb-Sig-Time``: the signed write time, decimal microseconds since the Unix epoch (UTC),
+* ``Bb-Sig``: the Ed25519 signature (64 bytes), unpadded base64url (86 characters).
+
+The signature covers :func:`signing_input`: eight lines (the scheme, the
+subject, the ``Nats-Msg-Id``, the signed time, the ``Nats-Expected-Last-Subject-Sequence``,
+``KV-Operation`` and ``Nats-TTL`` values or nothing, the key), each ended by
+``\\n``, then the record's canonical bytes. A signed message must carry a
+``Nats-Msg-Id``. The crypto is in ``blackboard.security.signer`` and
+``blackboard.security.verifier``; a reader's answer is a :class:`Verdict`.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+
+from blackboard.protocol.errors import InvalidPayloadError
+from blackboard.protocol.subjects import Header
+
+__all__ = [
+    "SCHEME",
+    "SIGNATURE_BYTES",
+    "SignatureHeaders",
+    "Verdict",
+    "encode_signature",
+    "parse_signature",
+    "signing_input",
+]
+
+#: The first line of every signing input (the scheme and its version).
+SCHEME = "bb-sig/1"
+#: An Ed25519 signature's size.
+SIGNATURE_BYTES = 64
+_SIG_CHARS = 86
+_KEY_RE = re.compile(r"U[A-Z2-7]{55}")
+#: Microseconds as decimal digits: no sign, no leading ``+``, at most 19 digits (fits an int64).
+_TIME_RE = re.compile(r"(0|[1-9][0-9]{0,18})")
+_SIG_RE = re.compile(r"[A-Za-z0-9_-]{86}")
+_MSG_ID = Header.MSG_ID.value
+_EXPECTED = Header.EXPECTED_LAST_SUBJECT_SEQUENCE.value
+_KV_OP = Header.KV_OPERATION.value
+_TTL = Header.MSG_TTL.value
+_SIG_KEY = Header.SIG_KEY.value
+_SIG_TIME = Header.SIG_TIME.value
+_SIG = Header.SIG.value
+
+
+class Verdict(StrEnum):
+    """What a reader concluded about a record's signature, checked in this order."""
+
+    #: No ``Bb-Sig*`` header (or verification is off).
+    UNSIGNED = "unsigned"
+    #: Unreadable signature headers, or no ``Nats-Msg-Id``.
+    MALFORMED = "malformed"
+    #: No valid certificate for the key in the registry.
+    UNKNOWN_KEY = "unknown_key"
+    #: The signature does not verify over this message.
+    BAD_SIGNATURE = "bad_signature"
+    #: The key's principal is not the record's author (or not the kind of identity that writes it).
+    WRONG_AUTHOR = "wrong_author"
+    #: The stored time is further from the signed time than ``security.max_clock_skew``.
+    STALE = "stale"
+    #: The key was revoked at or before the record was stored.
+    REVOKED = "revoked"
+    VERIFIED = "verified"
+
+    @property
+    def ok(self) -> bool:
+        """Whether the record verified (the only verdict a reader trusts)."""
+        return self is Verdict.VERIFIED
+
+
+@dataclass(frozen=True, slots=True)
+class SignatureHeaders:
+    """The signature headers of one message, read (not verified)."""
+
+    public_key: str
+    signed_at_us: int
+    signature: bytes
+
+
+def _line(value: str | None, what: str) -> str:
+    if value is None:
+        return ""
+    if "\n" in value:
+        raise InvalidPayloadError(f"a signed message's {what} holds a line break")
+    return value
+
+
+def signing_input(subject: str, headers: Mapping[str, str], signed_at_us: int, public_key: str,
+                  record: bytes) -> bytes:
+    """The bytes a record's signature covers (see the module docstring).
+
+    ``headers`` are the message's headers (``Nats-Msg-Id``, and when present
+    ``Nats-Expected-Last-Subject-Sequence``, ``KV-Operation``, ``Nats-TTL``);
+    ``record`` the record's canonical bytes (empty for a tombstone).
+
+    Raises:
+        InvalidPayloadError: no ``Nats-Msg-Id``, or a value holding a line break.
+    """
+    msg_id = headers.get(_MSG_ID)
+    if not msg_id:
+        raise InvalidPayloadError("a signed message needs a Nats-Msg-Id")
+    head = "\n".join((
+        SCHEME, _line(subject, "subject"), _line(msg_id, "Nats-Msg-Id"), str(signed_at_us),
+        _line(headers.get(_EXPECTED), _EXPECTED), _line(headers.get(_KV_OP), _KV_OP),
+        _line(headers.get(_TTL), _TTL), _line(public_key, "key"), "",
+    ))
+    return head.encode("utf-8") + record
+
+
+def encode_signature(signature: bytes) -> str:
+    """The ``Bb-Sig`` text of a signature: unpadded base64url."""
+    return base64.urlsafe_b64encode(signature).rstrip(b"=").decode("ascii")
+
+
+def parse_signature(headers: Mapping[str, str] | None) -> SignatureHeaders | None:
+    """Read a message's signature headers.
+
+    Returns None when it carries none of them (an unsigned message).
+
+    Raises:
+        InvalidPayloadError: some but not all of them, a value not of its form
+            (a user public key, decimal microseconds, 86 characters of base64url
+            encoding 64 bytes exactly), or no ``Nats-Msg-Id``.
+    """
+    if not headers:
+        return None
+    key = headers.get(_SIG_KEY)
+    stamp = headers.get(_SIG_TIME)
+    sig = headers.get(_SIG)
+    if key is None and stamp is None and sig is None:
+        return None
+    if key is None or stamp is None or sig is None:
+        raise InvalidPayloadError("a signed message needs Bb-Sig-Key, Bb-Sig-Time and Bb-Sig")
+    if not isinstance(key, str) or not _KEY_RE.fullmatch(key):
+        raise InvalidPayloadError("Bb-Sig-Key is not a user public key")
+    if not isinstance(stamp, str) or not _TIME_RE.fullmatch(stamp):
+        raise InvalidPayloadError("Bb-Sig-Time is not decimal microseconds")
+    if not isinstance(sig, str) or not _SIG_RE.fullmatch(sig):
+        raise InvalidPayloadError("Bb-Sig is not 86 characters of base64url")
+    try:
+        raw = base64.urlsafe_b64decode(sig + "==")
+    except (binascii.Error, ValueError) as exc:  # pragma: no cover - the pattern admits only valid text
+        raise InvalidPayloadError("Bb-Sig is not base64url") from exc
+    if len(raw) != SIGNATURE_BYTES or encode_signature(raw) != sig:
+        raise InvalidPayloadError("Bb-Sig is not the canonical base64url of 64 bytes")
+    if not headers.get(_MSG_ID):
+        raise InvalidPayloadError("a signed message needs a Nats-Msg-Id")
+    return SignatureHeaders(key, int(stamp), raw)
