@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import re
 from datetime import UTC, datetime
 from pathlib import Path
@@ -134,3 +135,105 @@ def test_canonical_example_matches_the_encoder(doc: str) -> None:
     expected = bytes.fromhex(hex_dump.group(2).replace("\n", " "))
     assert len(expected) == int(hex_dump.group(1))
     assert record.canonical_bytes() == expected
+
+
+# --------------------------------------------------------------------------- §14 Signatures
+def _signature_section(doc: str) -> str:
+    return doc[doc.index("## 14. Signatures"):doc.index("## 15. JSON Schemas")]
+
+
+def _example(doc: str) -> tuple[dict[str, str], list[str]]:
+    """The worked example's table (name -> value) and its fenced blocks, in order."""
+    section = _signature_section(doc)
+    example = section[section.index("### 14.9 Worked example"):]
+    rows = dict(re.findall(r"^\| `?([^|`]+?)`? \| `([^`]+)`", example, re.MULTILINE))
+    blocks = re.findall(r"```\n(.*?)```", example, re.DOTALL)
+    return rows, blocks
+
+
+def _hex(block: str) -> bytes:
+    return bytes.fromhex(block.replace("\n", " "))
+
+
+def test_signature_example_is_what_the_signer_produces(doc: str) -> None:
+    from nacl.signing import VerifyKey
+
+    from blackboard.protocol.signing import SCHEME, parse_signature, signing_input
+    from blackboard.security.jwt import Credentials, encode, new_seed, user_claims
+    from blackboard.security.signer import Signer
+
+    rows, blocks = _example(doc)
+    record_hex, lines, input_hex, signature = blocks
+    seed, key, subject = rows["seed"], rows["Bb-Sig-Key"], rows["subject"]
+    msg_id, signed_at = rows["Nats-Msg-Id"], int(rows["Bb-Sig-Time"])
+    headers = {Header.MSG_ID.value: msg_id,
+               Header.EXPECTED_LAST_SUBJECT_SEQUENCE.value: rows["Nats-Expected-Last-Subject-Sequence"]}
+
+    # the record's canonical encoding is the hex shown (and its stated length)
+    record = validate_wire(EntryEnvelope, codec.decode(rows["record"].encode(), "json")).canonical_bytes()
+    assert record == _hex(record_hex)
+    assert f"canonical encoding ({len(record)} bytes" in doc
+
+    # the signing input: the eight lines shown, then the record; its hex and length
+    expected_input = signing_input(subject, headers, signed_at, key, record)
+    assert expected_input == lines.encode() + record
+    assert lines.splitlines() == [SCHEME, subject, msg_id, str(signed_at), "41", "", "", key]
+    assert expected_input == _hex(input_hex)
+    assert f"signing input ({len(expected_input)} bytes" in doc
+
+    # the signature the Signer makes with that seed (any certificate: the JWT only names the principal)
+    account = new_seed("account")
+    jwt = encode(user_claims(key, "a1", issued_at=1735787000, pub_allow=[], sub_allow=[]), account)
+    signer = Signer(Credentials(jwt, seed))
+    assert signer.public_key == key
+    signed = dict(headers)
+    signer.sign(subject, signed, record, now_us=signed_at)
+    assert signed[Header.SIG.value] == signature.strip()
+    assert signed[Header.SIG_KEY.value] == key and signed[Header.SIG_TIME.value] == str(signed_at)
+    parsed = parse_signature(signed)
+    assert parsed is not None and parsed.signed_at_us == signed_at
+
+    # and it checks with the public key alone, decoded as the section says (base32, prefix, CRC-16)
+    raw = base64.b32decode(key + "=" * (-len(key) % 8))
+    assert len(raw) == 35 and raw[0] == 0xA0
+    assert _crc16_xmodem(raw[:33]) == int.from_bytes(raw[33:], "little")
+    VerifyKey(raw[1:33]).verify(expected_input, parsed.signature)
+
+    # a verifier that knows the key (as principal a1) accepts the message as shown, stored on time
+    from blackboard.security.certificates import KeyInfo
+    from blackboard.security.verifier import Signed, Verifier
+
+    class _Keys:
+        def lookup(self, public_key: str) -> KeyInfo | None:
+            return KeyInfo(key, "a1", "agent", datetime(2025, 1, 1, tzinfo=UTC)) if public_key == key else None
+
+        def revoked_at(self, public_key: str) -> datetime | None:
+            return None
+
+        async def ensure(self, public_key: str) -> KeyInfo | None:
+            return self.lookup(public_key)
+
+    verifier = Verifier(_Keys(), max_skew=30.0, cache_size=0)
+    stored = datetime.fromtimestamp(signed_at / 1_000_000, UTC)
+    assert verifier.check(Signed(subject, signed, record, stored_at=stored, author="a1")) == "verified"
+    assert verifier.check(Signed(subject, signed, record, stored_at=stored, author="a2")) == "wrong_author"
+
+
+def _crc16_xmodem(data: bytes) -> int:
+    crc = 0
+    for byte in data:
+        crc ^= byte << 8
+        for _ in range(8):
+            crc = ((crc << 1) ^ 0x1021 if crc & 0x8000 else crc << 1) & 0xFFFF
+    return crc
+
+
+def test_signature_headers_and_verdicts_are_documented_in_order(doc: str) -> None:
+    from blackboard.protocol.signing import Verdict
+
+    section = _signature_section(doc)
+    headers = section[section.index("### 14.1"):section.index("### 14.2")]
+    assert re.findall(r"^\| `(Bb-[A-Za-z-]+)` \|", headers, re.MULTILINE) == [
+        Header.SIG_KEY.value, Header.SIG_TIME.value, Header.SIG.value]
+    verdicts = section[section.index("### 14.5"):section.index("### 14.6")]
+    assert re.findall(r"^\| `(\w+)` \|", verdicts, re.MULTILINE) == [v.value for v in Verdict]
