@@ -12,21 +12,31 @@ large part of the cost. This module has the fast paths of those records:
   the fast path, else the schema (which decides and explains);
 - :func:`entry_wire` and :func:`memory_wire` build the wire map of an
   :class:`EntryEnvelope` and a :class:`MemoryRecord` in the schema's field
-  order, refusing what the schema refuses.
+  order, refusing what the schema refuses;
+- :func:`canonical_entry` gives the canonical encoding (what a signature
+  covers, :mod:`blackboard.protocol.canonical`) of an entry's wire map without
+  building the schema: user maps sorted, integral floats as integers, NaN
+  normalised; it answers ``None`` for anything unusual (a key that is not a
+  ``str``, a subclass, a set, deep nesting), which the caller hands to
+  :func:`~blackboard.protocol.canonical.canonical_bytes`.
 
 Their limits (lengths, ranges, versions, kinds, defaults) are read from the
 schemas' declared fields at import, never restated. ``tests/protocol/test_records.py``
 proves on generated valid and invalid inputs that each fast path agrees with
-its schema: same values, same rejections.
+its schema: same values, same rejections; and that :func:`canonical_entry`
+gives the bytes of ``canonical_bytes`` whenever it answers.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, Final, TypeVar, get_args
 
+from blackboard.protocol import codec
+from blackboard.protocol.canonical import canonical_timestamp
 from blackboard.protocol.errors import InvalidKeyError
 from blackboard.protocol.limits import MAX_DEPTH, MAX_LABEL_CHARS, check_value, timestamp_ok
 from blackboard.protocol.schemas import (
@@ -39,6 +49,7 @@ from blackboard.protocol.schemas import (
 from blackboard.protocol.subjects import validate_name
 
 __all__ = [
+    "canonical_entry",
     "decode_entry_envelope",
     "decode_memory",
     "entry_wire",
@@ -239,7 +250,8 @@ def entry_wire(value: Any, *, author: str, content_type: str, tags: Sequence[str
 
     The writer's fast path, like :func:`memory_wire`: arguments of the exact
     types the schema keeps are laid out here, anything else goes through the
-    schema. ``created_at`` is a timezone-aware time (now when None).
+    schema. ``created_at`` is a timezone-aware time (now when None), written
+    in its canonical form (UTC, six fraction digits, ``+00:00``).
 
     Raises:
         InvalidPayloadError: an argument the schema refuses.
@@ -249,7 +261,7 @@ def entry_wire(value: Any, *, author: str, content_type: str, tags: Sequence[str
     if created_at is None:
         stamp: str | None = utc_now_iso()
     elif type(created_at) is datetime and created_at.tzinfo is not None and timestamp_ok(created_at):
-        stamp = created_at.isoformat()
+        stamp = canonical_timestamp(created_at)
     else:
         stamp = None
     if (stamp is not None and type(author) is str and len(author) <= MAX_LABEL_CHARS and type(content_type) is str
@@ -265,8 +277,115 @@ def entry_wire(value: Any, *, author: str, content_type: str, tags: Sequence[str
     })
     wire = env.model_dump()
     wire["value"] = value  # the value as given: the schema keeps any value
-    wire["created_at"] = stamp if created_at is None else env.created_at.isoformat()
+    wire["created_at"] = stamp if created_at is None else canonical_timestamp(env.created_at)
     return wire
+
+
+# -- the canonical encoding of an entry ------------------------------------------
+class _Unusual(Exception):
+    """A value the fast canonical path leaves to :mod:`blackboard.protocol.canonical`."""
+
+
+_UNUSUAL = _Unusual()
+#: Floats with an integral value up to this magnitude are integers in the canonical encoding.
+_MAX_EXACT: Final = 2**53
+#: Nesting the fast path walks; deeper values take the reference encoder (which bounds them).
+_FAST_DEPTH: Final = 64
+#: The one NaN of the canonical encoding (``cb 7f f8 00 ...``), whatever NaN was given.
+_NAN: Final = math.nan
+
+
+def _key_order(key: str) -> tuple[int, str]:
+    """Where a ``str`` key sorts in a canonical map: msgpack writes a string's length before
+    its bytes (in ever longer headers), so the order of the encoded keys is by UTF-8 length,
+    then by the UTF-8 bytes, which is the order of the code points.
+
+    Raises:
+        UnicodeEncodeError: a lone surrogate (no canonical encoding).
+    """
+    return (len(key) if key.isascii() else len(key.encode()), key)
+
+
+def _canon(value: Any, depth: int) -> Any:
+    """``value`` as the data msgpack packs into its canonical encoding (the same object when
+    it already is: no copy of a value that needs no change).
+
+    Raises:
+        _Unusual: a type, key or depth the fast path does not vouch for.
+    """
+    t = type(value)
+    if t is str or t is int or t is bool or value is None or t is bytes:
+        return value
+    if t is float:
+        if value != value:
+            return _NAN
+        if value.is_integer() and -_MAX_EXACT <= value <= _MAX_EXACT:
+            return int(value)
+        return value
+    if depth >= _FAST_DEPTH:
+        raise _UNUSUAL
+    if t is list or t is tuple:
+        out: list[Any] | None = None
+        for i, item in enumerate(value):
+            c = _canon(item, depth + 1)
+            if c is not item:
+                if out is None:
+                    out = list(value)
+                out[i] = c
+        return value if out is None else out
+    if t is dict:
+        changed = False
+        last: tuple[int, str] | None = None
+        items: list[tuple[tuple[int, str], str, Any]] = []
+        for k, v in value.items():
+            if type(k) is not str:
+                raise _UNUSUAL
+            try:
+                order = _key_order(k)
+            except UnicodeEncodeError:
+                raise _UNUSUAL from None
+            if last is not None and order < last:
+                changed = True
+            last = order
+            c = _canon(v, depth + 1)
+            if c is not v:
+                changed = True
+            items.append((order, k, c))
+        if not changed:
+            return value
+        items.sort(key=_first)
+        return {k: c for _, k, c in items}
+    if t is datetime:
+        return value.isoformat()  # what the codec writes for a datetime in a user value
+    raise _UNUSUAL
+
+
+def _first(item: tuple[tuple[int, str], str, Any]) -> tuple[int, str]:
+    return item[0]
+
+
+def canonical_entry(wire: Mapping[str, Any]) -> bytes | None:
+    """The canonical encoding of an entry's wire map as :func:`entry_wire` builds it (every
+    field in the schema's order, the timestamp canonical), or ``None`` when a user value holds
+    something this fast path does not vouch for (then ask
+    :func:`~blackboard.protocol.canonical.canonical_bytes` of the decoded record).
+
+    Equal to ``canonical_bytes(validate_wire(EntryEnvelope, decoded payload))`` whenever it
+    answers (``tests/protocol/test_records.py``).
+
+    Raises:
+        InvalidPayloadError: the codec refuses a value (an integer beyond 64 bits, a lone
+            surrogate); ``LimitExceededError`` beyond a protocol limit.
+    """
+    value, meta = wire["value"], wire["metadata"]
+    try:
+        cvalue = _canon(value, 1)
+        cmeta = _canon(meta, 1)
+    except _Unusual:
+        return None
+    if cvalue is not value or cmeta is not meta:
+        wire = {**wire, "value": cvalue, "metadata": cmeta}
+    return codec.encode(wire)
 
 
 # -- memories ----------------------------------------------------------------

@@ -96,7 +96,7 @@ def test_key_encoding_table_matches_encode_key(doc: str) -> None:
 
 
 def test_envelope_hex_example_matches_the_codec(doc: str) -> None:
-    match = re.search(r"\(102 bytes\):\n\n```\n([0-9a-f \n]+)```", doc)
+    match = re.search(r"\(110 bytes; what the Python SDK writes[^)]*\)\):\n\n```\n([0-9a-f \n]+)```", doc)
     assert match is not None
     example = bytes.fromhex(match.group(1).replace("\n", " "))
     encoded = encode_entry("hi", author="a1", tags=["x"], created_at=datetime(2025, 1, 2, 3, 4, 5, tzinfo=UTC))

@@ -226,7 +226,11 @@ def test_encoded_entries_are_what_the_schema_and_the_sdk_decoder_read(
     obj = msgpack.unpackb(data, raw=False, strict_map_key=True)
     env = validate_wire(EntryEnvelope, obj, strict=True)
     assert list(obj) == _ENTRY_FIELDS
-    assert exact(env.value) == exact(_round_trip(value)) and env.author == author and env.tags == tags
+    # the value as given, in its canonical form (maps sorted, integral floats as integers): the payload
+    # is the record's canonical encoding
+    given_value = validate_wire(EntryEnvelope, {**obj, "value": _round_trip(value), "metadata": metadata})
+    assert given_value.canonical_bytes() == env.canonical_bytes() == data
+    assert env.author == author and env.tags == tags
     assert env.created_at == created
     fast = records.fast_entry(obj)
     assert fast is not None and exact(fast) == exact(validate_wire(EntryEnvelope, obj))

@@ -128,13 +128,13 @@ def test_entry_bytes_of_the_sdk_decode_in_the_worker_to_the_same_record(
     assert _entry_of(again).canonical_bytes() == canonical
 
 
-def test_sdk_entry_bytes_are_canonical_when_their_maps_are_in_canonical_order() -> None:
-    # docs/protocol.md §13.4: the envelope's field order and the SDK clock are canonical
+def test_sdk_entry_bytes_are_canonical() -> None:
+    # docs/protocol.md §13.4: the SDK writes (and signs) an entry's canonical encoding
     data = sdk_entries.encode_entry({"b": 1, "aa": [0.5]}, author="w", metadata={"k": "v"})
     record = validate_wire(EntryEnvelope, codec.decode(data), strict=True)
     assert record.canonical_bytes() == data
-    unsorted = sdk_entries.encode_entry({"aa": 1, "b": 2}, author="w", created_at=record.created_at)
-    assert validate_wire(EntryEnvelope, codec.decode(unsorted)).canonical_bytes() != unsorted
+    unsorted = sdk_entries.encode_entry({"aa": 1.0, "b": 2}, author="w", created_at=record.created_at)
+    assert validate_wire(EntryEnvelope, codec.decode(unsorted)).canonical_bytes() == unsorted
 
 
 # -------------------------------------------------------------------- pure: messages
