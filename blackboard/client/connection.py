@@ -9,6 +9,11 @@ subscription arrive asynchronously (``-ERR 'Permissions Violation ...'``) and
 are kept by the connection's :class:`PermissionViolations`, which the
 publisher and the request paths use to fail fast with
 :class:`PermissionDeniedError` instead of waiting out their timeouts.
+
+Such a connection also signs what it writes and verifies what it reads
+(``security.sign`` / ``security.verify``): its :class:`~blackboard.client.signing.Signing`
+is ``nc.signing`` (``signing_of(nc)``), started at connect (the credential's
+certificate published to the key registry) and stopped at close.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.errors import NoServersError
 
+from blackboard.client.signing import Signing
 from blackboard.protocol.errors import (
     AuthenticationError,
     ConfigurationError,
@@ -48,7 +54,7 @@ from blackboard.security.credentials import (
 )
 from blackboard.security.jwt import Credentials
 from blackboard.security.tls import client_context
-from blackboard.settings import NatsSettings
+from blackboard.settings import NatsSettings, Settings
 
 __all__ = ["Connection", "PermissionViolations", "check_nats_url", "connect_nats", "permission_violations"]
 
@@ -259,6 +265,14 @@ class Connection(NATS):
         super().__init__()
         #: The server's permission refusals on this connection.
         self.violations = violations
+        #: What it signs and verifies with (set by ``connect_nats``).
+        self.signing = Signing.off()
+
+    async def close(self) -> None:
+        try:
+            await self.signing.stop()
+        finally:
+            await super().close()
 
     async def request(self, subject: str, payload: bytes = b"", timeout: float = 0.5, old_style: bool = False,
                       headers: dict[str, Any] | None = None) -> Msg:
@@ -382,9 +396,12 @@ def _credential_callbacks(creds: Credentials, origin: str) -> dict[str, Any]:
     return {"user_jwt_cb": jwt_cb, "signature_cb": sign_cb}
 
 
-async def connect_nats(settings: NatsSettings, *, name: str,
+async def connect_nats(settings: NatsSettings | Settings, *, name: str,
                        credentials: FoundCredentials | Credentials | None = None) -> NATS:
     """Open a NATS connection that reconnects by itself after outages.
+
+    ``settings``: the whole :class:`Settings` (its ``security`` decides what the
+    connection signs and verifies), or only the NATS part (the security defaults).
 
     ``credentials`` (what :func:`~blackboard.security.credentials.find_credentials`
     found, or a credential): the connection authenticates with it and takes
@@ -392,7 +409,8 @@ async def connect_nats(settings: NatsSettings, *, name: str,
     if set, else no credential (an open bus). The server's certificate is
     verified (TLS) against ``nats.tls_ca_file``, else the ``ca.pem`` beside
     the credential, else the system's CAs; TLS is used for ``tls://`` URLs and
-    whenever the server requires it.
+    whenever the server requires it. With a credential, the connection's
+    :class:`~blackboard.client.signing.Signing` is started (``nc.signing``).
 
     Raises:
         ConfigurationError: the URL setting is malformed (an unknown scheme,
@@ -403,6 +421,9 @@ async def connect_nats(settings: NatsSettings, *, name: str,
             a host that does not resolve, a certificate that does not verify,
             or the last connection error).
     """
+    full = settings if isinstance(settings, Settings) else None
+    if isinstance(settings, Settings):
+        settings = settings.nats
     servers = _server_urls(settings.url)
     found = _found(settings, credentials)
     violations = PermissionViolations(found.principal if found is not None else None)
@@ -494,4 +515,13 @@ async def connect_nats(settings: NatsSettings, *, name: str,
         raise NotConnectedError(f"cannot connect to NATS at {settings.url}: {exc}") from exc
     nc.options["max_reconnect_attempts"] = settings.max_reconnect_attempts
     opened.append(nc)
+    if found is not None:
+        try:
+            nc.signing = await Signing.start(nc, full or Settings.model_construct(nats=settings),
+                                             found.credentials)
+        except BaseException:
+            await nc.close()
+            raise
+    elif full is not None:
+        nc.signing = Signing.off(full.security.unverified)
     return nc

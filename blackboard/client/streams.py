@@ -4,6 +4,7 @@
 * ``BB_MEMORY``: long-term memories published by agents (``bb.mem.>``).
 * ``BB_MSG``: agent messages: direct, broadcast, topic (``bb.msg.>``).
 * ``BB_VOTE``: proposals, ballots and outcomes (``bb.vote.>``).
+* ``BB_KEYS``: the key registry: identities' certificates and the revocations (``bb.keys.>``).
 * Object store ``<objects_bucket>`` for large binaries.
 
 Every stream but the object store's refuses rollups, message deletes and
@@ -28,7 +29,13 @@ from nats.js import JetStreamContext, api
 from nats.js.errors import APIError, BadRequestError, NotFoundError, ServiceUnavailableError
 
 from blackboard.protocol.errors import ConfigurationError, OperationTimeoutError
-from blackboard.protocol.subjects import MEMORY_STREAM, MESSAGE_STREAM, VOTE_STREAM, Subjects
+from blackboard.protocol.subjects import (
+    KEYS_STREAM,
+    MEMORY_STREAM,
+    MESSAGE_STREAM,
+    VOTE_STREAM,
+    Subjects,
+)
 from blackboard.settings import Settings
 
 __all__ = ["CLUSTER_NOT_READY", "NO_JETSTREAM_GRACE", "StreamSpec", "cluster_not_ready", "ensure_streams",
@@ -37,6 +44,8 @@ __all__ = ["CLUSTER_NOT_READY", "NO_JETSTREAM_GRACE", "StreamSpec", "cluster_not
 log = logging.getLogger("blackboard.client.streams")
 
 _DAY = 24 * 3600.0
+#: Messages kept per subject of the key registry (a certificate, the revocations).
+_KEY_HISTORY = 8
 
 
 @dataclass(frozen=True)
@@ -49,6 +58,7 @@ class StreamSpec:
     max_age: float | None = None
     max_msg_size: int | None = None
     duplicate_window: float = 120.0
+    max_msgs_per_subject: int | None = None
 
     def config(self, replicas: int) -> api.StreamConfig:
         return api.StreamConfig(
@@ -61,6 +71,7 @@ class StreamSpec:
             max_age=self.max_age,
             max_msg_size=self.max_msg_size,
             duplicate_window=self.duplicate_window,
+            max_msgs_per_subject=self.max_msgs_per_subject or -1,
             allow_direct=True,
             allow_msg_ttl=True,
             allow_rollup_hdrs=False,
@@ -72,11 +83,17 @@ class StreamSpec:
 def stream_specs(settings: Settings) -> list[StreamSpec]:
     """The plain streams (the KV bucket and object store are created separately)."""
     size = settings.board.max_value_size
+    window = settings.nats.duplicate_window
     return [
-        StreamSpec(MEMORY_STREAM, (Subjects.memory_all(),), "blackboard long-term memories", max_msg_size=size),
-        StreamSpec(MESSAGE_STREAM, (Subjects.messages_all(),), "blackboard agent messages", max_msg_size=size),
+        StreamSpec(MEMORY_STREAM, (Subjects.memory_all(),), "blackboard long-term memories", max_msg_size=size,
+                   duplicate_window=window),
+        StreamSpec(MESSAGE_STREAM, (Subjects.messages_all(),), "blackboard agent messages", max_msg_size=size,
+                   duplicate_window=window),
         StreamSpec(VOTE_STREAM, (Subjects.votes_all(),), "blackboard proposals, ballots and outcomes",
-                   max_msg_size=size),
+                   max_msg_size=size, duplicate_window=window),
+        # A reader takes the last message of a subject; a few earlier ones are kept for audit.
+        StreamSpec(KEYS_STREAM, (Subjects.keys_all(),), "blackboard signing keys: certificates, revocations",
+                   max_msg_size=size, duplicate_window=window, max_msgs_per_subject=_KEY_HISTORY),
     ]
 
 
@@ -97,7 +114,7 @@ def kv_stream_config(settings: Settings) -> api.StreamConfig:
         max_msgs_per_subject=b.history,
         max_msg_size=b.max_value_size,
         discard=api.DiscardPolicy.NEW,
-        duplicate_window=120.0,
+        duplicate_window=settings.nats.duplicate_window,
         allow_direct=True,
         allow_msg_ttl=True,
         allow_rollup_hdrs=False,
@@ -229,6 +246,7 @@ async def _ensure(js: JetStreamContext, settings: Settings, *, update: bool) -> 
                     or cfg.max_msg_size != settings.board.max_value_size
                     or (cfg.subject_delete_marker_ttl or None) != want_marker
                     or (cfg.num_replicas or 1) != replicas
+                    or cfg.duplicate_window != settings.nats.duplicate_window
                     or (want_marker is None and not refuses_removal(cfg))
                     or not cfg.deny_delete):
                 cfg.max_msgs_per_subject = settings.board.history
@@ -236,6 +254,7 @@ async def _ensure(js: JetStreamContext, settings: Settings, *, update: bool) -> 
                 cfg.allow_msg_ttl = True
                 cfg.subject_delete_marker_ttl = want_marker
                 cfg.num_replicas = replicas
+                cfg.duplicate_window = settings.nats.duplicate_window
                 sealed = bool(cfg.deny_purge)
                 _refuse_removal(cfg)
                 cfg = (await _update(js, cfg, hint=(

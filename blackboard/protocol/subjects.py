@@ -432,6 +432,17 @@ class Subjects:
         """Every subject of the key registry stream ``BB_KEYS``."""
         return "bb.keys.>"
 
+    @staticmethod
+    def certificate_msg_id(public_key: str, digest: str) -> str:
+        """``Nats-Msg-Id`` of a certificate's publication (``digest``: of the certificate's
+        text): publishing the same certificate again within the duplicate window is dropped."""
+        return f"bb-cert:{validate_user_key(public_key)}:{validate_name(digest, 'digest')}"
+
+    @staticmethod
+    def revocations_msg_id(digest: str) -> str:
+        """``Nats-Msg-Id`` of a revocations record's publication (``digest``: of its bytes)."""
+        return f"bb-revocations:{validate_name(digest, 'digest')}"
+
     # -- messages --------------------------------------------------------
     @staticmethod
     def direct(agent: str) -> str:

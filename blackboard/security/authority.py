@@ -186,8 +186,8 @@ class Authority:
     def mint(self, principal: str, *, now: int | None = None) -> Credentials:
         """A new credential for a declared principal, with its rights from the policy (no records)."""
         rights = self.rights(principal)
-        perms = permissions_for(rights, self.grants)
         seed = new_seed("user")
+        perms = permissions_for(rights, self.grants, public_key(seed))
         claims = user_claims(public_key(seed), principal, issued_at=now if now is not None else int(time.time()),
                              pub_allow=list(perms.publish), sub_allow=list(perms.subscribe),
                              responses=perms.responses, tags=[f"bb-kind:{rights.kind}"])

@@ -32,14 +32,21 @@ def _boards(rights: Rights, right: Right) -> list[str]:
     return [ALL_BOARDS] if boards is None else sorted(boards)
 
 
-def permissions_for(rights: Rights, grants: Grants) -> Permissions:
-    """What the server allows ``rights.principal`` to publish and subscribe to."""
+def permissions_for(rights: Rights, grants: Grants, public_key: str | None = None) -> Permissions:
+    """What the server allows ``rights.principal`` to publish and subscribe to.
+
+    ``public_key``: the user key the permissions are issued with; its holder may publish
+    that key's certificate (``bb.keys.cert.<public key>``) and no other. Every identity
+    may read the key registry and follow its revocations (docs/security.md, "Signatures").
+    """
     if rights.system:
         return Permissions((Grants.everything(),), (Grants.everything(),))
     me = rights.principal
     pub: list[str] = [Grants.account_info(), Grants.direct_messages("*"), Grants.rpc("*"),
-                      Grants.search(me), Grants.inbox_admin(me), *Grants.inbox_api(me)]
-    sub: list[str] = [Grants.replies(me), Grants.rpc(me), Grants.direct_messages(me)]
+                      Grants.search(me), Grants.inbox_admin(me), *Grants.inbox_api(me), *Grants.key_reads()]
+    if public_key is not None:
+        pub.append(Grants.own_certificate(public_key))
+    sub: list[str] = [Grants.replies(me), Grants.rpc(me), Grants.direct_messages(me), Grants.key_revocations()]
     for topic in rights.topics:
         pub.append(Grants.topics(topic))
         sub.append(Grants.topics(topic))

@@ -16,14 +16,20 @@ from nats.js import api
 from blackboard.client.streams import ensure_streams, refuses_removal, stream_specs
 from blackboard.devstack import EmbeddedNats
 from blackboard.protocol.errors import ConfigurationError
-from blackboard.protocol.subjects import MEMORY_STREAM, MESSAGE_STREAM, VOTE_STREAM, Subjects
+from blackboard.protocol.subjects import (
+    KEYS_STREAM,
+    MEMORY_STREAM,
+    MESSAGE_STREAM,
+    VOTE_STREAM,
+    Subjects,
+)
 from blackboard.settings import Settings
 from tests._auth import operator_nats
 from tests.conftest import make_settings
 
 pytestmark = pytest.mark.asyncio
 
-STREAMS = (MEMORY_STREAM, MESSAGE_STREAM, VOTE_STREAM)
+STREAMS = (MEMORY_STREAM, MESSAGE_STREAM, VOTE_STREAM, KEYS_STREAM)
 
 
 def _without_markers(settings: Settings) -> Settings:
@@ -77,7 +83,8 @@ async def test_new_streams_refuse_rollups_deletes_and_purges(server: EmbeddedNat
     subjects = Subjects(settings.board.bucket)
     assert await _refusals(nc, subjects.kv_stream, subjects.entry("b", "s", "k")) == ["rollup", "delete", "purge"]
     for stream, subject in zip(STREAMS, (Subjects.memory("b", "a"), Subjects.broadcast("b"),
-                                         Subjects.vote("b", "p", "proposal")), strict=True):
+                                         Subjects.vote("b", "p", "proposal"), Subjects.key_revocations()),
+                               strict=True):
         assert await _refusals(nc, stream, subject) == ["rollup", "delete", "purge"], stream
     objects = (await nc.jetstream().stream_info(Subjects.objects_stream(settings.board.objects_bucket))).config
     assert objects.allow_rollup_hdrs  # nats-py's object store rolls up an object's metadata

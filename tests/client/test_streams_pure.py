@@ -43,10 +43,12 @@ def test_no_responders_is_told_apart_from_a_forming_cluster() -> None:
 def test_every_stream_but_the_object_stores_refuses_rollups_deletes_and_purges() -> None:
     settings = Settings()
     configs = [spec.config(1) for spec in stream_specs(settings)] + [kv_stream_config(settings)]
-    assert {c.name for c in configs} == {"BB_MEMORY", "BB_MSG", "BB_VOTE", f"KV_{settings.board.bucket}"}
+    assert {c.name for c in configs} == {"BB_MEMORY", "BB_MSG", "BB_VOTE", "BB_KEYS",
+                                             f"KV_{settings.board.bucket}"}
     for config in configs:
         assert refuses_removal(config), config.name
         assert (config.allow_rollup_hdrs, config.deny_delete, config.deny_purge) == (False, True, True)
+        assert config.duplicate_window == settings.nats.duplicate_window, config.name
 
 
 def test_the_board_stream_is_a_kv_bucket() -> None:

@@ -24,8 +24,12 @@ ALWAYS_PUB = [
     "$JS.API.CONSUMER.INFO.BB_MSG.inbox-alice",
     "$JS.API.CONSUMER.RESET.BB_MSG.inbox-alice",
     "$JS.ACK.BB_MSG.inbox-alice.>",
+    "$JS.API.DIRECT.GET.BB_KEYS.bb.keys.>",
 ]
-ALWAYS_SUB = ["_INBOX.alice.>", "bb.rpc.alice", "bb.msg.agent.alice"]
+ALWAYS_SUB = ["_INBOX.alice.>", "bb.rpc.alice", "bb.msg.agent.alice", "bb.keys.revocations"]
+#: alice's and bob's user keys (only the form matters here).
+ALICE_KEY = "U" + "A" * 55
+BOB_KEY = "U" + "B" * 55
 
 
 def read_pub(board: str) -> list[str]:
@@ -153,6 +157,18 @@ def test_the_system_may_use_everything(kind: str) -> None:
     assert permissions_for(rights, GRANTS) == Permissions((">",), (">",))
 
 
+def test_an_identity_may_publish_only_its_own_keys_certificate() -> None:
+    perms = permissions_for(agent({ALL_BOARDS: EVERY}), GRANTS, ALICE_KEY)
+    assert f"bb.keys.cert.{ALICE_KEY}" in perms.publish
+    assert allows(perms.publish, f"bb.keys.cert.{ALICE_KEY}")
+    for subject in (f"bb.keys.cert.{BOB_KEY}", "bb.keys.revocations", "bb.keys.cert"):
+        assert not allows(perms.publish, subject), subject
+    assert allows(perms.publish, f"$JS.API.DIRECT.GET.BB_KEYS.bb.keys.cert.{BOB_KEY}")
+    assert allows(perms.publish, "$JS.API.DIRECT.GET.BB_KEYS.bb.keys.revocations")
+    assert allows(perms.subscribe, "bb.keys.revocations")
+    assert not allows(perms.subscribe, f"bb.keys.cert.{BOB_KEY}")
+
+
 def test_no_duplicates() -> None:
     perms = permissions_for(agent({ALL_BOARDS: EVERY, "b": EVERY}, topics=(">", ">")), GRANTS)
     assert len(perms.publish) == len(set(perms.publish))
@@ -188,6 +204,9 @@ NEVER_PUB = [
     "_INBOX.bob.x", "bb.inbox.bob", "bb.search.bob.knn", "bb.mem.b.bob", "bb.vote.b.p.ballot.bob",
     "$JS.API.CONSUMER.MSG.NEXT.BB_MSG.inbox-bob", "$JS.API.CONSUMER.INFO.BB_MSG.inbox-bob",
     "$JS.API.CONSUMER.RESET.BB_MSG.inbox-bob", "$JS.ACK.BB_MSG.inbox-bob.1.1.1.1.1.1.1",
+    # the key registry: another key's certificate, the revocations, its stream's administration
+    f"bb.keys.cert.{BOB_KEY}", "bb.keys.revocations", "bb.keys.cert.*", "$JS.API.STREAM.PURGE.BB_KEYS",
+    "$JS.API.CONSUMER.CREATE.BB_KEYS", "$JS.API.DIRECT.GET.BB_KEYS",
 ]
 NEVER_SUB = [
     "anything", "_INBOX.bob.x", "_INBOX.x", "bb.rpc.bob", "bb.msg.agent.bob", "bb.inbox.alice",
@@ -211,7 +230,7 @@ def agent_rights(draw: st.DrawFn) -> Rights:
 @settings(max_examples=300, deadline=None)
 @given(agent_rights())
 def test_no_agent_is_ever_allowed_the_forbidden_subjects(rights: Rights) -> None:
-    perms = permissions_for(rights, GRANTS)
+    perms = permissions_for(rights, GRANTS, ALICE_KEY)
     everything = perms.publish + perms.subscribe
     assert ">" not in everything and "$JS.API.>" not in everything and "$JS.>" not in everything
     for subject in NEVER_PUB:
