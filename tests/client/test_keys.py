@@ -14,7 +14,7 @@ import pytest_asyncio
 from nats.aio.client import Client as NATS
 
 from blackboard.client.connection import connect_nats
-from blackboard.client.keys import publish_certificate
+from blackboard.client.keys import publish_certificate, publish_registry
 from blackboard.client.signing import Signing, signing_of
 from blackboard.devstack import EmbeddedNats
 from blackboard.protocol import codec
@@ -28,7 +28,7 @@ from blackboard.security.jwt import Credentials, encode, new_seed, public_key, u
 from blackboard.security.signer import Signer
 from blackboard.security.verifier import Signed
 from blackboard.settings import Settings
-from tests._auth import operator_nats
+from tests._auth import TestAuth, operator_nats
 
 pytestmark = pytest.mark.asyncio
 
@@ -233,3 +233,23 @@ async def test_a_connection_without_a_credential_signs_and_verifies_nothing(sett
         assert not signing_of(conn).signs and not signing_of(conn).verifies
     finally:
         await conn.close()
+
+
+async def test_an_operator_publishes_every_active_identitys_certificate_and_the_revocations(
+        connect: Connect, nats_server: EmbeddedNats, test_auth: TestAuth, unique: str) -> None:
+    worker = Credentials.parse(test_auth.creds("worker").read_text())
+    op = await operator_nats(nats_server.url)
+    try:
+        first = await publish_registry(op, test_auth.authority, timeout=5)
+        assert "worker" in first.published + first.unchanged
+        again = await publish_registry(op, test_auth.authority, timeout=5)
+        assert again.published == [] and not again.revocations  # nothing changed since
+        assert set(again.unchanged) == set(first.published + first.unchanged)
+    finally:
+        await op.close()
+    reader = _signing(await connect(f"reader-{unique}"))
+    assert reader.registry is not None
+    info = await reader.registry.ensure(worker.public_key)
+    assert info is not None and (info.principal, info.kind) == ("worker", "worker")
+    for key, seconds in test_auth.authority.revocations().items():
+        assert reader.registry.revoked_at(key) == datetime.fromtimestamp(seconds, UTC)
