@@ -163,8 +163,8 @@ class Verifier:
         return len(stale)
 
     # -- checking ------------------------------------------------------------------
-    def _prepare(self, item: Signed) -> Verdict | tuple[SignatureHeaders, KeyInfo, bytes]:
-        """The verdict reached before any crypto, or what the crypto needs."""
+    def _parse(self, item: Signed) -> Verdict | SignatureHeaders:
+        """The item's signature headers, or its verdict when it has none or unreadable ones."""
         try:
             sig = parse_signature(item.headers)
         except InvalidPayloadError:
@@ -172,6 +172,17 @@ class Verifier:
         if sig is None:
             self.stats[Verdict.UNSIGNED.value] += 1
             return Verdict.UNSIGNED
+        return sig
+
+    def _prepare(self, item: Signed) -> Verdict | tuple[SignatureHeaders, KeyInfo, bytes]:
+        """The verdict reached before any crypto, or what the crypto needs."""
+        sig = self._parse(item)
+        if isinstance(sig, Verdict):
+            return sig
+        return self._keyed(sig)
+
+    def _keyed(self, sig: SignatureHeaders) -> Verdict | tuple[SignatureHeaders, KeyInfo, bytes]:
+        """``unknown_key``, or the signer's certificate and raw key."""
         info = self.keys.lookup(sig.public_key)
         raw = self._raw.get(sig.public_key)
         if raw is None and info is not None:
@@ -229,23 +240,31 @@ class Verifier:
     async def verify_many(self, items: Sequence[Signed]) -> list[Verdict]:
         """Every record's verdict, in order: unknown signers' certificates are fetched
         first, then the signatures are checked (in ``threads`` threads when set)."""
-        missing = {k for k in map(self._signer_key, items) if k is not None}
-        if missing:
-            await asyncio.gather(*(self.keys.ensure(k) for k in missing))
-        if self.threads <= 0 or len(items) < 2 * _CHUNK:
-            return [self.check(item) for item in items]
         out: list[Verdict | None] = [None] * len(items)
-        work: list[tuple[int, Signed, SignatureHeaders, KeyInfo, bytes]] = []
+        parsed: list[tuple[int, Signed, SignatureHeaders]] = []
         for i, item in enumerate(items):
             hit = self._cached(item)
-            if hit is not None:
-                out[i] = hit
-                continue
-            prepared = self._prepare(item)
-            if isinstance(prepared, Verdict):
-                out[i] = prepared
+            if hit is None:
+                sig = self._parse(item)
+                if isinstance(sig, Verdict):
+                    out[i] = sig
+                else:
+                    parsed.append((i, item, sig))
             else:
-                work.append((i, item, *prepared))
+                out[i] = hit
+        missing = {sig.public_key for _, _, sig in parsed if self.keys.lookup(sig.public_key) is None}
+        if missing:
+            await asyncio.gather(*(self.keys.ensure(k) for k in missing))
+        pooled = self.threads > 0 and len(parsed) >= 2 * _CHUNK
+        work: list[tuple[int, Signed, SignatureHeaders, KeyInfo, bytes]] = []
+        for i, item, sig in parsed:
+            keyed = self._keyed(sig)
+            if isinstance(keyed, Verdict):
+                out[i] = keyed
+            elif pooled:
+                work.append((i, item, *keyed))
+            else:
+                out[i] = self._finish(item, sig, keyed[1], _valid(item, sig, keyed[2]))
         if work:
             loop = asyncio.get_running_loop()
             pool = self._executor()
