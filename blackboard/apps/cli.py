@@ -6,7 +6,7 @@
 ``blackboard setup``    create the JetStream assets and apply migrations
 ``blackboard reindex``  re-embed everything with the configured model
 ``blackboard ingest``   load text/markdown files as knowledge memories
-``blackboard auth``     identities: init, add, list, revoke, show, render (docs/security.md)
+``blackboard auth``     identities: init, add, list, revoke, show, render, publish (docs/security.md)
 
 Every option can also come from the environment (``BLACKBOARD_*``, see
 ``docs/configuration.md``); command-line flags win.
@@ -30,10 +30,12 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
-from blackboard.protocol.errors import BlackboardError, ConfigurationError
+from blackboard.protocol.errors import BlackboardError, ConfigurationError, TransportError
 from blackboard.settings import Settings, describe_errors
 
 if TYPE_CHECKING:
+    from blackboard.client.keys import PublishedRegistry
+    from blackboard.security.authority import Authority
     from blackboard.security.tls import TlsFiles
 
 __all__ = ["main"]
@@ -118,6 +120,7 @@ class _DevIdentities:
     policy: Path
     tls: TlsFiles
     issued: list[str]
+    authority: Authority
 
 
 def _dev_identities(settings: Settings, data_dir: Path, host: str, agents: list[str]) -> _DevIdentities:
@@ -140,13 +143,14 @@ def _dev_identities(settings: Settings, data_dir: Path, host: str, agents: list[
     local = LocalAuth.prepare(authority, principals=issued, host=host)
     # Clients that find their credential in this directory trust this CA (docs/security.md).
     (authority.creds_dir / "ca.pem").write_bytes(local.tls.ca.read_bytes())
-    return _DevIdentities(local.config, authority.creds_dir, authority.policy_file, local.tls, issued)
+    return _DevIdentities(local.config, authority.creds_dir, authority.policy_file, local.tls, issued, authority)
 
 
 async def _dev(args: argparse.Namespace) -> int:
     from pydantic import SecretStr
 
     from blackboard.client.connection import connect_nats
+    from blackboard.client.keys import publish_registry
     from blackboard.client.streams import ensure_streams
     from blackboard.devstack import EmbeddedNats, EmbeddedPostgres
 
@@ -199,9 +203,15 @@ async def _dev(args: argparse.Namespace) -> int:
         nc = await connect_nats(admin, name="blackboard-dev")
         try:
             await ensure_streams(nc.jetstream(), settings, update=True)
+            # The key registry: every issued identity's certificate and the revocations, so
+            # readers verify the records of identities that did not connect since a restart.
+            registry = await publish_registry(nc, secured.authority, timeout=settings.nats.request_timeout) \
+                if secured else None
         finally:
             await nc.close()
-        print("  streams       ready (KV bucket, memory, messages, votes, objects)", flush=True)
+        print("  streams       ready (KV bucket, memory, messages, votes, key registry, objects)", flush=True)
+        if registry is not None:
+            print(f"  key registry  {_registry_summary(registry)}", flush=True)
         runner: Callable[[Settings, asyncio.Event, asyncio.Event], Coroutine[Any, Any, None]] | None = None
         if not args.no_postgres:
             from blackboard.db import migrate
@@ -326,12 +336,63 @@ async def _ingest(args: argparse.Namespace) -> int:
 
 
 # -------------------------------------------------------------------------- auth
-def _authority(args: argparse.Namespace) -> Any:
+def _authority(args: argparse.Namespace) -> tuple[Authority, Settings]:
     from blackboard.security.authority import Authority
 
     settings = _settings({"security": _given(authority_dir=args.dir or None),
-                          "dev": _given(data_dir=getattr(args, "data_dir", None) or None)})
+                          "dev": _given(data_dir=getattr(args, "data_dir", None) or None),
+                          "nats": _given(url=getattr(args, "nats_url", None) or None)})
     return Authority.from_settings(settings), settings
+
+
+def _names(principals: list[str]) -> str:
+    return ", ".join(principals) if principals else "none"
+
+
+def _registry_summary(result: PublishedRegistry) -> str:
+    """One line on what :func:`~blackboard.client.keys.publish_registry` did."""
+    text = (f"certificates published: {_names(result.published)}; already there: {_names(result.unchanged)}; "
+            f"revocations record {'published' if result.revocations else 'unchanged'}")
+    if result.missing:
+        text += (f"; no credential file here for {_names(result.missing)} (each publishes its own "
+                 "certificate when it connects)")
+    return text
+
+
+def _request_errors() -> tuple[type[BaseException], ...]:
+    """What publishing the key registry may fail with besides our errors (the request layer's)."""
+    import nats.errors
+
+    return nats.errors.Error, TimeoutError, OSError
+
+
+async def _publish_keys(authority: Authority, settings: Settings, process: str) -> PublishedRegistry:
+    """Connect as an operator (``nats.creds_file``, else the operator's credential, as
+    ``blackboard setup`` does) and publish the key registry: every active identity's
+    certificate and the revocations record.
+
+    Raises:
+        ConfigurationError: an open bus (nothing is signed there: no registry).
+        AuthenticationError, NotConnectedError, PermissionDeniedError, nats errors: as connecting
+            and publishing raise.
+    """
+    import nats.errors
+
+    from blackboard.client.connection import connect_nats
+    from blackboard.client.keys import publish_registry
+    from blackboard.security.credentials import OPERATOR_PRINCIPAL, find_system_credentials
+
+    found = find_system_credentials(OPERATOR_PRINCIPAL, settings, process=process)
+    if found is None:
+        raise ConfigurationError("no key registry on an insecure open bus: nothing is signed there")
+    nc = await connect_nats(settings, name="blackboard-auth", credentials=found)
+    try:
+        return await publish_registry(nc, authority, timeout=settings.nats.request_timeout)
+    except nats.errors.NoRespondersError as exc:
+        raise ConfigurationError(f"no key registry stream (BB_KEYS) on {settings.nats.url}: "
+                                 "create the streams first (blackboard setup)") from exc
+    finally:
+        await nc.close()
 
 
 def _is_nats_server(pid: int) -> bool:
@@ -399,7 +460,8 @@ async def _auth(args: argparse.Namespace) -> int:
             write_private(path, creds.render())
         print(f"issued {args.id!r}: {path}  (public key {creds.public_key})")
         if reissued:
-            print(f"its earlier key is revoked: {_reload_dev_server(settings)}")
+            print(f"its earlier key is revoked: {_reload_dev_server(settings)}; "
+                  "publish the revocation to readers with `blackboard auth publish`")
         return 0
     if cmd == "list":
         policy = authority.policy()
@@ -415,17 +477,48 @@ async def _auth(args: argparse.Namespace) -> int:
             print("declared in the policy, no active credential: " + ", ".join(declared))
         return 0
     if cmd == "revoke":
+        if not args.no_publish:
+            from blackboard.client.connection import check_nats_url
+
+            check_nats_url(settings.nats.url)  # a malformed URL is a usage error, before anything changes
         revoked = authority.revoke(args.id)
         if not revoked:
             print(f"{args.id!r} holds no active credential")
             return 1
         print(f"revoked {len(revoked)} key(s) of {args.id!r}: {_reload_dev_server(settings)}")
+        unpublished = ("readers still take what the key signs as verified until the revocations record is "
+                       "published: run `blackboard auth publish` (with the operator's credential and "
+                       "--nats-url)")
+        if args.no_publish:
+            print(f"the revocations record was not published (--no-publish): {unpublished}")
+            return 0
+        failures: tuple[type[BaseException], ...] = (BlackboardError, *_request_errors())
+        try:
+            await _publish_keys(authority, settings, "blackboard auth revoke")
+        except failures as exc:
+            print(f"blackboard auth revoke: error: the revocations record was NOT published to "
+                  f"{settings.nats.url}: {exc}\n  {unpublished} once the server can be reached", file=sys.stderr)
+            return 1
+        print(f"published the revocations record on {settings.nats.url}: readers take what the key "
+              "signs from now on as revoked")
+        return 0
+    if cmd == "publish":
+        from blackboard.client.connection import check_nats_url
+
+        check_nats_url(settings.nats.url)
+        try:
+            result = await _publish_keys(authority, settings, "blackboard auth publish")
+        except _request_errors() as exc:
+            raise TransportError(f"cannot publish the key registry on {settings.nats.url}: {exc}") from exc
+        print(f"key registry on {settings.nats.url}: {_registry_summary(result)}")
         return 0
     if cmd == "show":
         from blackboard.security.permissions import permissions_for
 
         rights = authority.rights(args.id)
-        perms = permissions_for(rights, authority.grants)
+        # With its active key (if issued): the one certificate subject it may publish.
+        key = next((i.public_key for i in authority.identities() if i.principal == args.id and i.active), None)
+        perms = permissions_for(rights, authority.grants, key)
         print(f"{args.id}: {rights.kind}")
         for board, held in sorted(rights.grants.items()):
             print(f"  board {board}: {', '.join(sorted(held))}")
@@ -510,7 +603,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=_ingest)
 
-    p = sub.add_parser("auth", help="identities: init, add, list, revoke, show, render",
+    p = sub.add_parser("auth", help="identities: init, add, list, revoke, show, render, publish",
                        description="Manage the identity authority: the signing keys, the declared access "
                                    "policy (policy.toml), the identities issued from it (.creds files) and "
                                    "the nats-server config that enforces it. See docs/security.md.")
@@ -528,12 +621,30 @@ def _parser() -> argparse.ArgumentParser:
     a.add_argument("--role", action="append", help="role(s) when declared now (default member for agents)")
     a.add_argument("--out", help="also write the credential to this file")
     auth.add_parser("list", help="every identity issued (active and revoked)")
-    a = auth.add_parser("revoke", help="revoke a principal's keys (the server refuses them after a reload)")
+    a = auth.add_parser("revoke", help="revoke a principal's keys and publish the revocations record",
+                        description="Revoke every active key of the id: the server refuses its credential after "
+                                    "a config reload (a running `blackboard dev` server reloads at once), and "
+                                    "the revocations record is published to the key registry as the operator, "
+                                    "so readers take what the key signs from now on as revoked "
+                                    "(docs/security.md §7). If the server cannot be reached, it says so and "
+                                    "exits 1: run `blackboard auth publish` later.")
     a.add_argument("id")
+    _add_conn_flags(a, pg=False)
+    a.add_argument("--no-publish", action="store_true",
+                   help="only revoke here (an authority host without access to the servers); "
+                        "publish later with `blackboard auth publish`")
     a = auth.add_parser("show", help="a principal's rights and the NATS permissions they give")
     a.add_argument("id")
     a = auth.add_parser("render", help="write the nats-server config (operator, accounts, revocations)")
     a.add_argument("--out", help="file to write (default <dir>/nats-auth.conf)")
+    a = auth.add_parser("publish", help="publish every active certificate and the revocations record",
+                        description="Connect as the operator (nats.creds_file, else the operator's credential, "
+                                    "as `blackboard setup` finds it) and publish the key registry (stream "
+                                    "BB_KEYS): the certificate (user JWT) of every active identity whose "
+                                    ".creds file is in <dir>/creds, and the revocations record, so readers can "
+                                    "verify signed records (docs/security.md §7). Run it after `blackboard "
+                                    "setup`, and after a revocation that could not be published. Idempotent.")
+    _add_conn_flags(a, pg=False)
     p.set_defaults(func=_auth)
     return parser
 

@@ -1,5 +1,6 @@
-"""``blackboard auth``: init, add, list, show, revoke, render (their output and exit codes),
-and a revocation reaching a running dev nats-server."""
+"""``blackboard auth``: init, add, list, show, revoke, render, publish (their output and exit
+codes), a revocation reaching a running dev nats-server, and the key registry (certificates
+and the revocations record) published to it."""
 
 from __future__ import annotations
 
@@ -9,17 +10,21 @@ import re
 import stat
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 
+import msgpack
 import nats
 import pytest
 
 from blackboard.apps.cli import main
-from blackboard.devstack import EmbeddedNats
-from blackboard.protocol.subjects import Grants
+from blackboard.devstack import EmbeddedNats, free_port
+from blackboard.protocol.schemas import KeyRevocations, validate_wire
+from blackboard.protocol.subjects import KEYS_STREAM, Grants
 from blackboard.security.authority import Authority
-from blackboard.security.jwt import Credentials
+from blackboard.security.certificates import Revocations, read_certificate
+from blackboard.security.jwt import Credentials, decode_claims
 
 Run = tuple[int, str, str]
 
@@ -109,6 +114,7 @@ def test_add_again_revokes_the_earlier_key(capsys: pytest.CaptureFixture[str], i
     code, out, _ = auth(capsys, initialized, "add", "planner")
     assert code == 0
     assert "its earlier key is revoked: reload the NATS server's config" in out
+    assert "publish the revocation to readers with `blackboard auth publish`" in out
     second = Credentials.parse((initialized / "creds" / "planner.creds").read_text())
     assert second.public_key != first.public_key
     code, out, _ = auth(capsys, initialized, "list")
@@ -177,6 +183,11 @@ def test_show_prints_rights_and_permissions(capsys: pytest.CaptureFixture[str], 
     assert "  may publish:   $JS.API.INFO\n" in out
     assert "                 bb.vote.*.*.ballot.planner\n" in out
     assert "  may subscribe: _INBOX.planner.>\n" in out
+    assert "bb.keys.revocations\n" in out and "bb.keys.cert." not in out  # no key issued yet
+    auth(capsys, initialized, "add", "planner")
+    key = Credentials.parse((initialized / "creds" / "planner.creds").read_text()).public_key
+    code, out, _ = auth(capsys, initialized, "show", "planner")
+    assert code == 0 and f"                 bb.keys.cert.{key}\n" in out  # its own certificate only
 
 
 def test_show_of_an_undeclared_id_fails(capsys: pytest.CaptureFixture[str], initialized: Path) -> None:
@@ -187,14 +198,60 @@ def test_show_of_an_undeclared_id_fails(capsys: pytest.CaptureFixture[str], init
 
 def test_revoke(capsys: pytest.CaptureFixture[str], initialized: Path) -> None:
     auth(capsys, initialized, "add", "planner")
-    code, out, _ = auth(capsys, initialized, "revoke", "planner")
+    code, out, _ = auth(capsys, initialized, "revoke", "planner", "--no-publish")
     assert code == 0
     assert "revoked 1 key(s) of 'planner': reload the NATS server's config for it to take effect" in out
+    assert "the revocations record was not published (--no-publish)" in out and "blackboard auth publish" in out
     assert not (initialized / "creds" / "planner.creds").exists()
-    code, out, _ = auth(capsys, initialized, "revoke", "planner")
+    code, out, _ = auth(capsys, initialized, "revoke", "planner", "--no-publish")
     assert code == 1 and "'planner' holds no active credential" in out
     code, out, _ = auth(capsys, initialized, "revoke", "nobody")
     assert code == 1 and "'nobody' holds no active credential" in out
+
+
+def test_revoke_says_when_the_revocation_could_not_be_published(capsys: pytest.CaptureFixture[str],
+                                                                  initialized: Path) -> None:
+    auth(capsys, initialized, "add", "planner")
+    nowhere = f"nats://127.0.0.1:{free_port()}"  # nothing listens there
+    code, out, err = auth(capsys, initialized, "revoke", "planner", "--nats-url", nowhere)
+    assert code == 1
+    assert "revoked 1 key(s) of 'planner'" in out  # done here: the server refuses it after a reload ...
+    # ... but the readers were not told, and the operator is told what to run
+    assert f"the revocations record was NOT published to {nowhere}" in err
+    assert "run `blackboard auth publish`" in err and "Traceback" not in err
+    identities = Authority(initialized, Grants()).identities()
+    assert [i.active for i in identities if i.principal == "planner"] == [False]
+
+
+def test_publish_without_a_server_is_a_one_line_error(capsys: pytest.CaptureFixture[str],
+                                                       initialized: Path) -> None:
+    auth(capsys, initialized, "add", "planner")
+    nowhere = f"nats://127.0.0.1:{free_port()}"
+    code, _, err = auth(capsys, initialized, "publish", "--nats-url", nowhere)
+    assert code == 1
+    assert err.startswith("blackboard auth: error: ") and nowhere in err and "Traceback" not in err
+
+
+def test_help_explains_publish_and_revoke(capsys: pytest.CaptureFixture[str]) -> None:
+    for argv, words in ((["auth", "--help"], ["publish", "revoke"]),
+                        (["auth", "publish", "--help"], ["certificate", "revocations record", "--nats-url",
+                                                         "blackboard setup"]),
+                        (["auth", "revoke", "--help"], ["revocations record", "--no-publish", "--nats-url",
+                                                        "blackboard auth publish"])):
+        with pytest.raises(SystemExit) as done:
+            main(argv)
+        assert done.value.code == 0
+        text = " ".join(capsys.readouterr().out.split())
+        for word in words:
+            assert word in text, (argv, word)
+
+
+def test_revoke_refuses_a_malformed_url_before_revoking(capsys: pytest.CaptureFixture[str],
+                                                         initialized: Path) -> None:
+    auth(capsys, initialized, "add", "planner")
+    code, _, err = auth(capsys, initialized, "revoke", "planner", "--nats-url", "htp://x")
+    assert code == 2 and "error" in err
+    assert all(i.active for i in Authority(initialized, Grants()).identities() if i.principal == "planner")
 
 
 def test_a_stale_pid_file_is_not_signalled(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
@@ -206,7 +263,7 @@ def test_a_stale_pid_file_is_not_signalled(capsys: pytest.CaptureFixture[str], t
         (data / "nats" / "nats.pid").write_text(str(bystander.pid))
         run(capsys, "auth", "--data-dir", str(data), "init")
         run(capsys, "auth", "--data-dir", str(data), "add", "planner")
-        code, out, _ = run(capsys, "auth", "--data-dir", str(data), "revoke", "planner")
+        code, out, _ = run(capsys, "auth", "--data-dir", str(data), "revoke", "planner", "--no-publish")
         assert code == 0 and "reload the NATS server's config" in out
         assert bystander.poll() is None  # not hung up on
     finally:
@@ -248,12 +305,78 @@ async def test_revoke_reaches_the_running_dev_server(capsys: pytest.CaptureFixtu
                                 disconnected_cb=disconnected)
         try:
             capsys.readouterr()
-            code = await asyncio.to_thread(main, ["auth", "--data-dir", str(data), "revoke", "planner"])
+            code = await asyncio.to_thread(main, ["auth", "--data-dir", str(data), "revoke", "planner",
+                                                  "--no-publish"])
             out = capsys.readouterr().out
             assert code == 0
             assert re.search(r"the dev nats-server \(pid \d+\) reloaded its config", out), out
             await asyncio.wait_for(gone.wait(), 10)
         finally:
             await nc.close()
+    finally:
+        server.stop()
+
+
+async def _registry_get(url: str, creds: Path, principal: str, subject: str) -> bytes | None:
+    """The last message of a key registry subject, read as an agent reads it (direct get)."""
+    nc = await nats.connect(url, user_credentials=str(creds), inbox_prefix=f"_INBOX.{principal}",
+                            allow_reconnect=False)
+    try:
+        msg = await nc.request(f"$JS.API.DIRECT.GET.{KEYS_STREAM}.{subject}", b"", timeout=5)
+        return None if (msg.headers or {}).get("Status") == "404" else msg.data
+    finally:
+        await nc.close()
+
+
+@pytest.mark.asyncio
+async def test_publish_and_revoke_keep_the_key_registry(capsys: pytest.CaptureFixture[str], stack_dir: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """`auth publish` puts every active identity's certificate (its user JWT) and the revocations
+    record on the bus as the operator; `auth revoke` publishes the new revocations record."""
+    data = stack_dir / f"cli-keys-{uuid.uuid4().hex[:8]}"
+    monkeypatch.setenv("BLACKBOARD_DEV__DATA_DIR", str(data))  # where setup finds the operator
+    for argv in (["init"], ["add", "planner"], ["add", "alice"]):
+        assert await asyncio.to_thread(main, ["auth", "--data-dir", str(data), *argv]) == 0
+    authority = Authority(data / "auth", Grants())
+    server = EmbeddedNats(data / "nats", port=0, auth_config=authority.write_server_config())
+    server.start()
+    try:
+        assert await asyncio.to_thread(main, ["setup", "--no-migrate", "--nats-url", server.url]) == 0
+        planner = Credentials.parse((data / "auth" / "creds" / "planner.creds").read_text())
+        alice = Credentials.parse((data / "auth" / "creds" / "alice.creds").read_text())
+        account = decode_claims(planner.jwt)["iss"]
+
+        capsys.readouterr()
+        code = await asyncio.to_thread(main, ["auth", "--data-dir", str(data), "publish", "--nats-url", server.url])
+        out = capsys.readouterr().out
+        assert code == 0, out
+        assert f"key registry on {server.url}: certificates published: " in out
+        for who, creds in (("planner", planner), ("alice", alice)):
+            assert who in out.split("already there")[0]
+            cert = await _registry_get(server.url, data / "auth" / "creds" / "planner.creds", "planner",
+                                       f"bb.keys.cert.{creds.public_key}")
+            assert cert is not None and cert.decode() == creds.jwt  # the JWT of its .creds, as is
+            info = read_certificate(creds.public_key, cert.decode(), {account})
+            assert info is not None and (info.principal, info.kind) == (who, "agent")
+
+        # again: nothing new
+        code = await asyncio.to_thread(main, ["auth", "--data-dir", str(data), "publish", "--nats-url", server.url])
+        out = capsys.readouterr().out
+        assert code == 0 and "certificates published: none" in out and "revocations record unchanged" in out
+
+        before = int(time.time())
+        code = await asyncio.to_thread(main, ["auth", "--data-dir", str(data), "revoke", "alice",
+                                              "--nats-url", server.url])
+        out = capsys.readouterr().out
+        assert code == 0, out
+        assert re.search(r"the dev nats-server \(pid \d+\) reloaded its config", out), out
+        assert f"published the revocations record on {server.url}" in out
+        raw = await _registry_get(server.url, data / "auth" / "creds" / "planner.creds", "planner",
+                                  "bb.keys.revocations")
+        assert raw is not None
+        record = validate_wire(KeyRevocations, msgpack.unpackb(raw))
+        assert set(record.revoked) == {alice.public_key}
+        assert before <= record.revoked[alice.public_key] <= int(time.time())
+        assert Revocations.from_record(record).revoked_at(planner.public_key) is None
     finally:
         server.stop()
