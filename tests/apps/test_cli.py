@@ -146,6 +146,10 @@ async def test_dev_runs_the_stack_with_authorization_persists_and_restarts_on_th
         identities = next(line for line in lines if line.lstrip().startswith("identities"))
         for principal in ("planner", "cli-test", "worker", "operator"):
             assert principal in identities
+        # ... and published their certificates to the key registry (the operator's own connection did its)
+        registry = next(line for line in lines if line.lstrip().startswith("key registry"))
+        for principal in ("planner", "cli-test", "worker", "operator"):
+            assert principal in registry, registry
         assert Path(_printed(lines, "BLACKBOARD_NATS__CREDENTIALS_DIR")) == creds.resolve()
         assert {"planner.creds", "cli-test.creds", "worker.creds", "operator.creds", "ca.pem"} <= set(_files(creds))
         assert re.fullmatch(r"postgresql://blackboard:[^@\s]+@[^/\s]+/blackboard", dsn), dsn  # the app role's password
@@ -156,7 +160,8 @@ async def test_dev_runs_the_stack_with_authorization_persists_and_restarts_on_th
             subprocess.run, [sys.executable, "-c", _quick_start(port)], cwd=project, env=_env(),
             capture_output=True, text=True, timeout=120)
         assert done.returncode == 0, done.stdout + done.stderr
-        assert "put t1 {'title': 'write docs', 'state': 'taken'}" in done.stdout, done.stdout + done.stderr
+        # (the value comes back in canonical map order: its keys sorted, docs/protocol.md §13)
+        assert "put t1 {'state': 'taken', 'title': 'write docs'}" in done.stdout, done.stdout + done.stderr
         assert "retry from revision" not in done.stdout
 
         # planner, found in the data dir; a compare-and-set on a stale revision is refused.
@@ -197,6 +202,8 @@ async def test_dev_runs_the_stack_with_authorization_persists_and_restarts_on_th
         assert any(_READY in line for line in lines), "\n".join(lines)
         nats_url = _printed(lines, "BLACKBOARD_NATS__URL")
         assert "cli-test" in next(line for line in lines if line.lstrip().startswith("identities"))
+        assert "certificates published: none" in next(line for line in lines
+                                                      if line.lstrip().startswith("key registry"))
         assert _files(data_dir / "auth" / "keys") == keys
         assert _files(creds) == issued
         async with Agent.connect("cli-test", settings=_user(nats_url, credentials_dir=creds)) as agent:
