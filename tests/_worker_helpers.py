@@ -4,6 +4,12 @@ publishers, and waiting for rows.
 A test runs an in-process worker through :func:`running_worker` (or the ``start_worker``
 fixture of ``tests/conftest.py``, which stops it when the test ends); a test that kills
 the process uses :func:`spawn_worker`.
+
+The worker stores only records whose signature verifies (docs/security.md, "Signatures"),
+so a test that publishes raw records signs them as their author would:
+:func:`signed_headers` (with the author's credential, issued by the test authority) and
+:func:`certify` (its certificate in the server's key registry); :func:`publish_signed`
+does both. :func:`put_entry`, :func:`delete_entry` and :func:`remember` publish signed.
 """
 
 from __future__ import annotations
@@ -17,7 +23,8 @@ import re
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -25,10 +32,13 @@ import numpy as np
 import psycopg
 from nats.js import JetStreamContext
 
+from blackboard.client.keys import publish_certificate
 from blackboard.devstack import EmbeddedPostgres
 from blackboard.embeddings import EmbeddingProvider
 from blackboard.protocol import codec
-from blackboard.protocol.subjects import Subjects
+from blackboard.protocol.subjects import Header, Subjects
+from blackboard.security.jwt import Credentials
+from blackboard.security.signer import Signer
 from blackboard.settings import Settings, WorkerSettings
 from blackboard.worker import Worker
 from blackboard.worker.handlers import StreamHandler, default_handlers
@@ -120,6 +130,74 @@ async def running_worker(settings: Settings, *, handlers: list[StreamHandler] | 
         yield worker
 
 
+_SIGNERS: dict[str, Signer] = {}
+#: (server URL, public key) of the certificates :func:`certify` published.
+_CERTIFIED: set[tuple[str, str]] = set()
+
+
+def credentials(principal: str) -> Credentials:
+    """``principal``'s credential (issued by the test authority on first use)."""
+    from tests import _auth
+
+    assert _auth.SESSION is not None, "the test authority is made by the test_auth fixture"
+    path = _auth.SESSION.creds(principal)
+    return Credentials.parse(path.read_text(encoding="utf-8"), source=str(path))
+
+
+def signer(principal: str) -> Signer:
+    """A :class:`Signer` with ``principal``'s credential (:func:`credentials`)."""
+    found = _SIGNERS.get(principal)
+    if found is None:
+        found = _SIGNERS[principal] = Signer(credentials(principal))
+    return found
+
+
+def signed_headers(principal: str, subject: str, record: bytes, headers: Mapping[str, str] | None = None,
+                   *, now_us: int | None = None) -> dict[str, str]:
+    """``headers`` with a fresh ``Nats-Msg-Id`` (unless given) and ``principal``'s signature of
+    ``record`` (the payload as published: the verifier checks it first) on ``subject``."""
+    out = dict(headers or {})
+    out.setdefault(Header.MSG_ID.value, uuid.uuid4().hex)
+    signer(principal).sign(subject, out, record, now_us=now_us)
+    return out
+
+
+def _server_url(js: JetStreamContext) -> str:
+    url = js._nc.connected_url
+    assert url is not None, "not connected"
+    return f"{url.scheme}://{url.netloc}"
+
+
+async def certify(js: JetStreamContext, *principals: str) -> None:
+    """Publish the principals' certificates to the key registry of ``js``'s server, once per
+    server: as the operator on a server with authorization (an identity publishes only its own
+    certificate), without a credential on a server without (where a worker holding a
+    credential still verifies: the fuzz stack's)."""
+    from tests import _auth
+
+    url = _server_url(js)
+    todo = [signer(p) for p in principals if (url, signer(p).public_key) not in _CERTIFIED]
+    if not todo:
+        return
+    secure = url.startswith("tls://")
+    nc = await (_auth.operator_nats(url, name="test-certify") if secure
+                else _auth.raw_connect(url, None, principal=None, name="test-certify"))
+    try:
+        for sig in todo:
+            await publish_certificate(nc, sig.public_key, sig.certificate, 5.0)
+            _CERTIFIED.add((url, sig.public_key))
+    finally:
+        await nc.close()
+
+
+async def publish_signed(js: JetStreamContext, principal: str, subject: str, payload: bytes,
+                         headers: Mapping[str, str] | None = None) -> int:
+    """Publish ``payload`` signed by ``principal`` (its certificate published first); its sequence."""
+    await certify(js, principal)
+    ack = await js.publish(subject, payload, headers=signed_headers(principal, subject, payload, headers))
+    return int(ack.seq)
+
+
 def entry_payload(value: Any, *, author: str = "tester", tags: list[str] | None = None,
                   metadata: dict[str, Any] | None = None, created_at: datetime | None = None,
                   content_type: str = "application/json") -> bytes:
@@ -137,18 +215,21 @@ def memory_payload(mid: str, board: str, agent: str, text: str, **fields: Any) -
 
 async def put_entry(js: JetStreamContext, subjects: Subjects, board: str, section: str, key: str,
                     value: Any, **kw: Any) -> int:
-    ack = await js.publish(subjects.entry(board, section, key), entry_payload(value, **kw))
-    return int(ack.seq)
+    """Write an entry revision as its author (``author=``, default ``tester``) would: signed."""
+    return await publish_signed(js, kw.get("author", "tester"), subjects.entry(board, section, key),
+                                entry_payload(value, **kw))
 
 
-async def delete_entry(js: JetStreamContext, subjects: Subjects, board: str, section: str, key: str) -> int:
-    ack = await js.publish(subjects.entry(board, section, key), b"", headers={"KV-Operation": "DEL"})
-    return int(ack.seq)
+async def delete_entry(js: JetStreamContext, subjects: Subjects, board: str, section: str, key: str,
+                       *, by: str = "tester") -> int:
+    """Delete a key as ``by`` would: a signed tombstone."""
+    return await publish_signed(js, by, subjects.entry(board, section, key), b"", {"KV-Operation": "DEL"})
 
 
 async def remember(js: JetStreamContext, board: str, agent: str, mid: str, text: str, **fields: Any) -> int:
-    ack = await js.publish(Subjects.memory(board, agent), memory_payload(mid, board, agent, text, **fields))
-    return int(ack.seq)
+    """Store a memory as its agent would: signed."""
+    return await publish_signed(js, agent, Subjects.memory(board, agent), memory_payload(mid, board, agent, text,
+                                                                                          **fields))
 
 
 def spawn_worker(settings: Settings, name: str, **env: str) -> subprocess.Popen[bytes]:

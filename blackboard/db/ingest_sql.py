@@ -37,9 +37,9 @@ __all__ = [
 ]
 
 REVISION_COLUMNS = ("stream", "seq", "board", "section", "key", "op", "value", "value_raw", "content_type",
-                    "tags", "metadata", "author", "created_at", "stored_at", "expires_at")
+                    "tags", "metadata", "author", "created_at", "stored_at", "expires_at", "verdict")
 MEMORY_COLUMNS = ("stream", "seq", "id", "board", "agent", "kind", "text", "tags", "metadata",
-                  "importance", "source", "read_only", "created_at", "search_text")
+                  "importance", "source", "read_only", "created_at", "search_text", "verdict")
 
 #: Binary COPY of revision rows (columns :data:`REVISION_COLUMNS`).
 COPY_REVISIONS = f"COPY bb_entry_revisions ({', '.join(REVISION_COLUMNS)}) FROM STDIN (FORMAT BINARY)"
@@ -49,7 +49,7 @@ CREATE_STAGE_REVISIONS = """
 CREATE TEMP TABLE IF NOT EXISTS bb_stage_revisions (
     stream text, seq bigint, board text, section text, key text, op text, value jsonb,
     value_raw bytea, content_type text, tags text[], metadata jsonb, author text,
-    created_at timestamptz, stored_at timestamptz, expires_at timestamptz
+    created_at timestamptz, stored_at timestamptz, expires_at timestamptz, verdict text
 ) ON COMMIT DELETE ROWS"""
 COPY_STAGE_REVISIONS = f"COPY bb_stage_revisions ({', '.join(REVISION_COLUMNS)}) FROM STDIN (FORMAT BINARY)"
 MOVE_STAGED_REVISIONS = f"""
@@ -72,9 +72,9 @@ WITH latest AS (
 ), up AS (
     INSERT INTO bb_entries AS e (board, section, key, stream, revision, deleted, value, value_raw,
                                  content_type, tags, metadata, author, created_at, updated_at, search_text,
-                                 expires_at)
+                                 expires_at, verdict)
     SELECT board, section, key, stream, seq, op <> 'PUT', value, value_raw, content_type,
-           tags, metadata, author, created_at, stored_at, search_text, expires_at
+           tags, metadata, author, created_at, stored_at, search_text, expires_at, verdict
     FROM latest
     ON CONFLICT (board, section, key) DO UPDATE SET
         stream = EXCLUDED.stream, revision = EXCLUDED.revision, deleted = EXCLUDED.deleted,
@@ -82,7 +82,7 @@ WITH latest AS (
         tags = EXCLUDED.tags, metadata = EXCLUDED.metadata, author = EXCLUDED.author,
         created_at = CASE WHEN e.deleted THEN EXCLUDED.created_at ELSE e.created_at END,
         updated_at = EXCLUDED.updated_at, search_text = EXCLUDED.search_text,
-        expires_at = EXCLUDED.expires_at
+        expires_at = EXCLUDED.expires_at, verdict = EXCLUDED.verdict
     WHERE e.revision < EXCLUDED.revision
     RETURNING e.eid, e.deleted, e.search_text
 )
@@ -93,7 +93,7 @@ CREATE_STAGE_MEMORIES = """
 CREATE TEMP TABLE IF NOT EXISTS bb_stage_memories (
     stream text, seq bigint, id text, board text, agent text, kind text, text text, tags text[],
     metadata jsonb, importance real, source text, read_only boolean, created_at timestamptz,
-    search_text text
+    search_text text, verdict text
 ) ON COMMIT DELETE ROWS"""
 COPY_MEMORIES = f"COPY bb_stage_memories ({', '.join(MEMORY_COLUMNS)}) FROM STDIN (FORMAT BINARY)"
 
@@ -106,16 +106,16 @@ WITH latest AS (
     ORDER BY s.id, s.seq DESC
 ), up AS (
     INSERT INTO bb_memories AS m (id, board, agent, kind, text, tags, metadata, importance, source,
-                                  read_only, created_at, updated_at, stream, seq, search_text)
+                                  read_only, created_at, updated_at, stream, seq, search_text, verdict)
     SELECT id, board, agent, kind, text, tags, metadata, importance, source,
-           read_only, created_at, created_at, stream, seq, search_text
+           read_only, created_at, created_at, stream, seq, search_text, verdict
     FROM latest
     ON CONFLICT (id) DO UPDATE SET
         board = EXCLUDED.board, agent = EXCLUDED.agent, kind = EXCLUDED.kind, text = EXCLUDED.text,
         tags = EXCLUDED.tags, metadata = EXCLUDED.metadata, importance = EXCLUDED.importance,
         source = EXCLUDED.source, read_only = EXCLUDED.read_only,
         updated_at = EXCLUDED.created_at, stream = EXCLUDED.stream, seq = EXCLUDED.seq,
-        search_text = EXCLUDED.search_text
+        search_text = EXCLUDED.search_text, verdict = EXCLUDED.verdict
     WHERE m.seq < EXCLUDED.seq
     RETURNING m.mid
 )
@@ -128,10 +128,10 @@ SELECT 'memory', array_agg(mid) FROM up HAVING count(*) > 0"""
 #: tombstone (forgets are rare; memory batches without one never take it).
 LOCK_MEMORIES_FOR_FORGET = "LOCK TABLE bb_memories IN SHARE ROW EXCLUSIVE MODE"
 
-#: Record forget tombstones: (id, board, stream, seq) rows.
+#: Record forget tombstones: (id, board, stream, seq, verdict) rows.
 UPSERT_FORGET = """
-INSERT INTO bb_memory_forgets AS f (id, board, stream, seq) VALUES (%s, %s, %s, %s)
-ON CONFLICT (id, board) DO UPDATE SET stream = EXCLUDED.stream, seq = EXCLUDED.seq
+INSERT INTO bb_memory_forgets AS f (id, board, stream, seq, verdict) VALUES (%s, %s, %s, %s, %s)
+ON CONFLICT (id, board) DO UPDATE SET stream = EXCLUDED.stream, seq = EXCLUDED.seq, verdict = EXCLUDED.verdict
 WHERE f.seq < EXCLUDED.seq"""
 
 #: Delete memories forgotten by a tombstone newer than the stored version.

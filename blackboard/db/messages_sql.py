@@ -28,14 +28,14 @@ __all__ = [
 
 MESSAGE_COLUMNS = ("stream", "seq", "id", "sender", "recipients", "kind", "board", "topic", "type", "body",
                    "body_raw", "correlation_id", "reply_to", "metadata", "subject", "created_at", "stored_at",
-                   "search_text")
+                   "search_text", "verdict")
 _COLS = ", ".join(MESSAGE_COLUMNS)
 
 CREATE_STAGE_MESSAGES = """
 CREATE TEMP TABLE IF NOT EXISTS bb_stage_messages (
     stream text, seq bigint, id text, sender text, recipients text[], kind text, board text, topic text,
     type text, body jsonb, body_raw bytea, correlation_id text, reply_to text, metadata jsonb,
-    subject text, created_at timestamptz, stored_at timestamptz, search_text text
+    subject text, created_at timestamptz, stored_at timestamptz, search_text text, verdict text
 ) ON COMMIT DELETE ROWS"""
 TRUNCATE_STAGE_MESSAGES = "DELETE FROM bb_stage_messages"
 COPY_MESSAGES = f"COPY bb_stage_messages ({_COLS}) FROM STDIN"
@@ -46,7 +46,7 @@ ON CONFLICT (stream, seq) DO NOTHING"""
 
 #: Columns of a hit, in :class:`~blackboard.protocol.schemas.message_search.MessageHit` order, then the score.
 HIT_COLUMNS = ("id", "seq", "sender", "recipients", "kind", "board", "topic", "type", "body", "body_raw",
-               "correlation_id", "reply_to", "metadata", "created_at", "stored_at")
+               "correlation_id", "reply_to", "metadata", "created_at", "stored_at", "verdict")
 
 
 @dataclass(frozen=True, slots=True)

@@ -94,6 +94,8 @@ class MemoryRow(NamedTuple):
     created_at: datetime
     updated_at: datetime
     revision: int
+    #: The signature's verdict the worker stored (``verified`` or ``unsigned``).
+    verdict: str
     prev: int | None = None
     next: int | None = None
 
@@ -118,6 +120,8 @@ class EntryRow(NamedTuple):
     author: str | None
     created_at: datetime | None
     updated_at: datetime
+    #: The signature's verdict the worker stored (``verified`` or ``unsigned``).
+    verdict: str
 
 
 _NT = TypeVar("_NT", bound=tuple[Any, ...])
@@ -204,6 +208,8 @@ class RevisionRow(NamedTuple):
     author: str | None
     created_at: datetime | None
     stored_at: datetime
+    #: The signature's verdict the worker stored (``verified`` or ``unsigned``).
+    verdict: str
     expires_at: datetime | None = None
 
 

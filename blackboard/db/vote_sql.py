@@ -23,32 +23,35 @@ __all__ = [
 
 INSERT_PROPOSAL = """
 INSERT INTO bb_proposals (stream, seq, board, proposal_id, proposer, body, created_at, deadline, stored_at,
-                          section, key, question)
-VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
+                          section, key, question, verdict)
+VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
 ON CONFLICT DO NOTHING"""
 
 INSERT_BALLOT = """
-INSERT INTO bb_ballots (stream, seq, board, proposal_id, voter, body, created_at, stored_at, ballot_id, choice)
-VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
+INSERT INTO bb_ballots (stream, seq, board, proposal_id, voter, body, created_at, stored_at, ballot_id, choice,
+                        verdict)
+VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
 ON CONFLICT (stream, seq) DO NOTHING"""
 
 _OUTCOME_COLUMNS = """stream, seq, board, proposal_id, body, decided_at, stored_at, section, key, status,
-                         candidate, value, closed_by, deciding_seq"""
+                         candidate, value, closed_by, deciding_seq, verdict"""
 
 #: The recorded outcome. A row made first from the application message
-#: (seq = applied_seq) takes the outcome message's sequence and base revision.
+#: (seq = applied_seq) takes the outcome message's sequence, base revision and
+#: verdict (the row's verdict is the outcome message's once it is stored).
 INSERT_OUTCOME = f"""
 INSERT INTO bb_outcomes AS o ({_OUTCOME_COLUMNS}, base_revision)
-VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
+VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
 ON CONFLICT (board, proposal_id) DO UPDATE SET
-    seq = EXCLUDED.seq, stored_at = EXCLUDED.stored_at, base_revision = EXCLUDED.base_revision
+    seq = EXCLUDED.seq, stored_at = EXCLUDED.stored_at, base_revision = EXCLUDED.base_revision,
+    verdict = EXCLUDED.verdict
 WHERE o.seq = o.applied_seq"""
 
 #: The application: sets the revision (creating the row if the outcome
 #: message has not been stored yet).
 INSERT_APPLIED = f"""
 INSERT INTO bb_outcomes AS o ({_OUTCOME_COLUMNS}, revision, applied_seq, applied_at)
-VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
+VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
 ON CONFLICT (board, proposal_id) DO UPDATE SET
     revision = EXCLUDED.revision, applied_seq = EXCLUDED.applied_seq, applied_at = EXCLUDED.applied_at,
     body = EXCLUDED.body

@@ -29,7 +29,7 @@ def memory_hit(row: MemoryRow, score: float, scores: dict[str, float]) -> Memory
     return MemoryHit(id=row.id, board=row.board, agent=row.agent, kind=row.kind, text=row.text, tags=row.tags,
                      metadata=_json(row.metadata), importance=row.importance, source=row.source,
                      created_at=row.created_at, updated_at=row.updated_at, revision=row.revision, score=score,
-                     scores=scores)
+                     scores=scores, verdict=row.verdict)
 
 
 def entry_hit(row: EntryRow, score: float, scores: dict[str, float]) -> EntryHit:
@@ -37,7 +37,7 @@ def entry_hit(row: EntryRow, score: float, scores: dict[str, float]) -> EntryHit
     return EntryHit(board=row.board, section=row.section, key=row.key, revision=row.revision,
                     value=stored_value(_json(row.value), row.value_raw), content_type=row.content_type,
                     tags=row.tags, metadata=_json(row.metadata), author=row.author, created_at=row.created_at,
-                    updated_at=row.updated_at, score=score, scores=scores)
+                    updated_at=row.updated_at, score=score, scores=scores, verdict=row.verdict)
 
 
 def revision(row: RevisionRow) -> EntryRevision:
@@ -45,4 +45,4 @@ def revision(row: RevisionRow) -> EntryRevision:
     return EntryRevision(board=row.board, section=row.section, key=row.key, revision=row.revision, op=row.op,
                          value=stored_value(row.value, row.value_raw), content_type=row.content_type,
                          tags=row.tags, metadata=row.metadata, author=row.author, created_at=row.created_at,
-                         stored_at=row.stored_at)
+                         stored_at=row.stored_at, verdict=row.verdict)

@@ -29,13 +29,13 @@ __all__ = ["message_hit", "search_messages"]
 def message_hit(*, id: str | None, seq: int, sender: str | None, recipients: list[str] | None, kind: str | None,
                 board: str | None, topic: str | None, type: str | None, body: Any, body_raw: bytes | None,
                 correlation_id: str | None, reply_to: str | None, metadata: dict[str, Any] | None,
-                created_at: datetime | None, stored_at: datetime, score: float) -> MessageHit:
+                created_at: datetime | None, stored_at: datetime, verdict: str, score: float) -> MessageHit:
     """The hit of one row of :func:`~blackboard.db.messages_sql.message_search` (its columns by
     name: :data:`~blackboard.db.messages_sql.HIT_COLUMNS` and ``score``)."""
     return MessageHit(id=id, seq=seq, sender=sender, recipients=list(recipients or []), kind=kind, board=board,
                       topic=topic, type=type, body=codec.decode(bytes(body_raw)) if body_raw is not None else body,
                       correlation_id=correlation_id, reply_to=reply_to, metadata=metadata or {},
-                      created_at=created_at, stored_at=stored_at, score=float(score))
+                      created_at=created_at, stored_at=stored_at, verdict=verdict, score=float(score))
 
 
 _HITS = kwargs_row(message_hit)

@@ -154,6 +154,8 @@ class EntryRow:
     metadata_json: bytes | None = None
     #: When a revision written with a TTL (``Nats-TTL``) expires: ``stored_at`` + TTL.
     expires_at: datetime | None = None
+    #: The signature's verdict (``blackboard.protocol.signing.Verdict``), set by the ingest loop.
+    verdict: str = "unsigned"
 
 
 @dataclass(slots=True)  # not frozen: a frozen __init__ costs ~1 µs more per row
@@ -176,9 +178,11 @@ class MemoryRow:
     search_text: str
     #: ``metadata`` as JSON text (UTF-8) when the decoder already made it.
     metadata_json: bytes | None = None
+    #: The signature's verdict (``blackboard.protocol.signing.Verdict``), set by the ingest loop.
+    verdict: str = "unsigned"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ForgetRow:
     """A request to forget memories of a board by id (a memory-stream message)."""
 
@@ -186,6 +190,8 @@ class ForgetRow:
     seq: int
     board: str
     ids: list[str]
+    #: The signature's verdict (``blackboard.protocol.signing.Verdict``), set by the ingest loop.
+    verdict: str = "unsigned"
 
 
 def _text_ok(s: str) -> bool:

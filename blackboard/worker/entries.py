@@ -16,12 +16,18 @@ import psycopg
 
 from blackboard.db import ingest_sql as q
 from blackboard.db import pgcopy
-from blackboard.protocol.subjects import Subjects
+from blackboard.protocol import codec, records
+from blackboard.protocol.subjects import Header, Subjects
+from blackboard.security.verifier import Signed
 from blackboard.settings import Settings
 from blackboard.worker.decode import EntryRow, RawMessage, decode_entry
 from blackboard.worker.stream_handler import Conn, StreamHandler
 
-__all__ = ["entry_handler", "write_entries"]
+__all__ = ["entry_handler", "entry_signed", "write_entries"]
+
+_KV_OP = Header.KV_OPERATION.value
+_MARKER = Header.MARKER_REASON.value
+_SIG_KEY = Header.SIG_KEY.value
 
 
 async def write_entries(conn: Conn, rows: Sequence[EntryRow]) -> None:
@@ -72,7 +78,27 @@ def _revision_row(r: EntryRow) -> bytes:
         pgcopy.text(r.key), pgcopy.text(r.op), value, pgcopy.bytea(r.value_raw), pgcopy.text(r.content_type),
         pgcopy.text_array(r.tags), pgcopy.jsonb(meta), pgcopy.text(r.author),
         pgcopy.timestamptz(r.created_at), pgcopy.timestamptz(r.stored_at), pgcopy.timestamptz(r.expires_at),
+        pgcopy.text(r.verdict),
     ))
+
+
+def _canonical(msg: RawMessage) -> bytes:
+    """The canonical bytes of the entry a message holds (the verifier's fallback for a
+    payload that is not them, e.g. JSON)."""
+    obj = codec.decode(msg.data, codec.encoding_of(msg.headers, msg.data))
+    return records.decode_entry_envelope(obj).canonical_bytes()
+
+
+def entry_signed(msg: RawMessage, row: EntryRow) -> Signed | None:
+    """What the signature of an entry revision must prove: a value written by its ``author``;
+    a delete or purge (a tombstone, no record) by whoever signed it. None for a delete
+    marker the server wrote (a key's TTL or the stream's age limit: no identity signs it)."""
+    if row.op == "PUT":
+        return Signed(msg.subject, msg.headers, msg.data, msg.timestamp, row.author, lambda: _canonical(msg))
+    headers = msg.headers
+    if _MARKER in headers and not headers.get(_KV_OP) and _SIG_KEY not in headers:
+        return None
+    return Signed(msg.subject, headers, msg.data, msg.timestamp)
 
 
 def entry_handler(settings: Settings) -> StreamHandler:
@@ -85,4 +111,4 @@ def entry_handler(settings: Settings) -> StreamHandler:
         return decode_entry(msg, subjects, max_bytes=max_bytes, index_chars=chars)
 
     return StreamHandler("entries", subjects.kv_stream, subjects.entry_filter(), decode, write_entries,
-                         embeds=True, concurrent_writes=True)
+                         embeds=True, concurrent_writes=True, signed=entry_signed)

@@ -14,6 +14,16 @@ loop keeps the batch, tells JetStream it is still in progress, backs off
 (doubling up to ``max_backoff``) and retries; nothing is acknowledged, nothing
 is lost.
 
+Signatures (docs/security.md, "Signatures"): with a verifier, every decoded
+record's signature is checked once, here, for the whole batch at a time
+(:meth:`~blackboard.security.verifier.Verifier.verify_many`: the Ed25519
+checks in ``worker.verify_threads`` threads, while another writer's batch is
+being written). A row carries its verdict into PostgreSQL; a record whose
+verdict is not ``verified`` is a dead letter (reason ``signature <verdict>:
+...``), and so is an unsigned one when ``worker.require_signatures`` holds.
+Without a verifier (``worker.verify`` off, or a worker without a credential on
+an open bus) every row is stored ``unsigned``.
+
 Throughput (see docs/worker.md for the figures): batches are pulled with a
 lean pull request on a private inbox (one request in flight, the next one sent
 as soon as a batch is taken, so fetching overlaps writing), decoded without
@@ -31,6 +41,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
@@ -44,7 +55,9 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from blackboard.db import ingest_sql as q
 from blackboard.protocol.errors import InvalidPayloadError
+from blackboard.protocol.signing import Verdict, parse_signature
 from blackboard.protocol.subjects import Header, Subjects
+from blackboard.security.verifier import KeyLookup, Signed, Verifier
 from blackboard.settings import Settings
 from blackboard.worker._tasks import run_until_stopped
 from blackboard.worker.decode import DeadLetter, RawMessage, parse_ack_reply
@@ -59,6 +72,7 @@ __all__ = [
     "backoff_delays",
     "error_line",
     "is_retryable",
+    "signature_reason",
     "to_raw",
 ]
 
@@ -89,6 +103,37 @@ def error_line(exc: BaseException) -> str:
     """The first line of an error's message (its type's name if it has none), for a log line."""
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
+
+
+def signature_reason(verdict: Verdict, item: Signed, keys: KeyLookup) -> str:
+    """The dead-letter reason of a record whose signature gave ``verdict``: ``signature
+    <verdict>: ...``, naming the signer (principal, kind and key, when its certificate is
+    known) and what the record claims (its author, or the kind of identity that writes it)."""
+    try:
+        sig = parse_signature(item.headers)
+    except InvalidPayloadError as exc:
+        return f"signature {verdict}: {exc.reason}"
+    if sig is None:
+        return f"signature {verdict}: the record carries no signature (worker.require_signatures)"
+    info = keys.lookup(sig.public_key)
+    signer = (f"{info.principal!r} ({info.kind}, key {sig.public_key})" if info is not None
+              else f"key {sig.public_key}, which has no valid certificate in the key registry")
+    if item.author is not None:
+        claim = f"; the record's author is {item.author!r}"
+    elif item.kind is not None:
+        claim = f"; only a {item.kind} identity writes this record"
+    else:
+        claim = ""
+    detail = ""
+    if verdict is Verdict.STALE and item.stored_at is not None:
+        signed = datetime.fromtimestamp(sig.signed_at_us / 1e6, UTC)
+        detail = f"; signed at {signed.isoformat()}, stored at {item.stored_at.isoformat()}"
+    elif verdict is Verdict.REVOKED:
+        at = keys.revoked_at(sig.public_key)
+        detail = f"; the key was revoked at {at.isoformat()}" if at is not None else ""
+    elif verdict is Verdict.BAD_SIGNATURE:
+        detail = "; the signature does not match the message (altered, or signed for another subject)"
+    return f"signature {verdict}: signed by {signer}{claim}{detail}"
 
 
 def backoff_delays(first: float, maximum: float) -> Callable[[], float]:
@@ -247,6 +292,10 @@ class IngestStats:
     unexpected: int = 0
     batches: int = 0
     retries: int = 0
+    #: Dead letters whose signature did not verify (or was missing where required), by verdict.
+    rejected: dict[str, int] = field(default_factory=dict)
+    #: Seconds spent waiting for batches' signature checks.
+    verify_seconds: float = 0.0
     last_error: str | None = None
     last_batch_at: float | None = field(default=None)
 
@@ -259,7 +308,11 @@ class IngestLoop:
     """
 
     def __init__(self, handler: StreamHandler, js: JetStreamContext, pool: AsyncConnectionPool,
-                 settings: Settings, *, on_written: Callable[[], None] | None = None) -> None:
+                 settings: Settings, *, on_written: Callable[[], None] | None = None,
+                 verifier: Verifier | None = None) -> None:
+        """``verifier``: checks each record's signature (None: rows are stored ``unsigned``,
+        as with ``worker.verify`` off or on an open bus); a handler without
+        :attr:`~blackboard.worker.stream_handler.StreamHandler.signed` is not checked."""
         self.handler = handler
         self.settings = settings
         self.durable = Subjects.worker_consumer(settings.worker.group, handler.name)
@@ -268,6 +321,9 @@ class IngestLoop:
         self._pool = pool
         self._on_written = on_written
         self._fetcher: PullFetcher | None = None
+        self._verifier = verifier if handler.signed is not None else None
+        #: Unsigned records are dead letters (when there is a verifier).
+        self._require = settings.worker.require_signatures
         #: Concurrent write transactions (batches in flight to PostgreSQL).
         self.writers = max(1, settings.worker.ingest_writers) if handler.concurrent_writes else 1
 
@@ -350,10 +406,14 @@ class IngestLoop:
             **{f"{self.durable} write {i}": self._write_loop(stop, queue) for i in range(self.writers)},
         })
 
-    def decode(self, msgs: Sequence[Msg]) -> tuple[list[tuple[Msg, Any]], list[DeadLetter]]:
-        """Decode a batch (pure): rows to write, and dead letters."""
+    def decode(self, msgs: Sequence[Msg]) -> tuple[list[tuple[Msg, Any]], list[DeadLetter], list[Signed | None]]:
+        """Decode a batch (pure): rows to write, dead letters, and what each row's signature
+        must prove (None: not checked; all None without a verifier)."""
         rows: list[tuple[Msg, Any]] = []
         dead: list[DeadLetter] = []
+        checks: list[Signed | None] = []
+        signed = self.handler.signed if self._verifier is not None else None
+        decode = self.handler.decode
         for msg in msgs:
             try:
                 raw = to_raw(msg)
@@ -361,12 +421,17 @@ class IngestLoop:
                 log.error("%s: dropping message without JetStream metadata: %r", self.durable, exc)
                 continue
             try:
-                rows.append((msg, self.handler.decode(raw)))
+                row = decode(raw)
+                check = signed(raw, row) if signed is not None else None
             except InvalidPayloadError as exc:
                 dead.append(DeadLetter.of(raw, exc.reason))
+                continue
             except Exception as exc:  # the per-message guard: one payload never stops the consumer
                 dead.append(self._unexpected(raw, "decoding", exc))
-        return rows, dead
+                continue
+            rows.append((msg, row))
+            checks.append(check)
+        return rows, dead, checks
 
     def _unexpected(self, raw: RawMessage, stage: str, exc: Exception) -> DeadLetter:
         """The dead letter of a message whose ``stage`` raised an exception no decoder names."""
@@ -375,7 +440,8 @@ class IngestLoop:
                   raw.subject, type(exc).__name__, stage, exc_info=exc)
         return DeadLetter.of(raw, f"unexpected {type(exc).__name__} while {stage}: {error_line(exc)}")
 
-    async def _decode_yielding(self, msgs: Sequence[Msg]) -> tuple[list[tuple[Msg, Any]], list[DeadLetter]]:
+    async def _decode_yielding(self, msgs: Sequence[Msg]
+                               ) -> tuple[list[tuple[Msg, Any]], list[DeadLetter], list[Signed | None]]:
         """:meth:`decode` in slices, letting the event loop run in between.
 
         Another writer's transaction waits for this process at every round
@@ -383,13 +449,48 @@ class IngestLoop:
         """
         rows: list[tuple[Msg, Any]] = []
         dead: list[DeadLetter] = []
+        checks: list[Signed | None] = []
         for i in range(0, len(msgs), _DECODE_SLICE):
-            r, d = self.decode(msgs[i:i + _DECODE_SLICE])
+            r, d, c = self.decode(msgs[i:i + _DECODE_SLICE])
             rows += r
             dead += d
+            checks += c
             if self.writers > 1:
                 await asyncio.sleep(0)
-        return rows, dead
+        return rows, dead, checks
+
+    async def _verify(self, rows: list[tuple[Msg, Any]], checks: list[Signed | None],
+                      dead: list[DeadLetter]) -> list[tuple[Msg, Any]]:
+        """The rows whose records may be stored, each with its verdict; the others become
+        dead letters (appended to ``dead``).
+
+        The signature checks of the batch run in the verifier's threads: meanwhile the
+        event loop serves the other writers' transactions.
+        """
+        verifier = self._verifier
+        items = [c for c in checks if c is not None]
+        if verifier is None or not items:
+            return rows
+        started = time.perf_counter()
+        verdicts = iter(await verifier.verify_many(items))
+        self.stats.verify_seconds += time.perf_counter() - started
+        kept: list[tuple[Msg, Any]] = []
+        for pair, check in zip(rows, checks, strict=True):
+            if check is None:  # written by the server (a delete marker): stored unsigned
+                kept.append(pair)
+                continue
+            verdict = next(verdicts)
+            if verdict is Verdict.VERIFIED or (verdict is Verdict.UNSIGNED and not self._require):
+                pair[1].verdict = verdict.value
+                kept.append(pair)
+                continue
+            self.stats.rejected[verdict.value] = self.stats.rejected.get(verdict.value, 0) + 1
+            try:
+                reason = signature_reason(verdict, check, verifier.keys)
+            except Exception as exc:  # the reason is a courtesy: never lose the dead letter over it
+                reason = f"signature {verdict}: ({type(exc).__name__} while describing it)"
+            dead.append(DeadLetter.of(to_raw(pair[0]), reason))
+        return kept
 
     async def process(self, msgs: Sequence[Msg], stop: asyncio.Event | None = None,
                       slot: _ConnSlot | None = None) -> bool:
@@ -398,7 +499,8 @@ class IngestLoop:
         ``slot`` keeps one pooled connection across batches (the pool checks a
         connection on every checkout, a round trip per batch otherwise).
         """
-        rows, dead = await self._decode_yielding(msgs)
+        rows, dead, checks = await self._decode_yielding(msgs)
+        rows = await self._verify(rows, checks, dead)
         delay = backoff_delays(0.05, self.settings.worker.max_backoff)
         own = slot is None
         if slot is None:

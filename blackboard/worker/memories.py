@@ -17,12 +17,14 @@ from psycopg import sql
 from blackboard.db import ingest_sql as q
 from blackboard.db import pgcopy
 from blackboard.db.spaces import Space
+from blackboard.protocol import codec, records
 from blackboard.protocol.subjects import MEMORY_STREAM, Subjects
+from blackboard.security.verifier import Signed
 from blackboard.settings import Settings
 from blackboard.worker.decode import ForgetRow, MemoryRow, RawMessage, decode_memory
 from blackboard.worker.stream_handler import Conn, StreamHandler
 
-__all__ = ["memory_handler", "write_memories"]
+__all__ = ["memory_handler", "memory_signed", "write_memories"]
 
 
 async def write_memories(conn: Conn, rows: Sequence[MemoryRow | ForgetRow]) -> None:
@@ -38,7 +40,8 @@ async def write_memories(conn: Conn, rows: Sequence[MemoryRow | ForgetRow]) -> N
     if forgets:
         await conn.execute(q.LOCK_MEMORIES_FOR_FORGET)
         async with conn.cursor() as cur:
-            await cur.executemany(q.UPSERT_FORGET, [(i, f.board, f.stream, f.seq) for f in forgets for i in f.ids])
+            await cur.executemany(q.UPSERT_FORGET, [(i, f.board, f.stream, f.seq, f.verdict)
+                                                      for f in forgets for i in f.ids])
     memories = [r for r in rows if isinstance(r, MemoryRow)]
     if memories:
         await _write_memory_rows(conn, memories)
@@ -64,7 +67,7 @@ def _memory_row(r: MemoryRow) -> bytes:
         pgcopy.text(r.stream), pgcopy.bigint(r.seq), pgcopy.text(r.id), pgcopy.text(r.board),
         pgcopy.text(r.agent), pgcopy.text(r.kind), pgcopy.text(r.text), pgcopy.text_array(r.tags),
         pgcopy.jsonb(meta), pgcopy.float4(r.importance), pgcopy.text(r.source), pgcopy.boolean(r.read_only),
-        pgcopy.timestamptz(r.created_at), pgcopy.text(r.search_text),
+        pgcopy.timestamptz(r.created_at), pgcopy.text(r.search_text), pgcopy.text(r.verdict),
     ))
 
 
@@ -76,6 +79,19 @@ async def _write_memory_rows(conn: Conn, rows: Sequence[MemoryRow]) -> None:
         await cur.execute(q.MOVE_MEMORIES)
 
 
+def _canonical(msg: RawMessage) -> bytes:
+    """The canonical bytes of the memory or forget a message holds (the verifier's fallback)."""
+    obj = codec.decode(msg.data, codec.encoding_of(msg.headers, msg.data))
+    return records.decode_memory(obj).canonical_bytes()
+
+
+def memory_signed(msg: RawMessage, row: MemoryRow | ForgetRow) -> Signed:
+    """What the signature of a memory or a forget must prove: written by its ``agent`` (the
+    decoder checked that a forget's agent is its subject's)."""
+    agent = row.agent if isinstance(row, MemoryRow) else Subjects.parse_memory(msg.subject)[1]
+    return Signed(msg.subject, msg.headers, msg.data, msg.timestamp, agent, lambda: _canonical(msg))
+
+
 def memory_handler(settings: Settings) -> StreamHandler:
     """The worker's handler of ``BB_MEM`` (durable ``<worker>-memories``)."""
     max_bytes = settings.worker.max_message_bytes or settings.board.max_value_size
@@ -85,4 +101,4 @@ def memory_handler(settings: Settings) -> StreamHandler:
         return decode_memory(msg, max_bytes=max_bytes, index_chars=chars)
 
     return StreamHandler("memories", MEMORY_STREAM, Subjects.memory_all(), decode, write_memories,
-                         embeds=True, concurrent_writes=True)
+                         embeds=True, concurrent_writes=True, signed=memory_signed)

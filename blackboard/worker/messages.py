@@ -21,6 +21,7 @@ from blackboard.protocol import codec
 from blackboard.protocol.errors import InvalidKeyError, InvalidPayloadError
 from blackboard.protocol.schemas import MessageEnvelope, validate_wire
 from blackboard.protocol.subjects import MESSAGE_STREAM, Subjects
+from blackboard.security.verifier import Signed
 from blackboard.settings import Settings
 from blackboard.worker.decode import RawMessage, entry_search_text, is_json_safe
 from blackboard.worker.stream_handler import Conn, StreamHandler
@@ -30,11 +31,12 @@ __all__ = [
     "decode_message",
     "message_handler",
     "message_search_text",
+    "message_signed",
     "write_messages",
 ]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: the ingest loop sets the verdict
 class MessageRow:
     """One stored message (one stream message of ``BB_MSG``)."""
 
@@ -56,6 +58,8 @@ class MessageRow:
     created_at: datetime
     stored_at: datetime
     search_text: str
+    #: The signature's verdict (``blackboard.protocol.signing.Verdict``), set by the ingest loop.
+    verdict: str = "unsigned"
 
 
 def message_search_text(env: MessageEnvelope, limit: int) -> str:
@@ -107,9 +111,19 @@ async def write_messages(conn: Conn, rows: Sequence[MessageRow]) -> None:
             await copy.write_row((
                 r.stream, r.seq, r.id, r.sender, r.recipients, r.kind, r.board, r.topic, r.type,
                 None if r.body_raw is not None else Jsonb(r.body), r.body_raw, r.correlation_id, r.reply_to,
-                Jsonb(r.metadata), r.subject, r.created_at, r.stored_at, r.search_text,
+                Jsonb(r.metadata), r.subject, r.created_at, r.stored_at, r.search_text, r.verdict,
             ))
     await conn.execute(q.MOVE_MESSAGES)
+
+
+def _canonical(msg: RawMessage) -> bytes:
+    """The canonical bytes of the envelope a message holds (the verifier's fallback)."""
+    return validate_wire(MessageEnvelope, codec.decode(msg.data, codec.encoding_of(msg.headers))).canonical_bytes()
+
+
+def message_signed(msg: RawMessage, row: MessageRow) -> Signed:
+    """What the signature of a message must prove: written by its ``sender``."""
+    return Signed(msg.subject, msg.headers, msg.data, msg.timestamp, row.sender, lambda: _canonical(msg))
 
 
 def message_handler(settings: Settings) -> StreamHandler:
@@ -120,5 +134,6 @@ def message_handler(settings: Settings) -> StreamHandler:
     def decode(msg: RawMessage) -> MessageRow:
         return decode_message(msg, max_bytes=max_bytes, index_chars=chars)
 
-    return StreamHandler("messages", MESSAGE_STREAM, Subjects.messages_all(), decode, write_messages)
+    return StreamHandler("messages", MESSAGE_STREAM, Subjects.messages_all(), decode, write_messages,
+                         signed=message_signed)
 

@@ -25,11 +25,14 @@ from nats.js import JetStreamContext
 from psycopg_pool import AsyncConnectionPool
 
 from blackboard.client.connection import check_nats_url, connect_nats
+from blackboard.client.keys import KeyRegistry
 from blackboard.client.lifecycle import first_error
+from blackboard.client.signing import signing_of
 from blackboard.client.streams import ensure_streams
 from blackboard.db import migrate, open_pool
 from blackboard.protocol.errors import ConfigurationError
-from blackboard.security.credentials import find_system_credentials
+from blackboard.security.credentials import FoundCredentials, find_system_credentials
+from blackboard.security.verifier import Verifier
 from blackboard.settings import Settings
 from blackboard.worker.committer import VoteCommitter
 from blackboard.worker.embed_inbox import EmbedInbox
@@ -78,6 +81,8 @@ class Worker:
         self.inbox_admin: Any = None
         #: Commits vote outcomes and closes proposals at their deadline (docs/voting.md).
         self.committer: VoteCommitter | None = None
+        #: Checks the ingested records' signatures (None: ``worker.verify`` off, or no credential).
+        self.verifier: Verifier | None = None
         self.started_at = 0.0
 
     # -- lifecycle ---------------------------------------------------------
@@ -143,10 +148,11 @@ class Worker:
         check_nats_url(s.nats.url)  # a malformed URL is told before a missing credential
         # Its own identity: nats.creds_file, else the credential issued for its name; never an agent's.
         found = find_system_credentials(s.worker.name, s, process=f"the worker {s.worker.name!r}")
-        self._nc = nc = await connect_nats(s.nats, name=f"blackboard-{s.worker.name}", credentials=found)
+        self._nc = nc = await connect_nats(s, name=f"blackboard-{s.worker.name}", credentials=found)
         held.push_async_callback(_quietly, nc.close)
         js = nc.jetstream(timeout=s.nats.request_timeout)
         await ensure_streams(js, s)
+        self.verifier = await self._start_verifier(held, nc, found)
         self.pool = await held.enter_async_context(open_pool(s.postgres, name=f"blackboard-{s.worker.name}"))
         if s.worker.embed:
             provider = self._provider
@@ -159,12 +165,40 @@ class Worker:
         wake = self.inbox.wake if self.inbox else None
         self.loops = []
         for handler in self._handlers or default_handlers(s):
-            loop = IngestLoop(handler, js, self.pool, s, on_written=wake)
+            loop = IngestLoop(handler, js, self.pool, s, on_written=wake, verifier=self.verifier)
             await loop.setup()
             self.loops.append(loop)
         self.committer = VoteCommitter(nc, s)
         await self.committer.setup()
         return js
+
+    async def _start_verifier(self, held: contextlib.AsyncExitStack, nc: NATS,
+                              found: FoundCredentials | None) -> Verifier | None:
+        """The verifier of the ingested records (docs/security.md, "Signatures"): none with
+        ``worker.verify`` off or without a credential (an open bus: rows are ``unsigned``).
+
+        It reads certificates and revocations through the connection's key registry
+        (one of its own when the connection neither signs nor verifies), and checks a
+        batch's signatures in ``worker.verify_threads`` threads. Its verdicts are not
+        cached: ingest sees each stored message once.
+        """
+        s = self.settings
+        if not s.worker.verify or found is None:
+            log.info("worker %s: signatures not verified (%s): rows are stored unsigned", s.worker.name,
+                     "worker.verify is off" if found is not None else "no credential, an open bus")
+            return None
+        signing = signing_of(nc)
+        registry = signing.registry
+        if registry is None:
+            issuer = found.credentials.claims.get("iss")
+            registry = KeyRegistry(nc, s, {*s.security.trusted_accounts, *([issuer] if isinstance(issuer, str) else [])})
+            held.push_async_callback(_quietly, registry.stop)
+        if signing.verifier is None:  # the connection does not follow the revocations: this does
+            await registry.start()
+        verifier = Verifier(registry, max_skew=s.security.max_clock_skew, cache_size=0,
+                            threads=s.worker.verify_threads)
+        held.callback(verifier.close)
+        return verifier
 
     def _start_components(self, group: asyncio.TaskGroup, js: JetStreamContext) -> None:
         if self.embedder is not None:
@@ -283,11 +317,13 @@ class Worker:
             "consumers": [
                 {"stream": lg.stream, "consumer": lg.consumer, "pending": lg.pending,
                  "ack_pending": lg.ack_pending, "ack_floor": lg.ack_floor,
-                 **{k: getattr(lp.stats, k) for k in ("messages", "written", "dead_letters", "batches",
-                                                      "retries", "last_error")}}
+                 **{k: getattr(lp.stats, k) for k in ("messages", "written", "dead_letters", "rejected",
+                                                      "batches", "retries", "last_error")}}
                 for lg, lp in zip(lags, self.loops, strict=True)
             ],
             "lag": sum(lg.total for lg in lags),
+            "verification": ({"threads": self.verifier.threads, **self.verifier.stats}
+                             if self.verifier is not None else None),
         }
         if self.embedder is not None:
             out["embedding"] = await self.embedder.status()

@@ -14,6 +14,7 @@ from typing import Any
 
 import psycopg
 
+from blackboard.security.verifier import Signed
 from blackboard.worker.decode import RawMessage
 
 __all__ = ["Conn", "StreamHandler"]
@@ -36,6 +37,11 @@ class StreamHandler:
         concurrent_writes: batches may be written by concurrent transactions
             (the writer converges whatever order they commit in); otherwise
             one batch at a time.
+        signed: what a decoded row's signature must prove (pure): the record's
+            author (or the kind of identity that writes it) and its canonical
+            bytes for the verifier (:class:`~blackboard.security.verifier.Signed`);
+            None for a message no identity writes (a delete marker the server
+            wrote), stored unsigned. A handler without it is not verified.
     """
 
     name: str
@@ -45,3 +51,4 @@ class StreamHandler:
     write: Callable[[Conn, Sequence[Any]], Awaitable[None]]
     embeds: bool = False
     concurrent_writes: bool = False
+    signed: Callable[[RawMessage, Any], Signed | None] | None = None

@@ -34,18 +34,19 @@ from blackboard.db import vote_sql as q
 from blackboard.protocol.errors import InvalidKeyError, InvalidPayloadError
 from blackboard.protocol.schemas import Ballot, Outcome, Proposal
 from blackboard.protocol.subjects import VOTE_STREAM, Header, Subjects
+from blackboard.security.verifier import Signed
 from blackboard.settings import Settings
 from blackboard.worker.decode import RawMessage
 from blackboard.worker.stream_handler import Conn, StreamHandler
 
-__all__ = ["VoteRow", "decode_vote", "vote_handler", "write_votes"]
+__all__ = ["VoteRow", "decode_vote", "vote_handler", "vote_signed", "write_votes"]
 
 log = logging.getLogger("blackboard.worker.votes")
 
 M = TypeVar("M", Proposal, Ballot)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: the ingest loop sets the verdict
 class VoteRow:
     """One decoded ``BB_VOTE`` message (``model`` is ``None`` for a close request)."""
 
@@ -60,6 +61,8 @@ class VoteRow:
     #: The record as stored (jsonb): built by the decoder, so that a record
     #: the writer could not serialize is a dead letter, not a failed batch.
     body: Any = None
+    #: The signature's verdict (``blackboard.protocol.signing.Verdict``), set by the ingest loop.
+    verdict: str = "unsigned"
 
 
 def _pg_safe(value: Any) -> Any:
@@ -124,7 +127,7 @@ def decode_vote(msg: RawMessage, *, max_bytes: int) -> VoteRow:
 def _outcome_params(row: VoteRow, o: Outcome) -> tuple[Any, ...]:
     return (row.stream, row.seq, row.board, row.proposal_id, Jsonb(_body(row, o)),
             o.decided_at, row.stored_at, _pg_safe(o.section), _pg_safe(o.key), o.status, o.candidate,
-            None if o.value is None else Jsonb(_pg_safe(o.value)), o.closed_by, o.deciding_sequence)
+            None if o.value is None else Jsonb(_pg_safe(o.value)), o.closed_by, o.deciding_sequence, row.verdict)
 
 
 def _body(row: VoteRow, model: Proposal | Ballot | Outcome) -> Any:
@@ -139,13 +142,14 @@ async def write_votes(conn: Conn, rows: Sequence[VoteRow]) -> None:
         if proposals:
             await cur.executemany(q.INSERT_PROPOSAL, [
                 (r.stream, r.seq, r.board, r.proposal_id, p.proposer, Jsonb(_body(r, p)),
-                 p.created_at, p.deadline, r.stored_at, p.section, _pg_safe(p.key), _pg_safe(p.question))
+                 p.created_at, p.deadline, r.stored_at, p.section, _pg_safe(p.key), _pg_safe(p.question),
+                 r.verdict)
                 for r, p in proposals])
         ballots = [(r, r.model) for r in rows if isinstance(r.model, Ballot)]
         if ballots:
             await cur.executemany(q.INSERT_BALLOT, [
                 (r.stream, r.seq, r.board, r.proposal_id, b.voter, Jsonb(_body(r, b)),
-                 b.created_at, r.stored_at, _pg_safe(b.id), str(b.choice))
+                 b.created_at, r.stored_at, _pg_safe(b.id), str(b.choice), r.verdict)
                 for r, b in ballots])
         for r in rows:
             if isinstance(r.model, Outcome):
@@ -191,6 +195,19 @@ def _model(model: type[M], body: Any) -> M | None:
         return None
 
 
+def vote_signed(msg: RawMessage, row: VoteRow) -> Signed:
+    """What the signature of a vote record must prove: a proposal written by its
+    ``proposer``, a ballot by its ``voter``; a close request, a recorded outcome and its
+    application by a worker identity (the committer's)."""
+    model = row.model
+    canonical = model.canonical_bytes if model is not None else None
+    if isinstance(model, Proposal):
+        return Signed(msg.subject, msg.headers, msg.data, msg.timestamp, model.proposer, canonical)
+    if isinstance(model, Ballot):
+        return Signed(msg.subject, msg.headers, msg.data, msg.timestamp, model.voter, canonical)
+    return Signed(msg.subject, msg.headers, msg.data, msg.timestamp, None, canonical, kind="worker")
+
+
 def vote_handler(settings: Settings) -> StreamHandler:
     """The persistence handler of ``BB_VOTE`` (for the worker's handler table)."""
     max_bytes = settings.worker.max_message_bytes or settings.board.max_value_size
@@ -198,4 +215,4 @@ def vote_handler(settings: Settings) -> StreamHandler:
     def decode(msg: RawMessage) -> VoteRow:
         return decode_vote(msg, max_bytes=max_bytes)
 
-    return StreamHandler("votes", VOTE_STREAM, Subjects.votes_all(), decode, write_votes)
+    return StreamHandler("votes", VOTE_STREAM, Subjects.votes_all(), decode, write_votes, signed=vote_signed)

@@ -18,8 +18,9 @@ from dataclasses import dataclass
 import psycopg
 from nats.js import JetStreamContext
 
-from blackboard.protocol.errors import InvalidKeyError
+from blackboard.protocol.errors import InvalidKeyError, InvalidPayloadError
 from blackboard.protocol.subjects import MEMORY_STREAM, MESSAGE_STREAM, VOTE_STREAM, Subjects
+from tests._worker_helpers import certify, signed_headers
 from tests.fuzz.strategies import Wire
 
 __all__ = ["CrashLog", "Published", "account", "publish_all", "report", "unaccounted"]
@@ -54,13 +55,26 @@ class Published:
     fate: str = "missing"
 
 
+def _headers(w: Wire) -> dict[str, str] | None:
+    """The wire's headers, signed by its signer over the bytes published (unsigned when it has
+    none, or when a header cannot be signed: a line break in a covered value)."""
+    if w.signer is None:
+        return w.headers
+    try:
+        return signed_headers(w.signer, w.subject, w.data, w.headers)
+    except InvalidPayloadError:
+        return w.headers
+
+
 async def publish_all(js: JetStreamContext, wires: Sequence[Wire], *, timeout: float = 10.0) -> list[Published]:
-    """Publish each message raw and wait for its acknowledgement (in order)."""
+    """Publish each message raw, signed by its signer (:attr:`Wire.signer`), and wait for its
+    acknowledgement (in order)."""
+    await certify(js, *sorted({w.signer for w in wires if w.signer is not None}))
     out: list[Published] = []
     for w in wires:
         p = Published(w)
         try:
-            ack = await js.publish(w.subject, w.data, headers=w.headers, timeout=timeout)
+            ack = await js.publish(w.subject, w.data, headers=_headers(w), timeout=timeout)
         except Exception as exc:  # refused by the client or the server: not our worker's business
             p.refused = f"{type(exc).__name__}: {exc}"[:200]
             p.fate = "refused"

@@ -11,7 +11,12 @@ agent, a serial number), so that ids stay unique across examples while the
 draws stay reproducible (the CI profile is derandomized).
 
 Valid messages are drawn too (a plan with no mutation), so "stored" is exercised
-as well as "dead-lettered".
+as well as "dead-lettered". Each wire names the identity that would write it
+(:attr:`Wire.signer`: the record's author as :meth:`Plan.wire` binds it, or a
+worker identity for outcomes, applications and close requests), and
+``accounting.publish_all`` signs it as that identity, over the bytes published: a
+hostile record then reaches the decoders and, when they take it, PostgreSQL, as
+an author's own garbage would (the worker checks signatures after decoding).
 """
 
 from __future__ import annotations
@@ -74,6 +79,8 @@ class Wire:
     headers: dict[str, str] | None
     #: The id of the memory/proposal (for accounting a memory replaced by a later one), if any.
     ident: str | None = None
+    #: Who signs it (its author, or the worker identity), or None: published unsigned.
+    signer: str | None = None
 
     def __repr__(self) -> str:
         head = self.data[:120]
@@ -120,7 +127,25 @@ class Plan:
             subject = _odd_subject(self.kind, ctx, serial, self.odd_subject)
         if ident is not None:  # a spoilt id may still be a valid one, shared with another message
             ident = stored_id(subject, data, headers)
-        return Wire(self.kind, " ".join(self.labels) or "valid", subject, data, headers, ident)
+        return Wire(self.kind, " ".join(self.labels) or "valid", subject, data, headers, ident,
+                    _signer(self.kind, ctx, subject))
+
+
+#: The identity that writes outcomes, their applications and close requests (the test authority's worker).
+WORKER = "worker"
+
+
+def _signer(kind: str, ctx: Ctx, subject: str) -> str:
+    """Who writes a record of ``kind`` as :func:`_address` binds it."""
+    if kind in ("entry", "memory", "forget"):
+        return ctx.agent
+    if kind in ("direct", "broadcast", "topic"):
+        return f"{ctx.agent}-peer"
+    if kind == "proposal":
+        return "v1"
+    if kind == "ballot":
+        return subject.rsplit(".", 1)[-1]
+    return WORKER
 
 
 def stored_id(subject: str, data: bytes, headers: dict[str, str] | None) -> str | None:
@@ -196,6 +221,7 @@ def _address(kind: str, rec: dict[str, Any], ctx: Ctx, serial: int) -> tuple[dic
     """The record bound to the run's board and ids, and its subject."""
     b, a = ctx.board, ctx.agent
     if kind == "entry":
+        rec["author"] = a  # its signer (a mutation may spoil it)
         return rec, Subjects(ctx.bucket).entry(b, "fz", f"k{serial}"), None
     if kind == "memory":
         ident = f"{b}-m{serial}"

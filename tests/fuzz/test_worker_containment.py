@@ -45,10 +45,12 @@ def _sentinels(ctx: Ctx) -> list[Wire]:
     ballot = codec.encode({"v": 1, "id": "sentinel", "proposal_id": "sentinel", "voter": "v1", "choice": 0,
                            "created_at": now})
     return [
-        Wire("entry", "sentinel", Subjects(ctx.bucket).entry(b, "fz", "sentinel"), entry_payload("still alive"), None),
-        Wire("memory", "sentinel", Subjects.memory(b, a), memory_payload(f"{b}-sentinel", b, a, f"{WORD} alive"), None),
-        Wire("direct", "sentinel", Subjects.direct(a), message, None),
-        Wire("ballot", "sentinel", Subjects.vote(b, "sentinel", "ballot", "v1"), ballot, None),
+        Wire("entry", "sentinel", Subjects(ctx.bucket).entry(b, "fz", "sentinel"),
+             entry_payload("still alive", author=a), None, signer=a),
+        Wire("memory", "sentinel", Subjects.memory(b, a), memory_payload(f"{b}-sentinel", b, a, f"{WORD} alive"), None,
+             signer=a),
+        Wire("direct", "sentinel", Subjects.direct(a), message, None, signer="peer"),
+        Wire("ballot", "sentinel", Subjects.vote(b, "sentinel", "ballot", "v1"), ballot, None, signer="v1"),
     ]
 
 

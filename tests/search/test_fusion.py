@@ -23,6 +23,7 @@ from blackboard.protocol.schemas.search import (
     MemorySearchRequest,
     SearchFilters,
 )
+from blackboard.protocol.signing import Verdict
 from blackboard.search.fusion import (
     cut,
     fuse_convex,
@@ -211,18 +212,21 @@ def test_revision_statements_name_their_columns_after_the_row_type() -> None:
 def test_hits_are_built_from_rows_by_name() -> None:
     row = q.MemoryRow(item=7, score=0.5, flag=True, mid=7, id="m7", board="b", agent="a", kind="semantic",
                       text="t", tags=["x"], metadata='{"k": [1, 2]}', importance=0.3, source=None,
-                      created_at=_AT, updated_at=_AT, revision=42)
+                      created_at=_AT, updated_at=_AT, revision=42, verdict="verified")
     hit = memory_hit(row, 0.9, {"semantic": 0.5})
     assert (hit.id, hit.metadata, hit.revision, hit.score, hit.scores) == ("m7", {"k": [1, 2]}, 42, 0.9,
                                                                             {"semantic": 0.5})
+    assert hit.verdict is Verdict.VERIFIED
     entry = q.EntryRow(item=1, score=1.0, flag=None, eid=1, board="b", section="s", key="k", revision=3,
                        value=None, value_raw=codec.encode(b"\x00raw"), content_type=None, tags=[], metadata="{}",
-                       author=None, created_at=None, updated_at=_AT)
+                       author=None, created_at=None, updated_at=_AT, verdict="unsigned")
     assert entry_hit(entry, 1.0, {}).value == b"\x00raw"
+    assert entry_hit(entry, 1.0, {}).verdict is Verdict.UNSIGNED
     message = message_hit(id="i", seq=4, sender="a", recipients=None, kind="direct", board=None, topic=None,
                           type="note", body=None, body_raw=codec.encode(b"\x01"), correlation_id=None,
-                          reply_to=None, metadata=None, created_at=None, stored_at=_AT, score=0)
+                          reply_to=None, metadata=None, created_at=None, stored_at=_AT, verdict="verified", score=0)
     assert (message.body, message.recipients, message.metadata, message.score) == (b"\x01", [], {}, 0.0)
+    assert message.verdict is Verdict.VERIFIED
 
 
 # ---------------------------------------------------------------- fusion of the retrievers' rows

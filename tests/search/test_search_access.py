@@ -31,7 +31,14 @@ from blackboard.protocol.subjects import Header, Subjects
 from blackboard.search.service import SearchService
 from blackboard.security.policy import AccessPolicy
 from blackboard.settings import Settings
-from tests._worker_helpers import HashProvider, put_entry, remember, running_worker, worker_settings
+from tests._worker_helpers import (
+    HashProvider,
+    credentials,
+    put_entry,
+    remember,
+    running_worker,
+    worker_settings,
+)
 
 pytestmark = pytest.mark.asyncio
 
@@ -87,7 +94,10 @@ async def world(nats_server: object, postgres_server: object) -> AsyncIterator[W
     for board in (a, b):
         await remember(js, board, alice, f"{board}-m", f"the deploy runbook of {board} says restart twice")
         await put_entry(js, subj, board, "notes", "runbook", {"text": f"deploy runbook {board}"}, author=alice)
-    m_alice, m_bob = Messenger(alice, nc, s), Messenger(bob, nc, s)
+    # Each sender on a connection of its own: what it sends is signed with its own key.
+    nc_alice = await connect_nats(s, name="test-search-access-alice", credentials=credentials(alice))
+    nc_bob = await connect_nats(s, name="test-search-access-bob", credentials=credentials(bob))
+    m_alice, m_bob = Messenger(alice, nc_alice, s), Messenger(bob, nc_bob, s)
     t = f"t{tag}"
     await m_bob.send(alice, t, {"id": "to-alice"})
     await m_alice.send(bob, t, {"id": "alice-to-bob"})  # sent by alice, but only bob's inbox holds it
@@ -97,6 +107,8 @@ async def world(nats_server: object, postgres_server: object) -> AsyncIterator[W
     await m_bob.broadcast(b, t, {"id": "broadcast-b"})
     await m_bob.publish(f"ops{tag}.deploy", t, {"id": "topic-ops"})
     await m_bob.publish(f"secret{tag}.plans", t, {"id": "topic-secret"})
+    await nc_alice.close()
+    await nc_bob.close()
     async with running_worker(s, provider=HashProvider(), serve_search=False) as w:
         await w.wait_caught_up(60, embedded=True)
         async with SearchService(nc, s, provider=HashProvider(), rights=_policy(names)):

@@ -31,6 +31,7 @@ from blackboard.worker.handlers import default_handlers
 from tests._worker_helpers import (
     HashProvider,
     dead_letters,
+    publish_signed,
     put_entry,
     remember,
     rows,
@@ -95,7 +96,7 @@ async def test_a_json_envelope_nested_5000_deep_is_dead_lettered_on_every_consum
     good_memory = await remember(js, unique, "eve", f"{unique}-ok", "a good memory")
     env = new_envelope(id=f"{unique}-msg", sender="eve", kind="direct", type="t", body={"ok": 1},
                        recipients=[f"{unique}-bob"])
-    good_message = (await js.publish(message_subject, encode_envelope(env))).seq
+    good_message = await publish_signed(js, "eve", message_subject, encode_envelope(env))
 
     async with running_worker(s, provider=HashProvider(), serve_search=False) as w:
         await w.wait_caught_up(CATCH_UP)

@@ -32,6 +32,7 @@ from tests._worker_helpers import (
     entry_payload,
     fresh_db,
     memory_payload,
+    publish_signed,
     put_entry,
     remember,
     running_worker,
@@ -135,7 +136,7 @@ async def test_forget_deletes_memories_and_keeps_them_deleted(own_db: Settings, 
     await remember(js, unique, "alice", f"{unique}-b", "keep me")
     forget = codec.encode({"v": 1, "op": "forget", "board": unique, "agent": "alice", "ids": [f"{unique}-a"],
                            "created_at": datetime.now(UTC)})
-    await js.publish(Subjects.memory(unique, "alice"), forget)
+    await publish_signed(js, "alice", Subjects.memory(unique, "alice"), forget)
     async with running_worker(s, provider=HashProvider(), serve_search=False) as w:
         await w.wait_caught_up(30, embedded=True)
         assert w.embedder is not None and w.embedder.space is not None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import subprocess
 from collections.abc import Callable
+from typing import Any
 
 import psycopg
 import pytest
@@ -15,10 +16,12 @@ from blackboard.devstack import EmbeddedNats, EmbeddedPostgres
 from blackboard.protocol.subjects import Subjects
 from blackboard.settings import Settings
 from tests._worker_helpers import (
+    certify,
     count_rows,
     entry_payload,
     memory_payload,
     running_worker,
+    signed_headers,
     spawn_worker,
     wait_for,
     worker_settings,
@@ -38,11 +41,16 @@ async def _publish_load(settings: Settings, board: str, n_entries: int, n_memori
     js = nc.jetstream()
     await ensure_streams(js, settings)
     subj = Subjects(settings.board.bucket)
-    futs_e = [await js.publish_async(subj.entry(board, f"s{i % 7}", f"k{i % 500}"),
-                                     entry_payload({"i": i, "text": f"value number {i}"}))
+    await certify(js, "tester", "a0", "a1", "a2")  # signed, as their authors would write them
+
+    def signed(principal: str, subject: str, payload: bytes) -> dict[str, Any]:
+        return {"subject": subject, "payload": payload, "headers": signed_headers(principal, subject, payload)}
+
+    futs_e = [await js.publish_async(**signed("tester", subj.entry(board, f"s{i % 7}", f"k{i % 500}"),
+                                             entry_payload({"i": i, "text": f"value number {i}"})))
               for i in range(n_entries)]
-    futs_m = [await js.publish_async(Subjects.memory(board, f"a{i % 3}"),
-                                     memory_payload(f"{board}-{i}", board, f"a{i % 3}", f"memory {i}"))
+    futs_m = [await js.publish_async(**signed(f"a{i % 3}", Subjects.memory(board, f"a{i % 3}"),
+                                             memory_payload(f"{board}-{i}", board, f"a{i % 3}", f"memory {i}")))
               for i in range(n_memories)]
     entries = {int((await f).seq) for f in futs_e}
     memories = {int((await f).seq) for f in futs_m}

@@ -100,7 +100,7 @@ async def test_migration_0012_builds_the_index_serially_when_a_parallel_build_ge
         conn.execute(f"INSERT INTO {table} SELECT i, 1, 'b', ARRAY[random(), random(), random()]::vector "
                      "FROM generate_series(1, 2000) i")
     # Under these options a parallel build fails; without the fallback the migration would raise.
-    assert await migrate(make_settings(pg_settings.nats.url, f"{dsn}?{_NO_SHM}")) == [12]
+    assert (await migrate(make_settings(pg_settings.nats.url, f"{dsn}?{_NO_SHM}")))[:1] == [12]
     with psycopg.connect(dsn) as conn:
         definition = conn.execute("SELECT indexdef FROM pg_indexes WHERE indexname = %s", (f"{table}_hnsw",)).fetchone()
     assert definition is not None and "halfvec_cosine_ops" in definition[0]

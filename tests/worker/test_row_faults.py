@@ -31,6 +31,7 @@ from blackboard.worker.ingest import is_retryable
 from tests._worker_helpers import (
     HashProvider,
     dead_letters,
+    publish_signed,
     put_entry,
     rows,
     running_worker,
@@ -110,7 +111,7 @@ async def test_a_message_with_a_megabyte_indexed_field_is_dead_lettered(
     base = {"v": 1, "id": f"{unique}-1", "sender": "eve", "kind": "direct", "recipients": [bob], "type": "t",
             "created_at": datetime.now(UTC).isoformat(), "body": "hi"}
     poison = (await js.publish(subject, msgpack.packb({**base, field: "x" * 1_000_000}))).seq
-    good = (await js.publish(subject, msgpack.packb({**base, "id": f"{unique}-2"}))).seq
+    good = await publish_signed(js, "eve", subject, msgpack.packb({**base, "id": f"{unique}-2"}))
     handlers = [h for h in default_handlers(s) if h.name == "messages"]
     async with running_worker(s, handlers=handlers, provider=HashProvider(), serve_search=False) as w:
         await w.wait_caught_up(CATCH_UP)

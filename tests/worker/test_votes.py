@@ -30,7 +30,13 @@ from blackboard.protocol.schemas import Ballot, Outcome, Policy, Proposal
 from blackboard.protocol.subjects import Subjects
 from blackboard.settings import Settings
 from tests._committer import connect_agent
-from tests._worker_helpers import StartWorker, running_worker, spawn_worker, worker_settings
+from tests._worker_helpers import (
+    StartWorker,
+    credentials,
+    running_worker,
+    spawn_worker,
+    worker_settings,
+)
 from tests.conftest import make_settings
 
 pytestmark = pytest.mark.asyncio
@@ -216,13 +222,18 @@ async def test_two_workers_and_agents_race_to_commit_exactly_once(pg_settings: S
         # Agents under credentials commit nothing: they wait for the two workers' committers.
         agents = [await connect_agent(f"{unique}-{i}", settings) for i in range(4)]
         try:
-            # Decided by ballots nobody commits (stored raw), and one closed by deadline.
-            voters = ["v0", "v1", "v2"]
+            # Decided by ballots nobody commits (stored raw, each signed by its voter), and one
+            # closed by deadline.
+            voters = [f"{unique}-v{i}" for i in range(3)]
             decided = await agents[0].board(unique).propose("s", "decided", ["x", "y"], voters=voters)
             timed = await agents[0].board(unique).propose("s", "timed", ["x"], deadline=timedelta(seconds=0.4))
             for v in voters:
-                await store.publish_ballot(unique, Ballot(id=v, proposal_id=decided.id, voter=v, choice=1,
-                                                          created_at=datetime.now(UTC)))
+                vnc = await connect_nats(settings, name=f"raw-{v}", credentials=credentials(v))
+                try:
+                    await VoteStore(vnc, settings, name=v).publish_ballot(unique, Ballot(
+                        id=v, proposal_id=decided.id, voter=v, choice=1, created_at=datetime.now(UTC)))
+                finally:
+                    await vnc.close()
             await agents[1].board(unique).vote(timed.id, "accept")
             handles = [await a.board(unique).proposal(pid) for a in agents for pid in (decided.id, timed.id)]
             await until_past(timed.proposal.deadline, 0.0)

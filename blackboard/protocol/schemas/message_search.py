@@ -17,6 +17,7 @@ from pydantic import Field, model_validator
 
 from blackboard.protocol.schemas._base import Name, Timestamp, WireModel
 from blackboard.protocol.schemas.message import MessageKind
+from blackboard.protocol.signing import Verdict
 
 __all__ = ["MessageHit", "MessageSearchRequest", "MessageSearchResponse"]
 
@@ -69,6 +70,9 @@ class MessageHit(WireModel):
     metadata: dict[str, Any] = Field(default_factory=dict)
     created_at: datetime | None = None
     stored_at: datetime
+    verdict: Verdict = Field(Verdict.UNSIGNED, description=(
+        "The message's signature as the worker found it at ingest: verified, or unsigned (stored "
+        "without a signature). Messages with any other verdict are never stored."))
     score: float = Field(0.0, description="ts_rank with a query, 0 otherwise.")
 
 

@@ -29,6 +29,7 @@ from pydantic import ConfigDict, Field, model_validator
 
 from blackboard.protocol.schemas._base import Name, Timestamp, WireModel
 from blackboard.protocol.schemas.memory import MemoryKind
+from blackboard.protocol.signing import Verdict
 
 __all__ = [
     "AsOfRequest",
@@ -49,6 +50,10 @@ __all__ = [
 ]
 
 SearchMode = Literal["semantic", "keyword", "hybrid"]
+#: The description of a hit's ``verdict`` (every stored record has one).
+_VERDICT = ("The record's signature as the worker found it at ingest: verified, or unsigned (stored "
+            "without a signature: worker.require_signatures off, an open bus, verification off, or "
+            "written before signatures). Records with any other verdict are never stored.")
 #: What a search looks through: long-term memories or current board entries.
 SearchTarget = Literal["memory", "entry"]
 
@@ -167,6 +172,7 @@ class MemoryHit(WireModel):
     revision: int = Field(description="Stream sequence of the message that stored this version.")
     score: float
     scores: dict[str, float] = Field(default_factory=dict, description="Per-retriever scores (hybrid).")
+    verdict: Verdict = Field(Verdict.UNSIGNED, description=_VERDICT)
 
 
 class EntryHit(WireModel):
@@ -185,6 +191,7 @@ class EntryHit(WireModel):
     updated_at: datetime
     score: float
     scores: dict[str, float] = Field(default_factory=dict)
+    verdict: Verdict = Field(Verdict.UNSIGNED, description=_VERDICT)
 
 
 class MemorySearchResponse(WireModel):
@@ -241,6 +248,7 @@ class EntryRevision(WireModel):
     author: str | None = None
     created_at: datetime | None = None
     stored_at: datetime
+    verdict: Verdict = Field(Verdict.UNSIGNED, description=_VERDICT)
 
 
 class HistoryResponse(WireModel):
