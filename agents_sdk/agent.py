@@ -277,6 +277,20 @@ class Agent:
         """The underlying board store (all boards)."""
         return self.context.store
 
+    @property
+    def verification(self) -> dict[str, int]:
+        """How the records this agent read verified (docs/security.md, "Signatures"): the
+        connection's verifier counts, by verdict (``verified``, ``bad_signature``,
+        ``wrong_author``, ``unsigned``...; each stored revision is verified once, then
+        ``cache_hits``), and ``hidden``: records its reads hid because they do not verify.
+        Empty counts when this agent does not verify (``security.verify`` off, an open bus).
+        """
+        store = self.context.store
+        verifier = store.signing.verifier
+        stats = dict(verifier.stats) if verifier is not None else {}
+        stats["hidden"] = store.hidden
+        return stats
+
     async def close(self) -> None:
         """Close the views, messaging and voting, flush pending writes and close the connection.
 
@@ -340,7 +354,9 @@ class _Connector:
         nats_settings = self._settings.nats
         if found is None and nats_settings.creds_file is not None:  # another id's, passed over: none
             nats_settings = nats_settings.model_copy(update={"creds_file": None})
-        nc = await connect_nats(nats_settings, name=f"agent:{self._agent_id}", credentials=found)
+        # The whole settings: their security part says what the connection signs and verifies.
+        nc = await connect_nats(self._settings.model_copy(update={"nats": nats_settings}),
+                                name=f"agent:{self._agent_id}", credentials=found)
         try:
             # An agent with a credential has no right to create streams (the worker does).
             if self._ensure and found is None:

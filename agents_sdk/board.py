@@ -19,7 +19,7 @@ from agents_sdk.consensus import (
 from agents_sdk.context import AgentContext
 from agents_sdk.objects import ObjectStore, object_name
 from agents_sdk.view import View
-from blackboard.client.board_store import BoardStore, Pipeline, Watch, WatchStart, WriteOp
+from blackboard.client.board_store import BoardStore, Hidden, Pipeline, Watch, WatchStart, WriteOp
 from blackboard.protocol.codec import Encoding
 from blackboard.protocol.entries import Entry, Operation, default_content_type
 from blackboard.protocol.errors import (
@@ -210,34 +210,46 @@ class Board:
     def _written(self, section: str, key: str, revision: int, value: Any, content_type: str | None,
                  tags: Sequence[str], metadata: Mapping[str, Any] | None,
                  operation: Operation = Operation.PUT) -> None:
-        """Show an acknowledged write in this agent's views at once (read-your-own-writes)."""
+        """Show an acknowledged write in this agent's views at once (read-your-own-writes),
+        with the verdict its readers give it (not at all when they would hide it)."""
         views = self.context.views
         if not views.watching(self.name):
+            return
+        verdict = self._store.own_verdict(self.agent.id)
+        if not self._store.shows(verdict):
             return
         entry = Entry(self.name, section, key, revision,
                       value=value if operation is Operation.PUT else None,
                       content_type=content_type or default_content_type(value), author=self.agent.id,
                       tags=tuple(tags), metadata=dict(metadata or {}), created_at=datetime.now(UTC),
-                      operation=operation)
+                      operation=operation, verdict=verdict)
         views.written(entry)
 
     # ------------------------------------------------------------------- reads
     async def get(self, section: str, key: str, *, revision: int | None = None) -> Entry:
-        """The latest entry (or the one at ``revision``).
+        """The latest entry (or the one at ``revision``), its signature verified.
 
         Raises:
             NotFoundError: absent, deleted, or that revision is not kept.
+            UnverifiedRecordError: that revision does not verify (its ``verdict``
+                says why: unsigned, written by another identity than its author...);
+                with ``security.unverified = "flag"`` the entry is returned instead,
+                carrying its ``verdict``.
         """
         return await self._store.get(self.name, section, key, revision=revision)
 
     async def history(self, section: str, key: str) -> list[Entry]:
-        """The revisions JetStream keeps of a key, oldest first (deletes included)."""
+        """The revisions JetStream keeps of a key, oldest first (deletes included); a revision
+        that does not verify is left out (or, with ``security.unverified = "flag"``, listed
+        with its ``verdict``)."""
         return await self._store.history(self.name, section, key)
 
     async def keys(self, section: str) -> list[str]:
+        """The section's live keys, sorted (a key whose latest revision does not verify is absent)."""
         return await self._store.keys(self.name, section)
 
     async def sections(self) -> list[str]:
+        """The sections holding a live key, sorted."""
         return await self._store.sections(self.name)
 
     async def attach(self, section: str, key: str, data: bytes, *, content_type: str,
@@ -354,15 +366,19 @@ class Board:
         return View(self, section, key)
 
     def watch(self, section: str | None = None, key: str | None = None, *, start: WatchStart = "new",
-              from_revision: int | None = None, include_deletes: bool = True) -> Watch:
+              from_revision: int | None = None, include_deletes: bool = True, hidden: Hidden = "skip") -> Watch:
         """Watch this board, a section, or one key. See :meth:`BoardStore.watch`.
 
         An entry the watch delivered whose TTL runs out arrives as a ``PURGE`` change
         at its expired revision, at the moment it expires (the server writes no
         marker by default: the watch keeps the deadlines, :class:`Watch`).
+
+        A revision that does not verify is skipped (counted in ``watch.hidden``), or
+        with ``hidden="remove"`` delivered as the key's removal at that revision;
+        with ``security.unverified = "flag"`` it is delivered with its ``verdict``.
         """
         return self._store.watch(self.name, section, key, start=start, from_revision=from_revision,
-                                 include_deletes=include_deletes)
+                                 include_deletes=include_deletes, hidden=hidden)
 
 
 class BoardPipeline:

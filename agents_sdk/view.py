@@ -7,6 +7,13 @@ after a reconnect, or a revision the agent already applied locally
 (read-your-own-writes), is ignored: the view converges without gaps or
 duplicates.
 
+Only entries that verify are shown (docs/security.md, "Signatures"): a
+revision that does not verify makes its key absent from the view at that
+revision (the watch delivers it as the key's removal, carrying its
+``verdict``; counted in :attr:`View.hidden`), rather than leaving an older
+value in place. With ``security.unverified = "flag"`` it is shown, its entry's
+``verdict`` telling why it did not verify.
+
 An entry written with a TTL disappears when it expires: the view's watch
 delivers a ``PURGE`` change at the entry's stored time plus its TTL (one timer
 for the watch, whatever the number of entries), carrying the expired revision
@@ -28,7 +35,7 @@ from blackboard.protocol.errors import NotConnectedError, OperationTimeoutError
 
 if TYPE_CHECKING:
     from agents_sdk.context import AgentContext
-    from blackboard.client.board_store import Watch, WatchStart
+    from blackboard.client.board_store import Hidden, Watch, WatchStart
 
 __all__ = ["ChangeCallback", "View", "ViewSource"]
 
@@ -46,7 +53,8 @@ class ViewSource(Protocol):
     @property
     def context(self) -> AgentContext: ...
 
-    def watch(self, section: str | None = None, key: str | None = None, *, start: WatchStart = "new") -> Watch: ...
+    def watch(self, section: str | None = None, key: str | None = None, *, start: WatchStart = "new",
+              hidden: Hidden = "skip") -> Watch: ...
 
 
 class View:
@@ -85,6 +93,11 @@ class View:
         """Stored entries the view's watch skipped because they cannot be decoded (each logged;
         the view goes on without them)."""
         return self._watch.skipped if self._watch is not None else 0
+
+    @property
+    def hidden(self) -> int:
+        """Revisions the view hid because they do not verify (their keys read as absent)."""
+        return self._watch.hidden if self._watch is not None else 0
 
     # ---------------------------------------------------------------- lifecycle
     async def start(self) -> View:
@@ -132,7 +145,7 @@ class View:
 
     async def _follow(self, status: TaskStatus[None]) -> None:
         """Apply the watch's changes in order; report up once the snapshot is applied."""
-        async with self.board.watch(self.section, self.key, start="current") as watch:
+        async with self.board.watch(self.section, self.key, start="current", hidden="remove") as watch:
             self._watch = watch
             if watch.caught_up.is_set():  # an empty snapshot
                 status.started()

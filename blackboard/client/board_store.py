@@ -9,19 +9,33 @@ latest revision use a direct get of the last message on its subject
 key's next revision, history, listings and watches use consumers created
 through the named API subject with their one filter in it
 (:mod:`blackboard.client.consumers`): the forms an agent's permissions allow.
+
+**Signatures** (docs/security.md, "Signatures"). With its connection's
+:class:`~blackboard.client.signing.Signing`, every write is signed: the payload
+is the entry's canonical encoding (JSON text with ``encoding="json"``, its
+canonical bytes signed), and the three ``Bb-Sig*`` headers are made again
+before each (re)send. Every read is verified, once per stored revision (the
+connection's :class:`~blackboard.security.verifier.Verifier` keeps verdicts
+per revision; this store decodes a revision once for all its watches): an
+entry carries its ``verdict``. A strict read (:meth:`BoardStore.get`) of a
+revision that does not verify raises :class:`UnverifiedRecordError`; watches,
+history and listings hide it (``security.unverified = "hide"``, counted in
+``hidden``) or pass it with its verdict (``"flag"``). The server's own expiry
+markers carry no signature and are taken as they are.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import math
 import re
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Literal
 
 import nats.errors
 import nats.js.errors
@@ -31,15 +45,19 @@ from nats.aio.msg import Msg
 from blackboard.client.consumers import read_first
 from blackboard.client.expiry import ExpiryTimer
 from blackboard.client.follower import OrderedFollower, StartPosition
-from blackboard.client.publisher import RETRYABLE, Publisher
+from blackboard.client.publisher import RETRYABLE, Publisher, Sign
+from blackboard.client.signing import Signing, signing_of
 from blackboard.protocol import codec
 from blackboard.protocol.entries import (
     Change,
     Entry,
     Operation,
     decode_entry,
-    encode_entry,
+    encode_entry_record,
+    entry_record_bytes,
+    make_entry,
     parse_server_time,
+    read_envelope,
 )
 from blackboard.protocol.errors import (
     BlackboardError,
@@ -51,11 +69,15 @@ from blackboard.protocol.errors import (
     OperationTimeoutError,
     PayloadTooLargeError,
     TransportError,
+    UnverifiedRecordError,
 )
+from blackboard.protocol.schemas import EntryEnvelope
+from blackboard.protocol.signing import Verdict
 from blackboard.protocol.subjects import Header, KeyParts, Subjects, parse_ttl, validate_name
+from blackboard.security.verifier import Signed
 from blackboard.settings import Settings
 
-__all__ = ["BoardStore", "Pipeline", "Watch", "WatchStart", "WriteOp"]
+__all__ = ["BoardStore", "Hidden", "Pipeline", "Watch", "WatchStart", "WriteOp"]
 
 _DECODED_CACHE = 1024
 
@@ -65,6 +87,9 @@ log = logging.getLogger("blackboard.client.board_store")
 
 #: Where a watch starts: only new changes, the current value of every key, or all history.
 WatchStart = StartPosition
+#: What a watch that hides a revision (it does not verify) delivers: nothing, or the key's removal
+#: at that revision (what a view and the key listings do: the key reads as absent).
+Hidden = Literal["skip", "remove"]
 
 _WRONG_LAST_SEQ = 10071
 _MSG_TOO_BIG = 10054
@@ -76,6 +101,8 @@ _LIVE_CHECKS = 8
 #: follows (a stream with markers) is not delivered as a second removal.
 _EXPIRED_REMEMBERED = 10_000
 _SEQ_RE = re.compile(r"(\d+)\s*$")
+_SIG_KEY = Header.SIG_KEY.value
+_MARKER_REASON = Header.MARKER_REASON.value
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +126,9 @@ class _Prepared:
     headers: dict[str, str]
     key: str
     expected: int | None
+    #: The record's canonical bytes, what its signature covers (the payload itself with
+    #: msgpack; empty for a tombstone).
+    record: bytes = b""
 
 
 def _tag_tuple(tags: Any) -> tuple[str, ...]:
@@ -130,9 +160,12 @@ class BoardStore:
     Args:
         nc: a connected NATS client (it reconnects by itself).
         settings: the deployment's settings.
+        signing: what writes are signed and reads verified with (default: the
+            connection's, :func:`~blackboard.client.signing.signing_of`; none on
+            a plain nats-py client).
     """
 
-    def __init__(self, nc: NATS, settings: Settings) -> None:
+    def __init__(self, nc: NATS, settings: Settings, signing: Signing | None = None) -> None:
         self._nc = nc
         self._settings = settings
         self._js = nc.jetstream(timeout=settings.nats.request_timeout,
@@ -141,9 +174,20 @@ class BoardStore:
         #: ``$JS.API.DIRECT.GET.KV_<bucket>``: a key's last message is this plus ``.<subject>`` (the get hot path).
         self._direct_prefix = Subjects.direct_get(self.subjects.kv_stream)
         self._publisher = Publisher(nc, self._js, settings.nats)
-        #: recently decoded revisions, shared by this store's watches
+        #: recently decoded (and verified) revisions, shared by this store's watches
         self._decoded: OrderedDict[int, Entry] = OrderedDict()
         self._max = settings.board.max_value_size
+        #: What this store signs its writes and verifies its reads with.
+        self.signing = signing if signing is not None else signing_of(nc)
+        self._signer = self.signing.signer
+        self._verifier = self.signing.verifier
+        #: ``security.unverified = "flag"``: readers get what does not verify, with its verdict.
+        self._flag = self.signing.unverified == "flag"
+        self._stream = self.subjects.kv_stream
+        #: Revisions this store's watches, listings and histories hid (they do not verify).
+        self.hidden = 0
+        #: The stream places expiry markers (unsigned: the server writes them), which readers take.
+        self._markers = settings.board.expiry_marker_ttl > 0
 
     # ------------------------------------------------------------------ writes
     def _msg_id(self) -> str:
@@ -166,9 +210,9 @@ class BoardStore:
         msg_id: str | None = None,
     ) -> _Prepared:
         subject = self.subjects.entry(board, section, key)
-        payload = encode_entry(value, author=author, content_type=content_type,
-                               tags=tags if type(tags) is tuple else _tag_tuple(tags),
-                               metadata=metadata, encoding=encoding)
+        payload, record = encode_entry_record(value, author=author, content_type=content_type,
+                                              tags=tags if type(tags) is tuple else _tag_tuple(tags),
+                                              metadata=metadata, encoding=encoding)
         if len(payload) > self._max:
             raise PayloadTooLargeError(len(payload), self._max)
         headers = {Header.MSG_ID.value: msg_id or self._msg_id()}
@@ -183,7 +227,26 @@ class BoardStore:
             if not _ttl_ok(ttl):
                 raise InvalidPayloadError("ttl must be a finite number of seconds, at least 1")
             headers[Header.MSG_TTL.value] = f"{math.ceil(ttl)}s"
-        return _Prepared(subject, payload, headers, f"{board}.{section}.{key}", expected_revision)
+        return _Prepared(subject, payload, headers, f"{board}.{section}.{key}", expected_revision, record)
+
+    def _sign(self, prep: _Prepared) -> Sign | None:
+        """Signs ``prep``'s headers in place before each send (None: this store does not sign)."""
+        signer = self._signer
+        return None if signer is None else functools.partial(signer.sign, prep.subject, prep.headers, prep.record)
+
+    def own_verdict(self, author: str) -> Verdict:
+        """The verdict this store's readers give its own write as ``author``: ``unsigned``
+        when they do not verify, else ``verified`` when the signer is ``author``."""
+        if self._verifier is None:
+            return Verdict.UNSIGNED
+        signer = self._signer
+        if signer is None:
+            return Verdict.UNSIGNED
+        return Verdict.VERIFIED if signer.principal == author else Verdict.WRONG_AUTHOR
+
+    def shows(self, verdict: Verdict) -> bool:
+        """Whether this store's readers show an entry of this verdict (``False``: they hide it)."""
+        return verdict is Verdict.VERIFIED or self._verifier is None or self._flag
 
     async def _publish(self, prep: _Prepared) -> int:
         """Publish with retries until acked or the write timeout; returns the revision."""
@@ -193,7 +256,7 @@ class BoardStore:
         ack = await self._publisher.publish(prep.subject, prep.payload, prep.headers,
                                             what=f"write to {prep.key!r}",
                                             map_api_error=lambda exc: self._map_api_error(exc, prep),
-                                            stream=self.subjects.kv_stream, resend=resend)
+                                            stream=self.subjects.kv_stream, resend=resend, sign=self._sign(prep))
         return ack.seq
 
     def _map_api_error(self, exc: nats.js.errors.APIError, prep: _Prepared) -> BlackboardError:
@@ -317,20 +380,100 @@ class BoardStore:
     async def _request(self, subject: str, payload: bytes, what: str) -> Msg:
         return await self._publisher.request(subject, payload, what=what)
 
-    def _decode_shared(self, seq: int, msg: Msg, stored_at: datetime | None) -> Entry:
-        """Decode a stored message once for every watch of this store.
+    # -------------------------------------------------------- verification
+    def _item(self, subject: str, headers: Mapping[str, str] | None, data: bytes | None,
+              stored_at: datetime | None, env: EntryEnvelope | None, seq: int) -> Signed:
+        """What the verifier checks of a stored revision (its verdict kept per revision)."""
+        return Signed(subject, headers, data or b"", stored_at, None if env is None else env.author,
+                      None if env is None else functools.partial(entry_record_bytes, env), (self._stream, seq))
+
+    def _known(self, headers: Mapping[str, str] | None) -> bool:
+        """Whether the verifier can check a message now (no certificate to fetch first)."""
+        key = headers.get(_SIG_KEY) if headers else None
+        return key is None or self._verifier is None or self._verifier.keys.lookup(key) is not None
+
+    def _signer_of(self, headers: Mapping[str, str] | None) -> str | None:
+        """The principal of a message's signing key, when known."""
+        key = headers.get(_SIG_KEY) if headers else None
+        info = self._verifier.keys.lookup(key) if key and self._verifier is not None else None
+        return None if info is None else info.principal
+
+    async def _read(self, parts: KeyParts, seq: int, subject: str, data: bytes | None,
+                    headers: Mapping[str, str] | None, stored_at: datetime | None) -> Entry:
+        """Decode and verify one stored revision (a strict read's: not shared).
+
+        Raises:
+            InvalidPayloadError, LimitExceededError: not a readable entry.
+        """
+        op, env = read_envelope(parts, seq, data, headers)
+        verifier = self._verifier
+        if verifier is None:
+            return make_entry(parts, seq, op, env, stored_at)
+        item = self._item(subject, headers, data, stored_at, env, seq)
+        verdict = verifier.check(item) if self._known(headers) else await verifier.verify(item)
+        return make_entry(parts, seq, op, env, stored_at, verdict)
+
+    def _strict(self, entry: Entry, subject: str, headers: Mapping[str, str] | None) -> Entry:
+        """``entry`` when a strict read may return it.
+
+        Raises:
+            UnverifiedRecordError: it does not verify (``security.unverified = "hide"``).
+        """
+        if self.shows(entry.verdict) or self.server_marker(entry, headers):
+            return entry
+        raise UnverifiedRecordError(entry.verdict, subject, revision=entry.revision,
+                                    signer=self._signer_of(headers), record=entry)
+
+    def _decode_shared(self, seq: int, msg: Msg, stored_at: datetime | None) -> Entry | Awaitable[Entry]:
+        """Decode and verify a stored message once for every watch of this store: the entry,
+        or (when the signer's certificate must be fetched first) an awaitable of it.
 
         Several watches (views) of one agent see the same revisions; the
-        first decodes it and the others get the same (read-only) Entry.
+        first decodes and verifies it and the others get the same (read-only)
+        Entry. A verified entry whose key has since been revoked is verified again.
+
+        Raises:
+            InvalidKeyError, InvalidPayloadError: not a readable entry.
         """
         entry = self._decoded.get(seq)  # a stream sequence is never reused
-        if entry is None:
-            parts = self.subjects.parse_entry(msg.subject)
-            entry = decode_entry(parts, seq, msg.data, msg.headers, stored_at)
-            self._decoded[seq] = entry
+        if entry is not None and (entry.verdict is not Verdict.VERIFIED or not self._revoked(msg.headers)):
+            return entry
+        parts = self.subjects.parse_entry(msg.subject)
+        op, env = read_envelope(parts, seq, msg.data, msg.headers)
+        verifier = self._verifier
+        if verifier is None:
+            return self._keep(make_entry(parts, seq, op, env, stored_at))
+        item = self._item(msg.subject, msg.headers, msg.data, stored_at, env, seq)
+        if not self._known(msg.headers):
+            return self._verify_shared(item, parts, seq, op, env, stored_at)
+        return self._keep(make_entry(parts, seq, op, env, stored_at, verifier.check(item)))
+
+    async def _verify_shared(self, item: Signed, parts: KeyParts, seq: int, op: Operation,
+                             env: EntryEnvelope | None, stored_at: datetime | None) -> Entry:
+        assert self._verifier is not None
+        verdict = await self._verifier.verify(item)
+        return self._keep(make_entry(parts, seq, op, env, stored_at, verdict))
+
+    def _keep(self, entry: Entry) -> Entry:
+        """Share a decoded entry with the other watches (not one whose signer's certificate
+        was not found: it may be published yet)."""
+        if entry.verdict is not Verdict.UNKNOWN_KEY:
+            self._decoded[entry.revision] = entry
             if len(self._decoded) > _DECODED_CACHE:
                 self._decoded.popitem(last=False)
         return entry
+
+    def server_marker(self, entry: Entry, headers: Mapping[str, str] | None) -> bool:
+        """Whether an unsigned entry is the server's expiry marker, which readers take as it is:
+        a purge with ``Nats-Marker-Reason`` on a stream that places markers
+        (``board.expiry_marker_ttl``; on one that does not, such a message is forged)."""
+        return (self._markers and entry.verdict is Verdict.UNSIGNED and entry.operation is Operation.PURGE
+                and headers is not None and _MARKER_REASON in headers)
+
+    def _revoked(self, headers: Mapping[str, str] | None) -> bool:
+        """Whether a message's signing key has a revocation (a kept verdict may be out of date)."""
+        key = headers.get(_SIG_KEY) if headers else None
+        return key is not None and self._verifier is not None and self._verifier.keys.revoked_at(key) is not None
 
     @staticmethod
     def _check_direct(msg: Msg, what: str) -> None:
@@ -342,21 +485,25 @@ class BoardStore:
                 raise NotFoundError(what)
             raise TransportError(f"direct get of {what!r} failed: {status} {headers.get('Description', '')}")
 
-    def _entry_from_direct(self, msg: Msg, what: str, parts: KeyParts | None = None) -> Entry:
-        """A direct get's reply as an entry; ``parts``: the key asked for, when the reply is the
-        last message of that key's subject (saves decoding the subject again)."""
-        self._check_direct(msg, what)
-        headers = msg.headers or {}
-        if parts is None:
-            parts = self.subjects.parse_entry(headers[Header.SUBJECT.value])
-        return decode_entry(parts, int(headers[Header.SEQUENCE.value]), msg.data, headers,
-                            parse_server_time(headers.get(Header.TIMESTAMP.value)))
-
     async def _get_raw(self, board: str, section: str, key: str) -> Entry:
+        """The key's last revision, decoded, its signature not checked (what a write reads to
+        compare-and-set on a tombstone)."""
         subject = self.subjects.entry(board, section, key)  # validates the names
         what = f"{board}.{section}.{key}"
         msg = await self._request(f"{self._direct_prefix}.{subject}", b"", what)
-        return self._entry_from_direct(msg, what, KeyParts(board, section, key))
+        self._check_direct(msg, what)
+        headers = msg.headers or {}
+        return decode_entry(KeyParts(board, section, key), int(headers[Header.SEQUENCE.value]), msg.data, headers,
+                            parse_server_time(headers.get(Header.TIMESTAMP.value)))
+
+    async def _get_latest(self, parts: KeyParts, subject: str, what: str) -> tuple[Entry, Mapping[str, str]]:
+        """The key's last revision, decoded and verified, and its headers."""
+        msg = await self._request(f"{self._direct_prefix}.{subject}", b"", what)
+        self._check_direct(msg, what)
+        headers = msg.headers or {}
+        entry = await self._read(parts, int(headers[Header.SEQUENCE.value]), subject, msg.data, headers,
+                                 parse_server_time(headers.get(Header.TIMESTAMP.value)))
+        return entry, headers
 
     async def latest_revision(self, board: str, section: str, key: str) -> int:
         """The revision of the key's last write (a delete included), 0 if it has none."""
@@ -375,50 +522,62 @@ class BoardStore:
         return await read_first(self._nc, self._js, self.subjects.kv_stream, subject, start,
                                 timeout=self._settings.nats.request_timeout, what=f"read {what}")
 
-    def _entry_from_delivery(self, msg: Msg) -> Entry:
-        """A consumer's delivery as an entry (the revision and exact server time from its
-        reply subject, as a direct get's headers give them)."""
+    async def _entry_from_delivery(self, msg: Msg) -> Entry:
+        """A consumer's delivery as an entry, verified (the revision and exact server time from
+        its reply subject, as a direct get's headers give them)."""
         _, revision, stored_at = Subjects.parse_ack(msg.reply)
-        return decode_entry(self.subjects.parse_entry(msg.subject), revision, msg.data, msg.headers, stored_at)
+        return await self._read(self.subjects.parse_entry(msg.subject), revision, msg.subject, msg.data,
+                                msg.headers, stored_at)
 
     async def next_revision(self, board: str, section: str, key: str, after: int) -> tuple[int, Entry | None] | None:
         """The key's first revision after ``after`` and its entry (``None`` when that
-        message is not a readable entry), or ``None`` if the key has no later revision."""
+        message is not a readable entry, or does not verify and ``security.unverified``
+        is ``hide``), or ``None`` if the key has no later revision."""
         what = f"{board}.{section}.{key}"
         msg = await self._read_first(self.subjects.entry(board, section, key), max(1, after + 1), what)
         if msg is None:
             return None
         revision = msg.metadata.sequence.stream
         try:
-            return revision, self._entry_from_delivery(msg)
+            entry = await self._entry_from_delivery(msg)
         except (InvalidKeyError, InvalidPayloadError):
             return revision, None
+        return revision, entry if self.shows(entry.verdict) else None
 
     async def get(self, board: str, section: str, key: str, *, revision: int | None = None) -> Entry:
-        """The latest value of a key, or the value at ``revision``.
+        """The latest value of a key, or the value at ``revision``, verified.
 
         Raises:
             NotFoundError: no such key, it was deleted, or that revision is not
                 (or no longer) in the history of this key.
+            UnverifiedRecordError: that revision (a tombstone included) does not
+                verify, with ``security.unverified = "hide"`` (with ``"flag"`` it
+                is returned, its ``verdict`` telling why).
         """
         what = f"{board}.{section}.{key}"
+        subject = self.subjects.entry(board, section, key)  # validates the names
+        parts = KeyParts(board, section, key)
+        headers: Mapping[str, str] | None
         if revision is None:
-            entry = await self._get_raw(board, section, key)
+            entry, headers = await self._get_latest(parts, subject, what)
         else:
             if type(revision) is not int:
                 raise InvalidPayloadError(f"revision must be an integer, not {type(revision).__name__}")
             if revision < 1:
                 raise NotFoundError(what, f"{what!r} has no revision {revision}")
-            msg = await self._read_first(self.subjects.entry(board, section, key), revision, f"{what}@{revision}")
+            msg = await self._read_first(subject, revision, f"{what}@{revision}")
             if msg is None or msg.metadata.sequence.stream != revision:
                 raise NotFoundError(what, f"{what!r} has no revision {revision}")
-            entry = self._entry_from_delivery(msg)
+            entry, headers = await self._entry_from_delivery(msg), msg.headers
+        entry = self._strict(entry, subject, headers)
         if entry.operation is not Operation.PUT:
             raise NotFoundError(what, f"{what!r} was deleted at revision {entry.revision}")
         return entry
 
     async def history(self, board: str, section: str, key: str) -> list[Entry]:
-        """Every revision JetStream keeps of a key, oldest first (deletes included)."""
+        """Every revision JetStream keeps of a key, oldest first (deletes included); those
+        that do not verify are left out (``security.unverified = "hide"``, counted in
+        :attr:`hidden`) or carry their verdict (``"flag"``)."""
         subject = self.subjects.entry(board, section, key)
         entries: list[Entry] = []
         async with Watch(self, subject, start="all", stop_when_caught_up=True) as watch:
@@ -427,9 +586,13 @@ class BoardStore:
         return entries
 
     async def _scan_keys(self, filter_subject: str) -> list[KeyParts]:
+        """The keys whose latest revision is a put (that verifies, or any with ``flag``).
+
+        Headers are enough for that unless revisions are verified (a signature covers the payload).
+        """
         parts: list[KeyParts] = []
-        async with Watch(self, filter_subject, start="current", headers_only=True,
-                         stop_when_caught_up=True) as watch:
+        async with Watch(self, filter_subject, start="current", headers_only=self._verifier is None,
+                         stop_when_caught_up=True, hidden="remove") as watch:
             async for change in watch:
                 if change.entry.operation is Operation.PUT:
                     e = change.entry
@@ -503,8 +666,8 @@ class BoardStore:
 
     async def _has_live_key(self, board: str) -> bool:
         """Whether some key of ``board`` is live (stops at the first one found)."""
-        async with Watch(self, self.subjects.entry_filter(board), start="current", headers_only=True,
-                         stop_when_caught_up=True) as watch:
+        async with Watch(self, self.subjects.entry_filter(board), start="current",
+                         headers_only=self._verifier is None, stop_when_caught_up=True, hidden="remove") as watch:
             async for change in watch:
                 if change.entry.operation is Operation.PUT:
                     return True
@@ -513,7 +676,7 @@ class BoardStore:
     def follow(
         self,
         filter_subject: str,
-        on_message: Callable[[Msg], None],
+        on_message: Callable[[Msg], Awaitable[None] | None],
         *,
         start: WatchStart = "all",
         from_revision: int | None = None,
@@ -536,17 +699,21 @@ class BoardStore:
         start: WatchStart = "new",
         from_revision: int | None = None,
         include_deletes: bool = True,
+        hidden: Hidden = "skip",
     ) -> Watch:
         """Watch changes to a board, a section or one key (``None`` = wildcard).
 
         ``start``: ``"new"`` only changes from now on, ``"current"`` first the
         current value of every matching key, ``"all"`` the whole kept history;
         ``from_revision`` replays from that revision on (overrides ``start``).
+        ``hidden``: what a revision that does not verify becomes (with
+        ``security.unverified = "hide"``): nothing (``"skip"``), or the key's
+        removal at that revision (``"remove"``, what a view does).
         """
         if board is not None:
             validate_name(board, "board")
         return Watch(self, self.subjects.entry_filter(board, section, key), start=start,
-                     from_revision=from_revision, include_deletes=include_deletes)
+                     from_revision=from_revision, include_deletes=include_deletes, hidden=hidden)
 
 
 class Watch:
@@ -572,6 +739,14 @@ class Watch:
     the expiry time. On a stream with expiry markers the server's marker that
     follows is not delivered again. A watch that stops when caught up
     (listings, history) does not track expiries.
+
+    **Signatures.** Each change's entry carries its ``verdict``. A revision
+    that does not verify is hidden (``security.unverified = "hide"``, counted in
+    ``hidden``): skipped, or with ``hidden="remove"`` (views, key listings)
+    delivered as the key's removal at that revision (``DELETE``, no value, its
+    verdict kept), so the key reads as absent rather than at an older value.
+    With ``"flag"`` it is delivered with its verdict. The signer's certificate
+    is fetched when not yet known, the watch's deliveries waiting in order.
     """
 
     def __init__(
@@ -584,6 +759,7 @@ class Watch:
         include_deletes: bool = True,
         headers_only: bool = False,
         stop_when_caught_up: bool = False,
+        hidden: Hidden = "skip",
     ) -> None:
         self._store = store
         self._filter = filter_subject
@@ -604,12 +780,24 @@ class Watch:
         self._expiry: ExpiryTimer[KeyParts] | None = None if stop_when_caught_up else ExpiryTimer(self._expire)
         #: Keys this watch expired itself (a server marker may follow), oldest first.
         self._expired: OrderedDict[KeyParts, int] = OrderedDict()
+        #: Hide what does not verify (``security.unverified = "hide"`` on a verifying store).
+        self._hide = store._verifier is not None and not store._flag
+        self._remove_hidden = hidden == "remove"
+        self._hidden = 0
+        #: The verdict an expiry carries: its entry's (kept here only when not this one).
+        self._ok = Verdict.UNSIGNED if store._verifier is None else Verdict.VERIFIED
+        self._ttl_verdicts: dict[KeyParts, Verdict] = {}
 
     @property
     def skipped(self) -> int:
         """Stored messages this watch skipped: not decodable into an entry (a bad key, a payload
         that is not an entry), or failing in a way the follower caught (each logged)."""
         return self._undecodable + self._follower.skipped
+
+    @property
+    def hidden(self) -> int:
+        """Revisions this watch hid because they do not verify (``security.unverified = "hide"``)."""
+        return self._hidden
 
     @property
     def last_revision(self) -> int:
@@ -639,7 +827,7 @@ class Watch:
         if self._stop_when_caught_up:
             self._queue.put_nowait(None)
 
-    def _on_msg(self, msg: Msg) -> None:
+    def _on_msg(self, msg: Msg) -> Awaitable[None] | None:
         md = msg.metadata
         seq = md.sequence.stream
         try:
@@ -647,15 +835,39 @@ class Watch:
                 entry = decode_entry(self._store.subjects.parse_entry(msg.subject), seq, None, msg.headers,
                                      md.timestamp)
             else:
-                entry = self._store._decode_shared(seq, msg, md.timestamp)
+                got = self._store._decode_shared(seq, msg, md.timestamp)
+                if not isinstance(got, Entry):  # the signer's certificate is fetched first
+                    return self._deliver_later(got, msg.headers, md.timestamp, md.num_pending)
+                entry = got
         except (InvalidPayloadError, InvalidKeyError) as exc:
             self._undecodable += 1
             log.warning("skipping undecodable board message %s (revision %d): %s", msg.subject, seq, exc)
-            return
-        if self._expiry is not None and self._track_expiry(entry, msg.headers, md.timestamp):
+            return None
+        self._deliver(entry, msg.headers, md.timestamp, md.num_pending)
+        return None
+
+    async def _deliver_later(self, pending: Awaitable[Entry], headers: Mapping[str, str] | None,
+                             stored_at: datetime | None, num_pending: int) -> None:
+        self._deliver(await pending, headers, stored_at, num_pending)
+
+    def _deliver(self, entry: Entry, headers: Mapping[str, str] | None, stored_at: datetime | None,
+                 num_pending: int) -> None:
+        if self._hide and entry.verdict is not Verdict.VERIFIED and not self._store.server_marker(entry, headers):
+            self._hidden += 1
+            self._store.hidden += 1
+            log.debug("hiding board revision %d of %s.%s.%s: %s", entry.revision, entry.board, entry.section,
+                      entry.key, entry.verdict)
+            if self._expiry is not None:  # the key's latest revision now: an earlier one's TTL no longer applies
+                self._expiry.seen(KeyParts(entry.board, entry.section, entry.key), entry.revision, None)
+            if not self._remove_hidden:
+                return
+            entry = Entry(entry.board, entry.section, entry.key, entry.revision, stored_at=entry.stored_at,
+                          operation=Operation.DELETE if entry.operation is Operation.PUT else entry.operation,
+                          verdict=entry.verdict)
+        elif self._expiry is not None and self._track_expiry(entry, headers, stored_at):
             return
         if entry.operation is Operation.PUT or self._include_deletes:
-            self._queue.put_nowait(Change(entry, md.num_pending))
+            self._queue.put_nowait(Change(entry, num_pending))
             self._enqueued += 1
 
     def _track_expiry(self, entry: Entry, headers: Mapping[str, str] | None, stored_at: datetime | None) -> bool:
@@ -666,9 +878,13 @@ class Watch:
         expired = self._expired.pop(key, None) if self._expired else None
         if expired is not None and headers and Header.MARKER_REASON.value in headers:
             return True
+        if self._ttl_verdicts:
+            self._ttl_verdicts.pop(key, None)
         ttl = headers.get(Header.MSG_TTL.value) if headers and entry.operation is Operation.PUT else None
         seconds = parse_ttl(ttl) if ttl else None
         deadline = stored_at.timestamp() + seconds if seconds is not None and stored_at is not None else None
+        if deadline is not None and entry.verdict is not self._ok:
+            self._ttl_verdicts[key] = entry.verdict  # (flag) its expiry carries its verdict
         self._expiry.seen(key, entry.revision, deadline)
         return False
 
@@ -679,9 +895,10 @@ class Watch:
         self._expired[key] = revision
         while len(self._expired) > _EXPIRED_REMEMBERED:
             self._expired.popitem(last=False)
+        verdict = self._ttl_verdicts.pop(key, self._ok) if self._ttl_verdicts else self._ok
         if self._include_deletes:
             entry = Entry(key.board, key.section, key.key, revision, operation=Operation.PURGE,
-                          stored_at=datetime.fromtimestamp(deadline, UTC))
+                          stored_at=datetime.fromtimestamp(deadline, UTC), verdict=verdict)
             self._queue.put_nowait(Change(entry, 0))
             self._enqueued += 1
 
@@ -776,7 +993,8 @@ class Pipeline:
         store = self.store
         try:
             fut = await store._publisher.send(prep.subject, prep.payload, prep.headers,
-                                              refusal=lambda exc: store._map_api_error(exc, prep))
+                                              refusal=lambda exc: store._map_api_error(exc, prep),
+                                              sign=store._sign(prep))
         except _PIPELINE_RETRYABLE:
             fut = asyncio.get_running_loop().create_future()  # resolved by the retrying path in flush
         except nats.errors.ConnectionClosedError as exc:

@@ -37,6 +37,9 @@ with ``CONSUMER.INFO``, which an agent's permissions refuse.
 * **stop** unsubscribes; it does not delete the consumer (an agent may not):
   the server removes it :data:`~blackboard.client.consumers.INACTIVE_THRESHOLD`
   seconds later, and it counts against the consumer limit until then.
+* **awaiting callbacks**: a callback may return an awaitable (a board watch
+  that must fetch a signer's certificate before it can verify a revision);
+  the follower awaits it before the next message, so the order holds.
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, Literal, Self
 
 import nats.errors
@@ -108,14 +111,15 @@ class OrderedFollower:
 
     Use as ``async with OrderedFollower(...) as f:`` or ``start()`` /
     ``stop()``. The callback runs on the subscription's task, so it must not
-    block; whatever it raises is logged and kept in ``error`` (the message is
+    block; when it returns an awaitable, that is awaited before the next
+    message. Whatever it raises is logged and kept in ``error`` (the message is
     skipped).
 
     Args:
         js: the JetStream context (its consumer-limit lookups on the error path).
         stream: the stream to follow.
         filter_subject: the one subject filter to follow (wildcards allowed).
-        on_message: called with each delivered message.
+        on_message: called with each delivered message (an awaitable it returns is awaited).
         nc: the connection the consumer's messages arrive on (``js``'s).
         start: where to start (see :data:`StartPosition`).
         from_sequence: replay from this stream sequence on (overrides ``start``).
@@ -130,7 +134,7 @@ class OrderedFollower:
         js: JetStreamContext,
         stream: str,
         filter_subject: str,
-        on_message: Callable[[Msg], None],
+        on_message: Callable[[Msg], Awaitable[None] | None],
         *,
         nc: NATS,
         start: StartPosition = "all",
@@ -283,7 +287,9 @@ class OrderedFollower:
         self.last_sequence = sseq
         self._resume = sseq + 1
         try:
-            self._on_message(msg)
+            result = self._on_message(msg)
+            if result is not None:
+                await result
         except Exception as exc:  # a bad message must not stop the consumer
             self.error = exc
             self.skipped += 1

@@ -3,7 +3,10 @@
 Every write carries a ``Nats-Msg-Id``; a publish whose ack was lost (server
 restart, network blip, a stream leader's death) is sent again with the same id
 until it is acknowledged or ``write_timeout`` passes, and the server's
-duplicate window (2 minutes on every stream) makes sure it is stored once.
+duplicate window (``nats.duplicate_window``, 2 minutes by default) makes sure it
+is stored once. A signed write (docs/security.md, "Signatures") is signed again
+before each send (``sign``): the same Msg-Id, a fresh signed time, so a write
+that went through only late is not ``stale`` to its readers.
 
 An attempt is abandoned and the write sent again as soon as the connection is
 re-established after carrying it (it may have died with the server), or after
@@ -56,7 +59,7 @@ from blackboard.protocol.errors import (
 from blackboard.protocol.subjects import Header, Subjects
 from blackboard.settings import NatsSettings
 
-__all__ = ["RETRYABLE", "Ack", "Publisher"]
+__all__ = ["RETRYABLE", "Ack", "Publisher", "Sign"]
 
 #: Errors after which a publish (or a read) is retried until the write timeout.
 RETRYABLE: tuple[type[BaseException], ...] = (
@@ -81,6 +84,8 @@ _IN_PROCESS = frozenset({10158, 10164})
 _TICK = 0.1
 
 ApiErrorMapper = Callable[[nats.js.errors.APIError], BlackboardError]
+#: Signs a write's headers in place (a fresh ``Bb-Sig-Time`` and ``Bb-Sig``), called before each send.
+Sign = Callable[[], None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,14 +223,15 @@ class Publisher:
         self._slots.release()
 
     @overload
-    async def send(self, subject: str, payload: bytes, headers: dict[str, str]) -> asyncio.Future[Ack]: ...
+    async def send(self, subject: str, payload: bytes, headers: dict[str, str], *,
+                   sign: Sign | None = None) -> asyncio.Future[Ack]: ...
 
     @overload
     async def send(self, subject: str, payload: bytes, headers: dict[str, str], *,
-                   refusal: ApiErrorMapper) -> asyncio.Future[int]: ...
+                   refusal: ApiErrorMapper, sign: Sign | None = None) -> asyncio.Future[int]: ...
 
     async def send(self, subject: str, payload: bytes, headers: dict[str, str], *,
-                   refusal: ApiErrorMapper | None = None) -> asyncio.Future[Any]:
+                   refusal: ApiErrorMapper | None = None, sign: Sign | None = None) -> asyncio.Future[Any]:
         """Send without waiting for the ack; returns a future of it.
 
         Waits while ``max_pending_writes`` acks are outstanding. The future
@@ -234,6 +240,8 @@ class Publisher:
         to ``refusal(api_error)`` when JetStream refuses the write; when no
         ack comes (or no responders answer) it stays open, for the caller to
         send the write again (``wait_acks``, then ``forget(..., cancel=False)``).
+        ``sign`` is called right before the message goes out (after any wait
+        for a slot), to sign ``headers`` in place with a fresh time.
         """
         inbox = await self._ensure_inbox()
         slots = self._slots
@@ -247,6 +255,8 @@ class Publisher:
         if self._violations is not None:
             self._subjects[token] = subject
         try:
+            if sign is not None:
+                sign()
             await self.nc.publish(subject, payload, reply=inbox + token, headers=headers)
         except BaseException:
             if self._acks.pop(token, None) is not None:
@@ -397,6 +407,7 @@ class Publisher:
         map_api_error: ApiErrorMapper | None = None,
         stream: str | None = None,
         resend: bool = False,
+        sign: Sign | None = None,
     ) -> Ack:
         """Publish and wait for the JetStream ack.
 
@@ -404,7 +415,9 @@ class Publisher:
         deduplicated. An attempt is abandoned and the write sent again (same
         headers) when the connection that carried it is replaced, or after
         ``write_attempt_timeout`` seconds without an answer while connected;
-        answers that mean "still in process" are retried shortly.
+        answers that mean "still in process" are retried shortly. ``sign``
+        signs ``headers`` in place before each attempt (the same Msg-Id, a
+        fresh signed time: a write re-sent late is not ``stale``).
 
         A compare-and-set write that may already have been applied (any sent
         attempt, ``resend=True``, or a ``Nats-Msg-Id`` another writer used
@@ -431,7 +444,7 @@ class Publisher:
         while True:
             try:
                 epoch = self._epoch()
-                fut = await self.send(subject, payload, headers)
+                fut = await self.send(subject, payload, headers, sign=sign)
                 # Sent: a "wrong last sequence" may now be about this very
                 # write (or one with the same Msg-Id from another writer).
                 maybe_sent = True

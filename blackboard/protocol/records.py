@@ -327,6 +327,9 @@ def _canon(value: Any, depth: int) -> Any:
     if t is list or t is tuple:
         out: list[Any] | None = None
         for i, item in enumerate(value):
+            ti = type(item)
+            if ti is str or ti is int or ti is bool or item is None:  # a leaf as it is (the common case)
+                continue
             c = _canon(item, depth + 1)
             if c is not item:
                 if out is None:
@@ -334,34 +337,35 @@ def _canon(value: Any, depth: int) -> Any:
                 out[i] = c
         return value if out is None else out
     if t is dict:
-        changed = False
-        last: tuple[int, str] | None = None
-        items: list[tuple[tuple[int, str], str, Any]] = []
+        if not value:
+            return value
+        changed: dict[str, Any] | None = None
         for k, v in value.items():
             if type(k) is not str:
                 raise _UNUSUAL
-            try:
-                order = _key_order(k)
-            except UnicodeEncodeError:
-                raise _UNUSUAL from None
-            if last is not None and order < last:
-                changed = True
-            last = order
+            tv = type(v)
+            if tv is str or tv is int or tv is bool or v is None:
+                continue
             c = _canon(v, depth + 1)
             if c is not v:
-                changed = True
-            items.append((order, k, c))
-        if not changed:
-            return value
-        items.sort(key=_first)
-        return {k: c for _, k, c in items}
+                if changed is None:
+                    changed = {}
+                changed[k] = c
+        try:
+            keys = sorted(value, key=_key_order)
+        except UnicodeEncodeError:
+            raise _UNUSUAL from None
+        if changed is None:
+            for a, b in zip(keys, value, strict=True):
+                if a is not b:
+                    break
+            else:
+                return value  # in canonical order already
+            return {k: value[k] for k in keys}
+        return {k: changed[k] if k in changed else value[k] for k in keys}
     if t is datetime:
         return value.isoformat()  # what the codec writes for a datetime in a user value
     raise _UNUSUAL
-
-
-def _first(item: tuple[tuple[int, str], str, Any]) -> tuple[int, str]:
-    return item[0]
 
 
 def canonical_entry(wire: Mapping[str, Any]) -> bytes | None:

@@ -17,6 +17,7 @@ from agents_sdk import (
     Operation,
     OperationTimeoutError,
     PayloadTooLargeError,
+    UnverifiedRecordError,
 )
 from blackboard.client.board_store import BoardStore
 from blackboard.client.connection import connect_nats
@@ -364,8 +365,14 @@ async def test_ttl_expiry_reaches_watches_and_views(settings: Settings, unique: 
             assert view.value("s", "durable") == "stays"
             seen = [await watch.next(timeout=5) for _ in range(3)]
             expired_at = seen[0].entry.stored_at
-        with pytest.raises(NotFoundError):  # the server removed it too
-            await board.get("s", "ephemeral")
+        for _ in range(50):  # the server removes it too (on its own expiry timer, around the same moment)
+            try:
+                await board.get("s", "ephemeral")
+            except NotFoundError:
+                break
+            await asyncio.sleep(0.1)
+        else:
+            pytest.fail("the server still serves the expired entry 5 s later")
     ops = [(c.entry.key, c.entry.operation) for c in seen]
     assert ops == [("ephemeral", Operation.PUT), ("durable", Operation.PUT), ("ephemeral", Operation.PURGE)]
     assert seen[2].entry.revision == rev  # no new revision: the server wrote nothing
@@ -450,7 +457,9 @@ async def test_cas_retry_after_lost_ack_returns_own_revision(settings: Settings,
 
 
 async def test_json_written_without_header_is_read(settings: Settings, unique: str) -> None:
-    """`nats kv put` cannot set headers: a JSON envelope is recognised by its first byte."""
+    """`nats kv put` cannot set headers: a JSON envelope is recognised by its first byte.
+    Nor can it sign: a strict read refuses the entry (unsigned), a reader that flags takes it."""
+    import dataclasses
     import json
 
     async with Agent.connect("reader", settings=settings) as agent:
@@ -463,8 +472,12 @@ async def test_json_written_without_header_is_read(settings: Settings, unique: s
             await kv.put(f"{unique}.s.k", json.dumps(envelope).encode())
         finally:
             await shell.close()
-        entry = await agent.board(unique).get("s", "k")
-        assert (entry.value, entry.author, entry.tags) == ({"n": 1}, "shell", ("cli",))
+        with pytest.raises(UnverifiedRecordError) as caught:
+            await agent.board(unique).get("s", "k")
+        assert caught.value.verdict == "unsigned"
+        flagging = BoardStore(agent.nc, settings, signing=dataclasses.replace(agent.store.signing, unverified="flag"))
+        entry = await flagging.get(unique, "s", "k")
+        assert (entry.value, entry.author, entry.tags, entry.verdict) == ({"n": 1}, "shell", ("cli",), "unsigned")
 
 
 async def test_connect_without_a_server_fails_fast_with_typed_error(settings: Settings) -> None:

@@ -14,9 +14,11 @@ timeout, so a write that only came back after a request timeout fails.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -25,8 +27,13 @@ from agents_sdk import Agent
 from blackboard.client.publisher import Publisher
 from blackboard.devstack import EmbeddedNats
 from blackboard.protocol.errors import ConflictError
+from blackboard.protocol.signing import Verdict
+from blackboard.protocol.subjects import Header
+from blackboard.security.certificates import KeyInfo
+from blackboard.security.signer import Signer
+from blackboard.security.verifier import Signed, Verifier
 from blackboard.settings import NatsSettings, Settings
-from tests._auth import operator_nats
+from tests._auth import TestAuth, operator_nats
 from tests._write_load import KV_HISTORY, WriteLoad
 from tests.conftest import make_settings
 
@@ -86,6 +93,37 @@ async def test_a_write_whose_ack_was_lost_is_sent_again_after_the_attempt_timeou
         _publisher(nc, write_attempt_timeout=0.2).publish("s", b"x", {"Nats-Msg-Id": "m1"}, what="w"), 10)
     assert (ack.seq, ack.duplicate) == (7, True)
     assert [h["Nats-Msg-Id"] for h in nc.sent] == ["m1", "m1"]  # the same id: stored once
+
+
+async def test_each_attempt_of_a_signed_write_is_signed_afresh(test_auth: TestAuth) -> None:
+    """The same Msg-Id, a fresh signed time: a write that went through only late is not stale."""
+    signer = Signer(test_auth.authority.credentials_for("resigner"))
+    nc = _FakeNats([None, {"stream": "S", "seq": 7, "duplicate": True}])
+    headers = {"Nats-Msg-Id": "m1"}
+    ack = await asyncio.wait_for(_publisher(nc, write_attempt_timeout=0.2).publish(
+        "s", b"x", headers, what="w", sign=functools.partial(signer.sign, "s", headers, b"x")), 10)
+    assert ack.seq == 7 and [h["Nats-Msg-Id"] for h in nc.sent] == ["m1", "m1"]
+    times = [int(h[Header.SIG_TIME.value]) for h in nc.sent]
+    assert times[1] - times[0] >= 200_000  # signed again when sent again
+    info = KeyInfo(signer.public_key, "resigner", "agent", datetime.now(UTC))
+    verifier = Verifier(_OneKey(info), max_skew=1.0, cache_size=0)
+    for sent, at in zip(nc.sent, times, strict=True):
+        item = Signed("s", sent, b"x", datetime.fromtimestamp(at / 1e6, UTC), author="resigner")
+        assert verifier.check(item) is Verdict.VERIFIED
+
+
+@dataclass
+class _OneKey:
+    info: KeyInfo
+
+    def lookup(self, public_key: str) -> KeyInfo | None:
+        return self.info if public_key == self.info.public_key else None
+
+    def revoked_at(self, public_key: str) -> datetime | None:
+        return None
+
+    async def ensure(self, public_key: str) -> KeyInfo | None:
+        return self.lookup(public_key)
 
 
 async def test_a_write_in_flight_on_a_replaced_connection_is_sent_again_on_reconnect() -> None:
