@@ -12,32 +12,53 @@
 // (`$JS.API.DIRECT.GET.<stream>.<subject>`, no body) and one-shot consumers
 // created through `$JS.API.CONSUMER.CREATE.<stream>.<name>.<filter>`.
 //
+// It signs what it writes and verifies what it reads (docs/protocol.md §14,
+// in signing.mjs): at connect it publishes its certificate (the user JWT of its
+// `.creds`) to `bb.keys.cert.<its public key>`, and signs every write with the
+// nkey seed of the same file.
+//
 // The scenario names the NATS URL, the credential and CA files, the bucket, the
 // board and section, the key the Python SDK wrote (`read_key`) and the key to
 // create (`create_key`). The program:
 //   (a) reads the Python entry by direct get and decodes its msgpack envelope,
 //       checks its fields, decodes the key back from the subject, and reads it
 //       again at its revision (a one-shot consumer from that stream sequence);
-//   (b) updates that key with compare-and-set (msgpack envelope) and creates
-//       `create_key` (create = CAS on revision 0) as JSON with Bb-Encoding: json;
-//   (c) retries the update with the now stale revision and reports the error.
+//       it verifies the SDK's signature both times (the writer's certificate
+//       fetched from the key registry and checked against the account key of
+//       its own credential), and a tampered copy, which must not verify;
+//   (b) updates that key with compare-and-set (a signed msgpack envelope) and
+//       creates `create_key` (create = CAS on revision 0) as JSON with
+//       Bb-Encoding: json, signed over the record's canonical encoding;
+//   (c) retries the update with the now stale revision and reports the error;
+//   (d) in section `attack_section`: publishes to `tamper_key` a payload changed
+//       after signing, and to `forged_key` an entry whose author is
+//       `forged_author`, signed with its own key; it reads both back and
+//       reports its own verdicts.
 // With `"mode": "refusals"` it instead reports what the server refuses: a
 // connection without a credential, and a write to `board` (one the agent holds
 // no right on), next to a write to `own_board` (one it does), a direct get on
 // `board`, and the bare direct get whose body names the subject.
+// With `"mode": "example"` it connects nowhere: it computes the worked example
+// of docs/protocol.md §14.9 from the scenario's inputs and prints the record's
+// canonical bytes, the signing input and the signature.
 // It prints one JSON line with what it saw and wrote, and exits 0; any
 // protocol violation it notices exits 1 with {"ok": false, "error": ...}.
 
 import { randomUUID } from "node:crypto";
 import { readFileSync } from "node:fs";
 import { connect, createInbox, credsAuthenticator, headers as natsHeaders, Empty } from "nats";
-import { encode as mpEncode, decode as mpDecode } from "@msgpack/msgpack";
+import { decode as mpDecode } from "@msgpack/msgpack";
+import {
+  canonicalEnvelope, canonicalOfPayload, issuerOf, readCertificate, sign, signerFromCreds, signerFromSeed,
+  signingInput, timestampUs, verdict,
+} from "./signing.mjs";
 
 // ---------------------------------------------------------------- protocol
 const PLAIN_KEY = /^[A-Za-z0-9_-]{1,256}$/;
 const NAME = /^[A-Za-z0-9_-]{1,128}$/;
 const MAX_KEY_TOKEN = 1024;
 const WRONG_LAST_SEQUENCE = 10071;
+const KEYS_STREAM = "BB_KEYS";
 
 /** User key -> KV key token (docs/protocol.md, "Key encoding"). */
 export function encodeKey(key) {
@@ -87,10 +108,12 @@ function envelope(value, author, { contentType = "application/json", tags = [], 
 }
 
 /** Decode a stored KV message into an entry: its subject, revision (stream
- * sequence) and stored time, its headers and payload. */
-function decodeEntry(bucket, subject, revision, storedAt, h, data) {
+ * sequence) and stored time (RFC 3339, and microseconds: what a signature's time
+ * is compared with), its headers and payload. */
+function decodeEntry(bucket, subject, revision, storedAt, storedAtUs, h, data) {
   const op = h?.get("KV-Operation") || "PUT";
-  const entry = { ...parseEntrySubject(bucket, subject), subject, revision, stored_at: storedAt, operation: op };
+  const entry = { ...parseEntrySubject(bucket, subject), subject, revision, stored_at: storedAt,
+    stored_at_us: storedAtUs, operation: op, headers: h, payload: data };
   if (op !== "PUT" || data.length === 0) return entry;
   const json = (h?.get("Bb-Encoding") || "").toLowerCase() === "json";
   const env = json ? JSON.parse(new TextDecoder().decode(data)) : mpDecode(data);
@@ -104,7 +127,8 @@ function decodeDirect(bucket, msg) {
   // A headers-only status reply (e.g. "NATS/1.0 404 Message Not Found").
   if (h && h.code >= 300) return { status: String(h.code), description: h.description };
   if (!h) throw new Error("direct get reply without headers");
-  return decodeEntry(bucket, h.get("Nats-Subject"), Number(h.get("Nats-Sequence")), h.get("Nats-Time-Stamp"),
+  const stamp = h.get("Nats-Time-Stamp");
+  return decodeEntry(bucket, h.get("Nats-Subject"), Number(h.get("Nats-Sequence")), stamp, timestampUs(stamp),
     h, msg.data);
 }
 
@@ -116,7 +140,7 @@ function ackInfo(reply) {
   if (t[0] !== "$JS" || t[1] !== "ACK" || t.length < 9 || t.length === 10) throw new Error(`not an ack subject: ${reply}`);
   const f = t.length === 9 ? t.slice(2) : t.slice(4);
   const ns = BigInt(f[5]);
-  return { streamSeq: Number(f[3]), storedAt: new Date(Number(ns / 1000000n)).toISOString() };
+  return { streamSeq: Number(f[3]), storedAt: new Date(Number(ns / 1000000n)).toISOString(), storedAtUs: ns / 1000n };
 }
 
 /** A JetStream control message (idle heartbeat, flow control): status 100, no payload. */
@@ -125,8 +149,9 @@ function isControl(msg) {
 }
 
 class Board {
-  constructor(nc, bucket, inboxPrefix) {
+  constructor(nc, bucket, inboxPrefix, signer) {
     this.nc = nc;
+    this.signer = signer;
     this.inboxPrefix = inboxPrefix;
     this.js = nc.jetstream();
     this.bucket = bucket;
@@ -173,8 +198,8 @@ class Board {
       try {
         for await (const msg of sub) {
           if (isControl(msg)) continue;
-          const { streamSeq, storedAt } = ackInfo(msg.reply);
-          return decodeEntry(this.bucket, msg.subject, streamSeq, storedAt, msg.headers, msg.data);
+          const { streamSeq, storedAt, storedAtUs } = ackInfo(msg.reply);
+          return decodeEntry(this.bucket, msg.subject, streamSeq, storedAt, storedAtUs, msg.headers, msg.data);
         }
       } finally {
         clearTimeout(timer);
@@ -186,19 +211,23 @@ class Board {
     }
   }
 
-  /** Write an envelope; expectedRevision 0 = create, n = compare-and-set, null = put. */
-  async write(board, section, key, env, { expectedRevision = null, encoding = "msgpack" } = {}) {
+  /** Write an envelope, signed; expectedRevision 0 = create, n = compare-and-set, null = put.
+   * The payload is the envelope's canonical encoding (msgpack), or with encoding
+   * "json" its JSON (the signature still covers the canonical encoding).
+   * `tamper` (a test of readers): the envelope actually sent, changed after signing. */
+  async write(board, section, key, env, { expectedRevision = null, encoding = "msgpack", tamper = null } = {}) {
     const subject = entrySubject(this.bucket, board, section, key);
     const h = natsHeaders();
     h.set("Nats-Msg-Id", randomUUID());
     if (expectedRevision !== null) h.set("Nats-Expected-Last-Subject-Sequence", String(expectedRevision));
-    let payload;
+    const record = canonicalEnvelope(env);
+    let payload = record;
     if (encoding === "json") {
       h.set("Bb-Encoding", "json");
       payload = new TextEncoder().encode(JSON.stringify(env));
-    } else {
-      payload = mpEncode(env);
     }
+    sign(this.signer, subject, h, record); // after every covered header is set
+    if (tamper !== null) payload = canonicalEnvelope(tamper);
     try {
       const ack = await this.js.publish(subject, payload, { headers: h, timeout: 5000 });
       return { ok: true, revision: ack.seq, subject };
@@ -212,6 +241,64 @@ class Board {
       }
       return result;
     }
+  }
+}
+
+/** The key registry (docs/protocol.md §14.6): certificates and revocations on BB_KEYS,
+ * read by direct get of the last message of a subject. */
+class Keys {
+  constructor(nc, trustedAccounts) {
+    this.nc = nc;
+    this.trusted = trustedAccounts;
+    this.certs = new Map();
+    this.revoked = {};
+  }
+
+  async last(subject) {
+    const msg = await this.nc.request(`$JS.API.DIRECT.GET.${KEYS_STREAM}.${subject}`, Empty, { timeout: 5000 });
+    return msg.headers && msg.headers.code >= 300 ? null : msg;
+  }
+
+  /** Publish our own certificate (our user JWT) unless the registry holds it already. */
+  async publishOwn(signer) {
+    const subject = `bb.keys.cert.${signer.publicKey}`;
+    const held = await this.last(subject);
+    if (held && new TextDecoder().decode(held.data) === signer.certificate) return { subject, published: false };
+    const h = natsHeaders();
+    h.set("Nats-Msg-Id", `cert-${signer.publicKey}-${randomUUID()}`);
+    await this.nc.jetstream().publish(subject, new TextEncoder().encode(signer.certificate), { headers: h,
+      timeout: 5000 });
+    return { subject, published: true };
+  }
+
+  /** Fetch (once) the certificate of a key and the revocations record. */
+  async ensure(publicKey) {
+    if (!this.certs.has(publicKey)) {
+      const msg = await this.last(`bb.keys.cert.${publicKey}`);
+      this.certs.set(publicKey, msg ? readCertificate(publicKey, new TextDecoder().decode(msg.data), this.trusted)
+        : null);
+    }
+    const rev = await this.last("bb.keys.revocations");
+    this.revoked = rev ? mpDecode(rev.data).revoked ?? {} : {};
+  }
+
+  certificate(publicKey) {
+    return this.certs.get(publicKey) ?? null;
+  }
+
+  revokedAt(publicKey) {
+    return this.revoked[publicKey] ?? null;
+  }
+
+  /** The verdict on a stored entry (docs/protocol.md §14.5), its signer's certificate fetched first. */
+  async verify(entry, payload = entry.payload) {
+    const key = entry.headers?.get("Bb-Sig-Key");
+    if (key) await this.ensure(key);
+    return verdict({
+      subject: entry.subject, headers: entry.headers, payload, storedAtUs: entry.stored_at_us,
+      author: entry.operation === "PUT" ? entry.envelope?.author ?? null : null,
+      canonical: () => canonicalOfPayload(entry.headers, payload),
+    }, this);
   }
 }
 
@@ -229,27 +316,37 @@ export function credsPrincipal(credsText) {
 }
 
 /** Connect as the agent whose `.creds` file is `creds`, verifying the server with
- * the CA file `ca`. Returns the connection and its reply-inbox prefix. */
+ * the CA file `ca`, and publish its certificate. Returns the connection, its
+ * reply-inbox prefix, its signer and the key registry (which trusts the account
+ * that issued its own credential). */
 async function connectAgent(sc, { creds = sc.creds } = {}) {
   const opts = { servers: sc.url, name: "bb-interop-node", timeout: 5000, reconnect: false, tls: { caFile: sc.ca } };
   let agent = null;
+  let signer = null;
   if (creds) {
     const text = readFileSync(creds);
     agent = credsPrincipal(text.toString("utf8"));
     if (sc.agent) expect(agent === sc.agent, `the credential is for ${agent}, not ${sc.agent}`);
     opts.authenticator = credsAuthenticator(new Uint8Array(text));
     opts.inboxPrefix = `_INBOX.${agent}`; // an agent may subscribe only below _INBOX.<agent id>.
+    signer = signerFromCreds(text.toString("utf8"));
   }
   const nc = await connect(opts);
-  return { nc, agent, inboxPrefix: opts.inboxPrefix };
+  let keys = null;
+  let certificate = null;
+  if (signer) {
+    keys = new Keys(nc, [issuerOf(signer.certificate)]);
+    certificate = await keys.publishOwn(signer);
+  }
+  return { nc, agent, inboxPrefix: opts.inboxPrefix, signer, keys, certificate };
 }
 
 // ---------------------------------------------------------------- scenario
 async function run(sc) {
-  const { nc, inboxPrefix } = await connectAgent(sc);
+  const { nc, inboxPrefix, signer, keys, certificate } = await connectAgent(sc);
   try {
-    const bb = new Board(nc, sc.bucket, inboxPrefix);
-    const out = { ok: true };
+    const bb = new Board(nc, sc.bucket, inboxPrefix, signer);
+    const out = { ok: true, public_key: signer.publicKey, certificate };
 
     // (a) read what the Python SDK wrote
     const read = await bb.get(sc.board, sc.section, sc.read_key);
@@ -264,6 +361,9 @@ async function run(sc) {
     expect(!Number.isNaN(Date.parse(env.created_at)), `created_at not RFC 3339: ${env.created_at}`);
     const atRev = await bb.getAt(sc.board, sc.section, sc.read_key, read.revision);
     expect(atRev.revision === read.revision, "get at revision returned another revision");
+    // the SDK's signature, as any reader checks it; and a copy changed after signing
+    const tampered = canonicalEnvelope({ ...env, value: { ...env.value, title: "changed after signing" } });
+    const signerKey = read.headers.get("Bb-Sig-Key");
     const bytes = env.value?.bytes;
     out.read = {
       board: read.board,
@@ -279,6 +379,14 @@ async function run(sc) {
       author: env.author,
       created_at: env.created_at,
       stored_at: read.stored_at,
+      verdict: await keys.verify(read),
+      at_revision_verdict: await keys.verify(atRev),
+      tampered_verdict: await keys.verify(read, tampered),
+      signer: keys.certificate(signerKey)?.principal ?? null,
+      signer_kind: keys.certificate(signerKey)?.kind ?? null,
+      // the SDK sends the canonical encoding (docs/protocol.md §14.3): ours of its record is the same bytes
+      canonical_payload: Buffer.compare(Buffer.from(canonicalOfPayload(read.headers, read.payload)),
+        Buffer.from(read.payload)) === 0,
     };
     if (bytes instanceof Uint8Array) out.read.value = { ...env.value, bytes: null };
 
@@ -313,11 +421,25 @@ async function run(sc) {
       { expectedRevision: read.revision });
     expect(!out.stale.ok, "a stale compare-and-set was accepted");
 
-    // the revision read in (a) is still readable by sequence; the latest is ours
+    // the revision read in (a) is still readable by sequence; the latest is ours, and verifies
     const old = await bb.getAt(sc.board, sc.section, sc.read_key, read.revision);
     const latest = await bb.get(sc.board, sc.section, sc.read_key);
     out.history_check = { old_revision: old.revision, old_author: old.envelope?.author,
-      latest_revision: latest.revision, latest_author: latest.envelope?.author };
+      latest_revision: latest.revision, latest_author: latest.envelope?.author,
+      old_verdict: await keys.verify(old), latest_verdict: await keys.verify(latest) };
+    const createdBack = await bb.get(sc.board, sc.section, sc.create_key);
+    out.create.verdict = await keys.verify(createdBack);
+
+    // (d) attacks a reader must catch: a payload changed after signing, another agent as author
+    const honest = envelope({ amount: 10 }, sc.author, { tags: ["from-node"] });
+    const tamper = await bb.write(sc.board, sc.attack_section, sc.tamper_key, honest,
+      { tamper: { ...honest, value: { amount: 1000000 } } });
+    expect(tamper.ok, `tampered write refused by the server: ${JSON.stringify(tamper)}`);
+    const forged = await bb.write(sc.board, sc.attack_section, sc.forged_key,
+      envelope("written by someone else", sc.forged_author));
+    expect(forged.ok, `forged write refused by the server: ${JSON.stringify(forged)}`);
+    out.tamper = { ...tamper, verdict: await keys.verify(await bb.get(sc.board, sc.attack_section, sc.tamper_key)) };
+    out.forged = { ...forged, verdict: await keys.verify(await bb.get(sc.board, sc.attack_section, sc.forged_key)) };
     return out;
   } finally {
     await nc.drain();
@@ -337,10 +459,10 @@ async function refusals(sc) {
     out.no_credential = { connected: false, code: err?.code ?? null, error: String(err?.message ?? err) };
   }
 
-  const { nc, agent, inboxPrefix } = await connectAgent(sc);
+  const { nc, agent, inboxPrefix, signer } = await connectAgent(sc);
   try {
     out.agent = agent;
-    const bb = new Board(nc, sc.bucket, inboxPrefix);
+    const bb = new Board(nc, sc.bucket, inboxPrefix, signer);
     const env = envelope("written from node", agent, { tags: ["from-node"] });
     const attempt = async (board) => {
       try {
@@ -373,6 +495,19 @@ async function refusals(sc) {
   }
 }
 
+/** docs/protocol.md §14.9, computed from its inputs (no server). */
+function example(sc) {
+  const record = canonicalEnvelope(JSON.parse(sc.record));
+  const signer = signerFromSeed(sc.seed);
+  const h = natsHeaders();
+  h.set("Nats-Msg-Id", sc.msg_id);
+  if (sc.expected) h.set("Nats-Expected-Last-Subject-Sequence", sc.expected);
+  sign(signer, sc.subject, h, record, BigInt(sc.signed_at_us));
+  const input = signingInput(sc.subject, h, BigInt(sc.signed_at_us), signer.publicKey, record);
+  return { ok: true, public_key: signer.publicKey, record_hex: Buffer.from(record).toString("hex"),
+    signing_input_hex: Buffer.from(input).toString("hex"), signature: h.get("Bb-Sig") };
+}
+
 const raw = process.argv[2] ?? process.env.BB_INTEROP_SCENARIO;
 if (!raw) {
   console.error("usage: node interop.mjs '<json scenario>'");
@@ -380,7 +515,8 @@ if (!raw) {
 }
 try {
   const sc = JSON.parse(raw);
-  const result = await (sc.mode === "refusals" ? refusals(sc) : run(sc));
+  const modes = { refusals, example, run };
+  const result = await (modes[sc.mode ?? "run"] ?? run)(sc);
   console.log(JSON.stringify(result));
 } catch (err) {
   console.log(JSON.stringify({ ok: false, error: String(err?.stack ?? err) }));

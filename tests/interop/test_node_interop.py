@@ -11,6 +11,15 @@ tries a stale compare-and-set. The SDK then reads the Node writes back. A
 second run checks what the server refuses it: a connection without a
 credential, and a write to a board its identity holds no right on.
 
+Signatures (docs/protocol.md §14, ``signing.mjs``): the Node client publishes
+its certificate (its user JWT) to the key registry and signs its writes, which
+the SDK reads as ``verified``; it verifies the SDK's signature itself (the
+certificate fetched and checked against the account key, the signature over
+the signing input); and a payload it changes after signing, or an entry it
+signs with another agent as author, is refused by the SDK's strict reads
+(``UnverifiedRecordError``) and by its own verifier. The worked example of
+§14.9 is recomputed by the Node code from the document's inputs.
+
 Needs ``node`` on PATH (skipped with a reason otherwise); the npm packages
 pinned in ``package-lock.json`` are installed by the test (``npm ci``) when
 ``node_modules`` is missing or older than the lock file.
@@ -19,6 +28,7 @@ pinned in ``package-lock.json`` are installed by the test (``npm ci``) when
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 from datetime import UTC, datetime, timedelta
@@ -27,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from agents_sdk import Agent, ConflictError, NotFoundError
+from agents_sdk import Agent, ConflictError, NotFoundError, UnverifiedRecordError, Verdict
 from blackboard.protocol.subjects import encode_key
 from blackboard.settings import Settings
 
@@ -36,6 +46,7 @@ if TYPE_CHECKING:  # (imported at run time, pytest would try to collect the clas
 
 HERE = Path(__file__).resolve().parent
 PROGRAM = HERE / "interop.mjs"
+PROTOCOL_DOC = HERE.parents[1] / "docs" / "protocol.md"
 NODE_TIMEOUT = 60.0
 NPM_TIMEOUT = 300.0
 
@@ -114,7 +125,14 @@ async def test_node_client_reads_sdk_entry_and_writes_with_cas(settings: Setting
             "author": node_agent,
             "update_value": {"status": "updated by node", "count": 7, "ratio": 0.25},
             "create_value": ["créé", "par", "node", 1],
+            "attack_section": "attacks",
+            "tamper_key": "tampered",
+            "forged_key": "forged",
+            "forged_author": "py-agent",
         })
+
+        # the Node client published its certificate, under its own key
+        assert result["certificate"]["subject"] == f"bb.keys.cert.{result['public_key']}"
 
         # (a) Node decoded the SDK's msgpack envelope and the URL key
         read = result["read"]
@@ -131,6 +149,13 @@ async def test_node_client_reads_sdk_entry_and_writes_with_cas(settings: Setting
         assert before - timedelta(seconds=5) <= created_at <= datetime.now(UTC)
         assert read["stored_at"]
 
+        # ... and verified the SDK's signature itself: the certificate (checked against the account key
+        # of its own credential) names py-agent, the author; a copy changed after signing does not verify
+        assert (read["verdict"], read["at_revision_verdict"]) == ("verified", "verified")
+        assert (read["signer"], read["signer_kind"]) == ("py-agent", "agent")
+        assert read["tampered_verdict"] == "bad_signature"
+        assert read["canonical_payload"] is True  # its canonical encoding of the SDK's record: the same bytes
+
         assert result["missing"]["status"] == "404"
 
         # (b) the Node CAS update (msgpack) as the SDK sees it
@@ -139,6 +164,7 @@ async def test_node_client_reads_sdk_entry_and_writes_with_cas(settings: Setting
         assert result["update"]["subject"] == agent.store.subjects.entry(board_name, section, URL_KEY)
         entry = await board.get(section, URL_KEY)
         assert entry.revision == rev_upd
+        assert entry.verdict == Verdict.VERIFIED  # signed by the Node client's key, whose principal is the author
         assert entry.value == {"status": "updated by node", "count": 7, "ratio": 0.25}
         assert entry.author == node_agent
         assert entry.tags == ("from-node", "cas")
@@ -146,7 +172,8 @@ async def test_node_client_reads_sdk_entry_and_writes_with_cas(settings: Setting
         assert entry.content_type == "application/json"
         assert entry.created_at is not None and entry.created_at.tzinfo is not None
         history = await board.history(section, URL_KEY)
-        assert [(e.revision, e.author) for e in history] == [(rev_py, "py-agent"), (rev_upd, node_agent)]
+        assert [(e.revision, e.author, e.verdict) for e in history] == [
+            (rev_py, "py-agent", Verdict.VERIFIED), (rev_upd, node_agent, Verdict.VERIFIED)]
         old = await board.get(section, URL_KEY, revision=rev_py)
         assert old.value == value and old.author == "py-agent"
 
@@ -155,6 +182,8 @@ async def test_node_client_reads_sdk_entry_and_writes_with_cas(settings: Setting
         assert result["create"]["subject"] == agent.store.subjects.entry(board_name, section, PATH_KEY)
         created = await board.get(section, PATH_KEY)
         assert created.revision == rev_new
+        # a JSON payload, signed over the record's canonical encoding: verified by the second check
+        assert created.verdict == Verdict.VERIFIED and result["create"]["verdict"] == "verified"
         assert created.value == ["créé", "par", "node", 1]
         assert created.author == node_agent
         assert created.tags == ("from-node", "json")
@@ -173,7 +202,21 @@ async def test_node_client_reads_sdk_entry_and_writes_with_cas(settings: Setting
         assert stale["current_revision"] == rev_upd
         assert (await board.get(section, URL_KEY)).revision == rev_upd
         assert result["history_check"] == {"old_revision": rev_py, "old_author": "py-agent",
-                                           "latest_revision": rev_upd, "latest_author": node_agent}
+                                           "latest_revision": rev_upd, "latest_author": node_agent,
+                                           "old_verdict": "verified", "latest_verdict": "verified"}
+
+        # (d) a payload changed after signing, and an entry signed by node with py-agent as author:
+        # the SDK's strict read refuses both, and so did the Node client's own verifier
+        assert result["tamper"]["verdict"] == "bad_signature"
+        with pytest.raises(UnverifiedRecordError) as refused:
+            await board.get("attacks", "tampered")
+        assert refused.value.verdict == Verdict.BAD_SIGNATURE
+        assert refused.value.revision == result["tamper"]["revision"]
+        assert result["forged"]["verdict"] == "wrong_author"
+        with pytest.raises(UnverifiedRecordError) as refused:
+            await board.get("attacks", "forged")
+        assert refused.value.verdict == Verdict.WRONG_AUTHOR
+        assert refused.value.signer == node_agent
 
         # the SDK sees the same conflict for the same stale revision
         with pytest.raises(ConflictError) as info:
@@ -216,3 +259,23 @@ async def test_node_client_is_refused_without_credential_and_outside_its_rights(
             await agent.board(foreign).get(section, key)
         entry = await agent.board(own).get(section, key)
         assert (entry.revision, entry.author, entry.value) == (own_write["revision"], solo, "written from node")
+        assert entry.verdict == Verdict.VERIFIED
+
+
+def test_node_signing_reproduces_the_worked_example_of_the_protocol_doc() -> None:
+    """docs/protocol.md §14.9 from its inputs, in JavaScript: canonical record, signing input, signature."""
+    node = _node()
+    _ensure_node_modules()
+    doc = PROTOCOL_DOC.read_text(encoding="utf-8")
+    example = doc[doc.index("### 14.9 Worked example"):doc.index("## 15.")]
+    rows = dict(re.findall(r"^\| `?([^|`]+?)`? \| `([^`]+)`", example, re.MULTILINE))
+    record_hex, _lines, input_hex, signature = re.findall(r"```\n(.*?)```", example, re.DOTALL)
+
+    result = _run_node(node, {"mode": "example", "seed": rows["seed"], "subject": rows["subject"],
+                              "msg_id": rows["Nats-Msg-Id"], "signed_at_us": rows["Bb-Sig-Time"],
+                              "expected": rows["Nats-Expected-Last-Subject-Sequence"], "record": rows["record"]})
+
+    assert result["public_key"] == rows["Bb-Sig-Key"]
+    assert result["record_hex"] == record_hex.replace(" ", "").replace("\n", "")
+    assert result["signing_input_hex"] == input_hex.replace(" ", "").replace("\n", "")
+    assert result["signature"] == signature.strip()

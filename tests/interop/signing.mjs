@@ -1,0 +1,271 @@
+// Record signatures in JavaScript, written from docs/protocol.md §13 (canonical
+// encoding) and §14 (signatures) alone: the canonical encoding of an entry
+// envelope, the bb-sig/1 signing input, signing with the nkey seed of a
+// `.creds` file, reading a certificate (a user JWT) and the verdicts of §14.5.
+//
+// Ed25519 and the nkey encodings come from nkeys.js (the nats package's own
+// dependency); nothing else is needed.
+
+import { fromPublic, fromSeed } from "nkeys.js";
+import { decode as mpDecode } from "@msgpack/msgpack";
+
+export const SCHEME = "bb-sig/1";
+export const SIG_KEY = "Bb-Sig-Key";
+export const SIG_TIME = "Bb-Sig-Time";
+export const SIG = "Bb-Sig";
+const COVERED = ["Nats-Expected-Last-Subject-Sequence", "KV-Operation", "Nats-TTL"];
+const USER_KEY = /^U[A-Z2-7]{55}$/;
+const TIME = /^(0|[1-9][0-9]{0,18})$/;
+const SIG_TEXT = /^[A-Za-z0-9_-]{86}$/;
+const NAME = /^[A-Za-z0-9_-]{1,128}$/;
+const KINDS = new Set(["agent", "worker", "operator"]);
+const utf8 = new TextEncoder();
+
+// ---------------------------------------------------------------- canonical encoding (§13)
+/** Bytes accumulated big-endian. */
+class Out {
+  constructor() { this.parts = []; }
+  byte(...b) { this.parts.push(Uint8Array.from(b)); }
+  bytes(b) { this.parts.push(b); }
+  uint(n, size) { // n: BigInt
+    const b = new Uint8Array(size);
+    for (let i = size - 1; i >= 0; i--) { b[i] = Number(n & 0xffn); n >>= 8n; }
+    this.parts.push(b);
+  }
+  done() {
+    const len = this.parts.reduce((a, p) => a + p.length, 0);
+    const all = new Uint8Array(len);
+    let at = 0;
+    for (const p of this.parts) { all.set(p, at); at += p.length; }
+    return all;
+  }
+}
+
+/** The smallest header of a str, bin, array or map (rules 4 and 6). */
+function header(out, n, fix, fixMax, [c8, c16, c32]) {
+  if (n <= fixMax) out.byte(fix | n);
+  else if (n < 0x100 && c8) out.byte(c8, n);
+  else if (n < 0x10000) { out.byte(c16); out.uint(BigInt(n), 2); }
+  else { out.byte(c32); out.uint(BigInt(n), 4); }
+}
+
+/** An integer in its smallest msgpack form (rule 5). */
+function int(out, value) {
+  const n = BigInt(value);
+  if (n >= 0n && n <= 0x7fn) return out.byte(Number(n));
+  if (n < 0n && n >= -32n) return out.byte(Number(n & 0xffn));
+  if (n > 0n) {
+    for (const [code, size] of [[0xcc, 1], [0xcd, 2], [0xce, 4], [0xcf, 8]]) {
+      if (n < 1n << BigInt(8 * size)) { out.byte(code); return out.uint(n, size); }
+    }
+    throw new Error(`integer ${n} does not fit in 64 bits`);
+  }
+  for (const [code, size] of [[0xd0, 1], [0xd1, 2], [0xd2, 4], [0xd3, 8]]) {
+    if (n >= -(1n << BigInt(8 * size - 1))) { out.byte(code); return out.uint(BigInt.asUintN(8 * size, n), size); }
+  }
+  throw new Error(`integer ${n} does not fit in 64 bits`);
+}
+
+function str(out, s) {
+  const b = utf8.encode(s);
+  header(out, b.length, 0xa0, 31, [0xd9, 0xda, 0xdb]);
+  out.bytes(b);
+}
+
+function compareBytes(a, b) {
+  for (let i = 0; i < Math.min(a.length, b.length); i++) if (a[i] !== b[i]) return a[i] - b[i];
+  return a.length - b.length;
+}
+
+/** A user value (rule 4): maps sorted by the bytes of their encoded keys. */
+export function canonicalValue(value, out = new Out(), depth = 0) {
+  if (depth > 256) throw new Error("nested too deeply for a canonical encoding");
+  if (value === null || value === undefined) out.byte(0xc0);
+  else if (value === true) out.byte(0xc3);
+  else if (value === false) out.byte(0xc2);
+  else if (typeof value === "bigint") int(out, value);
+  else if (typeof value === "number") {
+    if (Number.isNaN(value)) out.byte(0xcb, 0x7f, 0xf8, 0, 0, 0, 0, 0, 0);
+    else if (Number.isInteger(value) && Math.abs(value) <= 2 ** 53) int(out, value === 0 ? 0 : value);
+    else { const b = new DataView(new ArrayBuffer(8)); b.setFloat64(0, value); out.byte(0xcb); out.bytes(new Uint8Array(b.buffer)); }
+  } else if (typeof value === "string") str(out, value);
+  else if (value instanceof Uint8Array) { header(out, value.length, 0, -1, [0xc4, 0xc5, 0xc6]); out.bytes(value); }
+  else if (Array.isArray(value)) {
+    header(out, value.length, 0x90, 15, [0, 0xdc, 0xdd]);
+    for (const item of value) canonicalValue(item, out, depth + 1);
+  } else if (typeof value === "object") {
+    const entries = Object.entries(value).map(([k, v]) => [canonicalValue(k).done(), v]);
+    entries.sort((a, b) => compareBytes(a[0], b[0]));
+    header(out, entries.length, 0x80, 15, [0, 0xde, 0xdf]);
+    for (const [k, v] of entries) { out.bytes(k); canonicalValue(v, out, depth + 1); }
+  } else throw new Error(`no canonical encoding for ${typeof value}`);
+  return out;
+}
+
+const RFC3339 = /^(\d{4})-(\d{2})-(\d{2})[Tt ](\d{2}):(\d{2}):(\d{2})(?:\.(\d+))?([Zz]|[+-]\d{2}:\d{2})$/;
+
+/** Microseconds since the Unix epoch of an RFC 3339 timestamp (fraction truncated). */
+export function timestampUs(text) {
+  const m = RFC3339.exec(text);
+  if (!m) throw new Error(`not an RFC 3339 timestamp: ${text}`);
+  const [, y, mo, d, h, mi, s, frac = "", zone] = m;
+  let us = BigInt(Date.UTC(+y, +mo - 1, +d, +h, +mi, +s)) * 1000n + BigInt((frac + "000000").slice(0, 6));
+  if (zone !== "Z" && zone !== "z") {
+    const sign = zone[0] === "-" ? -1n : 1n;
+    us -= sign * (BigInt(+zone.slice(1, 3)) * 3600n + BigInt(+zone.slice(4, 6)) * 60n) * 1_000_000n;
+  }
+  return us;
+}
+
+/** A schema timestamp in canonical form (rule 3): UTC, six fraction digits, `+00:00`. */
+export function canonicalTimestamp(value) {
+  const us = typeof value === "bigint" ? value : timestampUs(value);
+  const seconds = new Date(Number(us / 1000000n) * 1000).toISOString().slice(0, 19);
+  return `${seconds}.${String(us % 1000000n).padStart(6, "0")}+00:00`;
+}
+
+/** The canonical encoding of an entry envelope (§13.2: its fields in schema order). */
+export function canonicalEnvelope(env) {
+  const out = new Out();
+  out.byte(0x87);
+  str(out, "v"); int(out, env.v ?? 1);
+  str(out, "value"); canonicalValue(env.value, out, 1);
+  str(out, "content_type"); str(out, env.content_type);
+  str(out, "tags"); header(out, (env.tags ?? []).length, 0x90, 15, [0, 0xdc, 0xdd]);
+  for (const tag of env.tags ?? []) str(out, tag);
+  str(out, "metadata"); canonicalValue(env.metadata ?? {}, out, 1);
+  str(out, "author"); str(out, env.author);
+  str(out, "created_at"); str(out, canonicalTimestamp(env.created_at));
+  return out.done();
+}
+
+// ---------------------------------------------------------------- signing (§14.1-14.3)
+const b64url = (bytes) => Buffer.from(bytes).toString("base64url");
+const unb64url = (text) => new Uint8Array(Buffer.from(text, "base64url"));
+
+/** The bytes a signature covers: eight lines, each ended by "\n", then the record bytes. */
+export function signingInput(subject, headers, signedAtUs, publicKey, record) {
+  const msgId = headers.get("Nats-Msg-Id");
+  if (!msgId) throw new Error("a signed message needs a Nats-Msg-Id");
+  const lines = [SCHEME, subject, msgId, String(signedAtUs), ...COVERED.map((h) => headers.get(h) || ""), publicKey];
+  const head = utf8.encode(lines.map((l) => `${l}\n`).join(""));
+  const all = new Uint8Array(head.length + record.length);
+  all.set(head);
+  all.set(record, head.length);
+  return all;
+}
+
+/** The signer of a `.creds` file: its user nkey seed and its JWT (the certificate). */
+export function signerFromCreds(credsText) {
+  const jwt = /BEGIN NATS USER JWT-+\s*(\S+)\s*-+END NATS USER JWT/.exec(credsText)?.[1];
+  const seed = /BEGIN USER NKEY SEED-+\s*(\S+)\s*-+END USER NKEY SEED/.exec(credsText)?.[1];
+  if (!jwt || !seed) throw new Error("not a NATS .creds file");
+  return signerFromSeed(seed, jwt);
+}
+
+export function signerFromSeed(seed, jwt = null) {
+  const kp = fromSeed(utf8.encode(seed));
+  return { kp, publicKey: kp.getPublicKey(), certificate: jwt };
+}
+
+/** Add the three signature headers to `headers` (a nats.js MsgHdrs) for `record` on `subject`. */
+export function sign(signer, subject, headers, record, signedAtUs = BigInt(Date.now()) * 1000n) {
+  const data = signingInput(subject, headers, signedAtUs, signer.publicKey, record);
+  headers.set(SIG_KEY, signer.publicKey);
+  headers.set(SIG_TIME, String(signedAtUs));
+  headers.set(SIG, b64url(signer.kp.sign(data)));
+}
+
+// ---------------------------------------------------------------- certificates (§14.6)
+function jsonPart(text) {
+  return JSON.parse(Buffer.from(text, "base64url").toString("utf8"));
+}
+
+/** The claims of a JWT whose signature verifies against its issuer `iss`, else null. */
+export function verifiedClaims(jwt) {
+  const parts = jwt.trim().split(".");
+  if (parts.length !== 3) return null;
+  try {
+    const claims = jsonPart(parts[1]);
+    if (claims === null || typeof claims !== "object") return null;
+    const ok = fromPublic(String(claims.iss)).verify(utf8.encode(`${parts[0]}.${parts[1]}`), unb64url(parts[2]));
+    return ok ? claims : null;
+  } catch {
+    return null;
+  }
+}
+
+/** The issuer of a JWT, unverified (the account of one's own credential). */
+export function issuerOf(jwt) {
+  return jsonPart(jwt.trim().split(".")[1]).iss;
+}
+
+/** What a certificate says about `publicKey` ({principal, kind}), or null when it is not valid. */
+export function readCertificate(publicKey, jwt, trustedAccounts) {
+  const claims = verifiedClaims(jwt);
+  if (!claims || !trustedAccounts.includes(claims.iss) || claims.sub !== publicKey) return null;
+  const nats = claims.nats;
+  if (!nats || typeof nats !== "object" || (nats.type ?? "user") !== "user") return null;
+  if (typeof claims.name !== "string" || !NAME.test(claims.name) || !Number.isInteger(claims.iat)) return null;
+  if (Number.isInteger(claims.exp) && claims.exp > 0 && claims.exp * 1000 <= Date.now()) return null;
+  let kind = "agent";
+  for (const tag of Array.isArray(nats.tags) ? nats.tags : []) {
+    if (typeof tag === "string" && tag.startsWith("bb-kind:")) {
+      kind = tag.slice("bb-kind:".length);
+      if (!KINDS.has(kind)) return null;
+      break;
+    }
+  }
+  return { principal: claims.name, kind };
+}
+
+// ---------------------------------------------------------------- verdicts (§14.5)
+/** The signature headers of a message: null (unsigned), "malformed", or {key, timeUs, sig}. */
+export function parseSignature(headers) {
+  const key = headers?.get(SIG_KEY) || null;
+  const time = headers?.get(SIG_TIME) || null;
+  const sig = headers?.get(SIG) || null;
+  if (key === null && time === null && sig === null) return null;
+  if (key === null || time === null || sig === null) return "malformed";
+  if (!USER_KEY.test(key) || !TIME.test(time) || !SIG_TEXT.test(sig)) return "malformed";
+  const raw = unb64url(sig);
+  if (raw.length !== 64 || b64url(raw) !== sig || !headers.get("Nats-Msg-Id")) return "malformed";
+  return { key, timeUs: BigInt(time), sig: raw };
+}
+
+/**
+ * The verdict on one message, in the order of §14.5.
+ *   msg: {subject, headers, payload (bytes as received), storedAtUs (BigInt),
+ *         author (the record's author field; null for a tombstone), canonical (() => bytes, or null)}
+ *   keys: {certificate(publicKey) -> {principal, kind} | null, revokedAt(publicKey) -> unix seconds | null}
+ */
+export function verdict(msg, keys, maxSkewUs = 30_000_000n) {
+  const parsed = parseSignature(msg.headers);
+  if (parsed === null) return "unsigned";
+  if (parsed === "malformed") return "malformed";
+  const cert = keys.certificate(parsed.key);
+  if (!cert) return "unknown_key";
+  const kp = fromPublic(parsed.key);
+  const check = (record) => kp.verify(signingInput(msg.subject, msg.headers, parsed.timeUs, parsed.key, record),
+    parsed.sig);
+  let valid = check(msg.payload);
+  if (!valid && msg.canonical) { // payload first; then its record's canonical encoding, if that differs
+    let record = null;
+    try { record = msg.canonical(); } catch { record = null; }
+    valid = record !== null && compareBytes(record, msg.payload) !== 0 && check(record);
+  }
+  if (!valid) return "bad_signature";
+  if (msg.author !== null && msg.author !== undefined && cert.principal !== msg.author) return "wrong_author";
+  const skew = msg.storedAtUs - parsed.timeUs;
+  if (skew > maxSkewUs || -skew > maxSkewUs) return "stale";
+  const revoked = keys.revokedAt(parsed.key);
+  if (revoked !== null && revoked !== undefined && BigInt(revoked) * 1_000_000n <= msg.storedAtUs) return "revoked";
+  return "verified";
+}
+
+/** The canonical bytes of an entry payload as received (msgpack, or JSON with Bb-Encoding: json). */
+export function canonicalOfPayload(headers, payload) {
+  const json = (headers?.get("Bb-Encoding") || "").toLowerCase() === "json" || payload[0] === 0x7b;
+  const env = json ? JSON.parse(new TextDecoder().decode(payload)) : mpDecode(payload, { useBigInt64: true });
+  return canonicalEnvelope(env);
+}
