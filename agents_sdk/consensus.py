@@ -21,6 +21,13 @@ bus (``settings.nats.insecure_open_bus``, where no worker may run) does an
 agent also record outcomes, ask for deadline closes and apply accepted
 values itself; the protocol in :mod:`blackboard.client.consensus` keeps that
 exactly once whoever races. Rules: ``docs/voting.md``.
+
+Every proposal and ballot is signed by the agent's key, and every vote message
+read is verified (:meth:`blackboard.client.consensus.VoteStore.verified`): a
+proposal or ballot that does not verify is not counted (an agent's own ballot
+that does not verify raises ``UnverifiedRecordError``), an outcome must be
+signed by a worker identity, and a watch hides what does not verify (or, with
+``security.unverified = "flag"``, passes it with its ``verdict``).
 """
 
 from __future__ import annotations
@@ -54,6 +61,7 @@ from blackboard.protocol.errors import (
     OperationTimeoutError,
     OutcomeTimeoutError,
     ProposalNotFoundError,
+    UnverifiedRecordError,
 )
 from blackboard.protocol.schemas import (
     Ballot,
@@ -64,6 +72,7 @@ from blackboard.protocol.schemas import (
     Proposal,
     TallyCounts,
 )
+from blackboard.protocol.signing import Verdict
 from blackboard.protocol.subjects import Subjects, validate_name
 
 if TYPE_CHECKING:
@@ -109,7 +118,10 @@ class BallotReceipt:
 class VoteEvent:
     """A message seen by :meth:`Board.watch_votes`: a proposal, a ballot, a
     close request, a recorded or an applied outcome. ``message`` is the decoded
-    model (``None`` for a close request or a message that does not decode)."""
+    model (``None`` for a close request or a message that does not decode).
+    ``verdict`` is the verdict on its signature (``unsigned`` when the
+    connection does not verify; anything but ``verified`` only with
+    ``security.unverified = "flag"``: such events are hidden by default)."""
 
     kind: VoteKind
     board: str
@@ -117,6 +129,7 @@ class VoteEvent:
     sequence: int
     timestamp: datetime
     message: Proposal | Ballot | Outcome | None
+    verdict: Verdict = Verdict.UNSIGNED
 
 
 def _deadline(value: DeadlineSpec) -> datetime | None:
@@ -216,6 +229,11 @@ class ProposalHandle:
 class Voting:
     """The voting side of one agent (``agent.voting``); ``Board`` methods delegate here."""
 
+    @property
+    def hidden(self) -> int:
+        """Vote messages read that did not verify (not counted, not shown by watches)."""
+        return self.store.hidden
+
     def __init__(self, context: AgentContext) -> None:
         #: The agent's shared state (its id is the proposer and voter).
         self.context = context
@@ -271,6 +289,8 @@ class Voting:
             first = exc.errors()[0]
             raise InvalidPayloadError(f"invalid proposal: {'.'.join(map(str, first['loc']))}: "
                                       f"{first['msg']}") from exc
+        # As every reader will have it: decoded from the canonical bytes that are published.
+        proposal = decode_proposal(proposal.canonical_bytes())
         sequence = await self.store.publish_proposal(proposal)
         self._proposals[(board, proposal.id)] = (proposal, sequence)
         return ProposalHandle(self, proposal, sequence)
@@ -318,6 +338,8 @@ class Voting:
             ProposalClosedError: the proposal was already decided.
             DeadlinePassedError: the server stored the ballot after the deadline.
             InvalidBallotError: not a candidate, or a ballot id already counted.
+            UnverifiedRecordError: the stored ballot does not verify (its certificate is not
+                in the key registry, this machine's clock is off...): it is not counted.
             OutcomeTimeoutError: this ballot decided, but no outcome was committed
                 within the write timeout (no worker runs?); the ballot counted.
             NotConnectedError, OperationTimeoutError: no answer in time.
@@ -343,6 +365,10 @@ class Voting:
             if sequence not in plog.fates:
                 raise InvalidBallotError(proposal_id, "the stored ballot does not decode")
             rejection = plog.fates[sequence]
+            if rejection is not None and rejection.reason == "unverified":
+                verdict = plog.unverified.get(sequence, Verdict.MALFORMED)
+                raise UnverifiedRecordError(verdict.value, Subjects.vote(board, proposal_id, "ballot", ballot.voter),
+                                            sequence=sequence, signer=self.store.name, record=ballot)
             if rejection is not None:
                 raise rejection_error(proposal_id, rejection)
             decided = plog.decided
@@ -572,6 +598,9 @@ class VoteWatch:
         return self._follower.ready
 
     def _on(self, msg: VoteMessage) -> None:
+        verdict = Verdict.UNSIGNED if msg.verdict is None else msg.verdict
+        if not msg.trusted and self._voting.context.settings.security.unverified != "flag":
+            return  # hidden (counted by the store)
         model: Proposal | Ballot | Outcome | None = None
         try:
             if msg.kind == "proposal":
@@ -582,7 +611,8 @@ class VoteWatch:
                 model = decode_outcome(msg.data, msg.headers)
         except InvalidPayloadError:
             model = None
-        self._queue.put_nowait(VoteEvent(msg.kind, msg.board, msg.proposal_id, msg.sequence, msg.timestamp, model))
+        self._queue.put_nowait(VoteEvent(msg.kind, msg.board, msg.proposal_id, msg.sequence, msg.timestamp, model,
+                                         verdict))
 
     async def __aenter__(self) -> VoteWatch:
         await self.start()

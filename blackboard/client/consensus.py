@@ -39,16 +39,28 @@ The commit protocol, in short (``docs/voting.md`` has the whole of it):
 Every step is idempotent, so any committer (every worker replica, and agents
 on an open bus) can run :meth:`VoteStore.commit` at any time, and a committer
 that crashes half-way is finished by the next one.
+
+**Signatures** (docs/security.md, "Signatures"). Every message is published as
+its record's canonical encoding and signed by the connection's key (afresh
+before each send): proposals by their proposer, ballots by their voter, and
+close requests, outcomes and applied records by the worker identity (the
+board entry that applies an outcome too, its author being the worker's
+principal, its marker naming the outcome record as its ``provenance``). Every
+message read is verified (:meth:`VoteStore.verified`) before the log sees it:
+a proposal or ballot must be signed by its proposer or voter, an outcome,
+applied record or close request by a worker identity; what does not verify is
+not taken (``VoteMessage.verdict``; the log ignores it).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
-from typing import Literal
+from typing import Any, Literal
 
 import nats.js.errors
 from nats.aio.client import Client as NATS
@@ -56,12 +68,15 @@ from nats.aio.msg import Msg
 
 from blackboard.client.board_store import BoardStore
 from blackboard.client.follower import OrderedFollower
-from blackboard.client.publisher import Ack, Publisher
+from blackboard.client.publisher import Ack, Publisher, Sign
+from blackboard.client.signing import signing_of
 from blackboard.consensus.log import (
     ProposalLog,
     RecordedOutcome,
     VoteKind,
     VoteMessage,
+    decode_ballot,
+    decode_outcome,
     decode_proposal,
     jetstream_time,
     same_outcome,
@@ -78,7 +93,10 @@ from blackboard.protocol.errors import (
     TransportError,
 )
 from blackboard.protocol.schemas import Ballot, Outcome, Proposal
+from blackboard.protocol.schemas.provenance import source_ref
+from blackboard.protocol.signing import Verdict
 from blackboard.protocol.subjects import VOTE_STREAM, Header, Subjects
+from blackboard.security.verifier import Signed
 from blackboard.settings import Settings
 
 __all__ = ["CONSENSUS_METADATA", "ProposalFollower", "VoteFollower", "VoteStore", "vote_message"]
@@ -86,8 +104,13 @@ __all__ = ["CONSENSUS_METADATA", "ProposalFollower", "VoteFollower", "VoteStore"
 log = logging.getLogger("blackboard.client.consensus")
 
 #: Metadata key marking a board entry written by a vote commit:
-#: ``{"consensus": {"proposal_id": ..., "outcome_sequence": ...}}``.
+#: ``{"consensus": {"proposal_id": ..., "outcome_sequence": ..., "provenance": [<SourceRef of
+#: the outcome record>]}}``.
 CONSENSUS_METADATA = "consensus"
+#: The kind of identity that signs outcomes, applied records and close requests.
+WORKER_KIND = "worker"
+#: The author field of each kind of vote record (the others are the worker's: no author field).
+_AUTHOR_FIELD: dict[str, str] = {"proposal": "proposer", "ballot": "voter"}
 
 _WRONG_LAST_SEQ = 10071
 _SEQ_RE = re.compile(r"(\d+)\s*$")
@@ -109,6 +132,45 @@ def vote_message(msg: Msg) -> VoteMessage:
     return VoteMessage(_kind(kind), board, pid, md.sequence.stream, ts, msg.data, dict(msg.headers or {}), voter)
 
 
+def _author(kind: VoteKind, data: bytes, headers: Mapping[str, str]) -> str | None:
+    """The author field of a proposal or ballot payload, read without the schema (the log
+    decodes it again: one that does not decode is not taken anyway); None for other kinds."""
+    name = _AUTHOR_FIELD.get(kind)
+    if name is None:
+        return None
+    try:
+        obj: Any = codec.decode(data, codec.encoding_of(headers))
+    except InvalidPayloadError:
+        return ""
+    author = obj.get(name) if isinstance(obj, dict) else None
+    return author if isinstance(author, str) else ""
+
+
+def _canonical(kind: VoteKind, data: bytes, headers: Mapping[str, str]) -> Callable[[], bytes] | None:
+    """The record's canonical bytes, for a payload that is not them (a JSON writer's)."""
+    if kind == "close":
+        return None
+
+    def canonical() -> bytes:
+        if kind == "proposal":
+            return decode_proposal(data, headers).canonical_bytes()
+        if kind == "ballot":
+            return decode_ballot(data, headers).canonical_bytes()
+        return decode_outcome(data, headers).canonical_bytes()
+
+    return canonical
+
+
+def _signed(msg: VoteMessage) -> Signed:
+    """What the verifier checks of a vote message: signed by its proposer or voter, or else by
+    a worker identity (outcomes, applied records, close requests)."""
+    author = _author(msg.kind, msg.data, msg.headers)
+    return Signed(Subjects.vote(msg.board, msg.proposal_id, msg.kind, msg.voter), msg.headers, msg.data,
+                  stored_at=msg.timestamp, author=author,
+                  canonical=_canonical(msg.kind, msg.data, msg.headers),
+                  cache_key=(VOTE_STREAM, msg.sequence), kind=None if author is not None else WORKER_KIND)
+
+
 def _kind(kind: str) -> VoteKind:
     if kind == "proposal":
         return "proposal"
@@ -128,7 +190,8 @@ class VoteStore:
         nc: a connected NATS client.
         settings: the deployment's settings.
         name: who acts (an agent id or a worker name): the author of the
-            board writes this store commits.
+            board writes this store commits. A connection that signs writes
+            as its credential's principal, whatever ``name`` says.
         board: the board store that applies accepted outcomes to board
             entries (an agent passes its own); by default one of its own.
     """
@@ -136,17 +199,23 @@ class VoteStore:
     def __init__(self, nc: NATS, settings: Settings, *, name: str, board: BoardStore | None = None) -> None:
         self.nc = nc
         self.settings = settings
-        self.name = name
+        signing = signing_of(nc)
+        self._signer = signing.signer
+        self._verifier = signing.verifier
+        self.name = name if self._signer is None else self._signer.principal
         self.js = nc.jetstream(timeout=settings.nats.request_timeout)
         self.subjects = Subjects(settings.board.bucket)
         self._owns_board = board is None
         #: the one writer of board entries: outcomes are applied through it
         self.board = board if board is not None else BoardStore(nc, settings)
         self._publisher = Publisher(nc, self.js, settings.nats)
+        #: Vote messages read that did not verify (the log ignores them).
+        self.hidden = 0
 
     # ------------------------------------------------------------- publishing
     async def _publish(self, subject: str, payload: bytes, headers: dict[str, str], what: str,
                        key: str, expected: int | None) -> Ack:
+        """Publish ``payload`` (a record's canonical bytes, or empty), signed before each send."""
         def conflict(exc: nats.js.errors.APIError) -> BlackboardError:
             if exc.err_code == _WRONG_LAST_SEQ:
                 match = _SEQ_RE.search(exc.description or "")
@@ -157,7 +226,18 @@ class VoteStore:
         if expected is not None:
             headers[Header.EXPECTED_LAST_SUBJECT_SEQUENCE.value] = str(expected)
         return await self._publisher.publish(subject, payload, headers, what=what, map_api_error=conflict,
-                                             stream=VOTE_STREAM)
+                                             stream=VOTE_STREAM, sign=self._sign(subject, headers, payload))
+
+    def _sign(self, subject: str, headers: dict[str, str], record: bytes) -> Sign | None:
+        """What the publisher calls before each send to sign ``headers`` afresh (None: unsigned)."""
+        signer = self._signer
+        if signer is None:
+            return None
+
+        def sign() -> None:
+            signer.sign(subject, headers, record)
+
+        return sign
 
     async def close(self) -> None:
         """Release the ack subscription (and the board store's, if it is this store's own)."""
@@ -176,7 +256,7 @@ class VoteStore:
             NotConnectedError, OperationTimeoutError: not acknowledged in time.
         """
         subject = Subjects.vote(proposal.board, proposal.id, "proposal")
-        ack = await self._publish(subject, codec.encode(proposal.model_dump(mode="json")), {},
+        ack = await self._publish(subject, proposal.canonical_bytes(), {},
                                   f"proposal {proposal.id!r}", f"{proposal.board}.{proposal.id}", 0)
         return int(ack.seq)
 
@@ -187,8 +267,7 @@ class VoteStore:
         Under credentials only the voter itself may publish there.
         """
         subject = Subjects.vote(board, ballot.proposal_id, "ballot", ballot.voter)
-        ack = await self._publish(subject, codec.encode(ballot.model_dump(mode="json")), {},
-                                  f"ballot {ballot.id!r}", subject, None)
+        ack = await self._publish(subject, ballot.canonical_bytes(), {}, f"ballot {ballot.id!r}", subject, None)
         return int(ack.seq)
 
     async def publish_close(self, board: str, proposal_id: str) -> int:
@@ -219,15 +298,31 @@ class VoteStore:
         return msg
 
     async def read(self, board: str, proposal_id: str, kind: VoteKind) -> VoteMessage | None:
-        """The last message of one kind of a proposal (direct get, last by subject), or
-        ``None``. Not for ballots (their subjects name voters)."""
+        """The last message of one kind of a proposal (direct get, last by subject), with
+        its verdict (:meth:`verified`), or ``None``. Not for ballots (their subjects name voters)."""
         subject = Subjects.vote(board, proposal_id, kind)
         msg = await self._direct(subject)
         if msg is None:
             return None
         headers = dict(msg.headers or {})
         ts = parse_server_time(headers.get(Header.TIMESTAMP.value)) or datetime.now(UTC)
-        return VoteMessage(kind, board, proposal_id, int(headers[Header.SEQUENCE.value]), ts, msg.data, headers)
+        return await self.verified(
+            VoteMessage(kind, board, proposal_id, int(headers[Header.SEQUENCE.value]), ts, msg.data, headers))
+
+    # ------------------------------------------------------------- verifying
+    async def verified(self, msg: VoteMessage) -> VoteMessage:
+        """``msg`` with this connection's verdict on its signature (unchanged when it does not
+        verify: an open bus). A proposal must be signed by its proposer, a ballot by its voter,
+        any other kind by a worker identity. What does not verify is counted in :attr:`hidden`."""
+        verifier = self._verifier
+        if verifier is None:
+            return msg
+        verdict = await verifier.verify(_signed(msg))
+        if verdict is not Verdict.VERIFIED:
+            self.hidden += 1
+            log.info("vote message %d on %s.%s (%s) does not verify: %s", msg.sequence, msg.board,
+                     msg.proposal_id, msg.kind, verdict.value)
+        return dataclasses.replace(msg, verdict=verdict)
 
     async def last_sequence(self, board: str, proposal_id: str) -> int:
         """The stream sequence of the last message stored on a proposal's subjects (0: none).
@@ -239,9 +334,10 @@ class VoteStore:
         return 0 if msg is None else int((msg.headers or {})[Header.SEQUENCE.value])
 
     async def read_proposal(self, board: str, proposal_id: str) -> tuple[Proposal, int] | None:
-        """The proposal and its stream sequence, or ``None`` if there is none (valid)."""
+        """The proposal and its stream sequence, or ``None`` if there is none (valid, and
+        signed by its proposer when this connection verifies)."""
         msg = await self.read(board, proposal_id, "proposal")
-        if msg is None:
+        if msg is None or not msg.trusted:
             return None
         try:
             proposal = decode_proposal(msg.data, msg.headers)
@@ -298,12 +394,15 @@ class VoteStore:
         body = outcome.model_copy(update={"revision": None})
         headers = {Header.BASE_REVISION.value: str(base)}
         try:
-            ack = await self._publish(subject, codec.encode(body.model_dump(mode="json")), headers,
+            ack = await self._publish(subject, body.canonical_bytes(), headers,
                                       f"outcome of {outcome.proposal_id!r}", subject, 0)
         except ConflictError:
             ack = None
         if ack is not None and not ack.duplicate:
-            return RecordedOutcome(body, int(ack.seq), datetime.now(UTC), base)
+            # Stored by this very send (a resend of a stored one is a duplicate): its signature
+            # is the one the headers hold now.
+            return RecordedOutcome(body, int(ack.seq), datetime.now(UTC), base,
+                                   source_ref(VOTE_STREAM, int(ack.seq), headers))
         recorded = await self.read_recorded(outcome.board, outcome.proposal_id)
         if recorded is None:
             raise TransportError(f"the outcome of {outcome.proposal_id!r} exists but cannot be read")
@@ -312,9 +411,26 @@ class VoteStore:
                         outcome.board, outcome.proposal_id, self.name)
         return recorded
 
+    def _appliers(self, recorded: RecordedOutcome) -> frozenset[str] | None:
+        """Who may have written an application of ``recorded`` (None: anyone, this connection
+        does not verify): this committer, and the worker that signed the outcome record."""
+        if self._verifier is None:
+            return None
+        names = {self.name}
+        key = recorded.source.key if recorded.source is not None else None
+        info = None if key is None else self._verifier.keys.lookup(key)
+        if info is not None and info.kind == WORKER_KIND:
+            names.add(info.principal)
+        return frozenset(names)
+
     @staticmethod
-    def _is_application(entry: Entry | None, outcome: Outcome) -> bool:
+    def _is_application(entry: Entry | None, outcome: Outcome, appliers: frozenset[str] | None = None) -> bool:
+        """Whether ``entry`` applies ``outcome``: a put carrying its proposal's marker and, when
+        signatures are verified (``appliers``), signed by a worker that commits (an agent that
+        may write the board cannot fake an application)."""
         if entry is None or entry.operation is not Operation.PUT:
+            return False
+        if appliers is not None and (entry.verdict is not Verdict.VERIFIED or entry.author not in appliers):
             return False
         marker = entry.metadata.get(CONSENSUS_METADATA)
         return isinstance(marker, dict) and marker.get("proposal_id") == outcome.proposal_id
@@ -329,7 +445,10 @@ class VoteStore:
         """
         o = recorded.outcome
         last_seen = recorded.base_revision
-        marker = {CONSENSUS_METADATA: {"proposal_id": o.proposal_id, "outcome_sequence": recorded.sequence}}
+        provenance = [] if recorded.source is None else [recorded.source.model_dump()]
+        marker = {CONSENSUS_METADATA: {"proposal_id": o.proposal_id, "outcome_sequence": recorded.sequence,
+                                       "provenance": provenance}}
+        appliers = self._appliers(recorded)
         conflict: ConflictError | None = None
         for _ in range(_MAX_APPLY_ROUNDS):
             # Writing at the last revision seen is safe: no application can
@@ -348,7 +467,7 @@ class VoteStore:
                     continue
             while (found := await self.board.next_revision(o.board, o.section, o.key, last_seen)) is not None:
                 revision, entry = found
-                if self._is_application(entry, o):
+                if self._is_application(entry, o, appliers):
                     return revision
                 last_seen = revision
         assert conflict is not None
@@ -358,7 +477,7 @@ class VoteStore:
         """Step 3: publish the applied outcome (with its revision), or read the winner's."""
         subject = Subjects.vote(outcome.board, outcome.proposal_id, "applied")
         try:
-            ack = await self._publish(subject, codec.encode(outcome.model_dump(mode="json")), {},
+            ack = await self._publish(subject, outcome.canonical_bytes(), {},
                                       f"application of {outcome.proposal_id!r}", subject, 0)
             if not ack.duplicate:
                 return outcome
@@ -391,8 +510,10 @@ class VoteFollower(OrderedFollower):
 
     def __init__(self, store: VoteStore, filter_subject: str, on_message: Callable[[VoteMessage], None],
                  *, start: Literal["all", "new"] = "all") -> None:
-        super().__init__(store.js, VOTE_STREAM, filter_subject, lambda msg: on_message(vote_message(msg)),
-                         start=start, nc=store.nc)
+        async def deliver(msg: Msg) -> None:
+            on_message(await store.verified(vote_message(msg)))
+
+        super().__init__(store.js, VOTE_STREAM, filter_subject, deliver, start=start, nc=store.nc)
 
 
 class ProposalFollower:
@@ -455,13 +576,13 @@ class ProposalFollower:
         changed, self._changed = self._changed, asyncio.Event()
         changed.set()
 
-    def _on_message(self, msg: Msg) -> None:
+    async def _on_message(self, msg: Msg) -> None:
         try:
             sequence = msg.metadata.sequence.stream
         except (AttributeError, IndexError, ValueError):  # not a JetStream delivery
             return
         try:
-            self.log.feed(vote_message(msg))
+            self.log.feed(await self._store.verified(vote_message(msg)))
         except InvalidKeyError:
             pass  # not a vote subject (a raw publish): nothing to feed, but read
         self.read_sequence = max(self.read_sequence, sequence)

@@ -28,7 +28,9 @@ from blackboard.protocol.schemas import (
     WireModel,
     validate_wire,
 )
-from blackboard.protocol.subjects import Header, Subjects
+from blackboard.protocol.schemas.provenance import SourceRef, source_ref
+from blackboard.protocol.signing import Verdict
+from blackboard.protocol.subjects import VOTE_STREAM, Header, Subjects
 
 __all__ = [
     "BallotFate",
@@ -91,9 +93,14 @@ def decode_outcome(data: bytes, headers: Mapping[str, str] | None = None) -> Out
     return _decode(Outcome, data, headers)
 
 
+#: What is not part of an outcome's decision: where it was committed, its provenance, and the
+#: schema version it was written in.
+_NOT_DECISION = frozenset({"v", "revision", "sources"})
+
+
 def same_outcome(a: Outcome, b: Outcome) -> bool:
-    """Whether two outcomes are the same decision (``revision`` aside)."""
-    return a.model_dump(exclude={"revision"}) == b.model_dump(exclude={"revision"})
+    """Whether two outcomes are the same decision (``v``, ``revision`` and ``sources`` aside)."""
+    return a.model_dump(exclude=set(_NOT_DECISION)) == b.model_dump(exclude=set(_NOT_DECISION))
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +112,11 @@ class VoteMessage:
     The subject's voter is authoritative: the server's permissions let only
     that voter publish there, so a ballot whose payload names someone else
     is not a ballot.
+
+    ``verdict`` is the reader's verdict on its signature (for an outcome or
+    applied record, ``wrong_author`` unless a worker identity signed it);
+    ``None`` when the reader does not verify (an open bus, ``security.verify``
+    off), and then every message is taken as it is.
     """
 
     kind: VoteKind
@@ -115,6 +127,16 @@ class VoteMessage:
     data: bytes
     headers: Mapping[str, str] = field(default_factory=dict)
     voter: str | None = None
+    verdict: Verdict | None = None
+
+    @property
+    def trusted(self) -> bool:
+        """Whether its signature verified, or the reader does not verify."""
+        return self.verdict is None or self.verdict is Verdict.VERIFIED
+
+    def source(self) -> SourceRef:
+        """Its :class:`SourceRef` (``BB_VOTE``, its sequence, its signature headers)."""
+        return source_ref(VOTE_STREAM, self.sequence, self.headers)
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,13 +144,16 @@ class RecordedOutcome:
     """The outcome message that was stored first (the decision, exactly once).
 
     ``base_revision`` is the target entry's revision when it was recorded (0:
-    absent); the accepted value is written after it.
+    absent); the accepted value is written after it. ``source`` is the outcome
+    message's own reference (its signature), the provenance of the board
+    entry that applies it.
     """
 
     outcome: Outcome
     sequence: int
     timestamp: datetime
     base_revision: int
+    source: SourceRef | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,8 +180,14 @@ class ProposalLog:
         self.proposal_sequence = 0
         self.tally: Tally | None = None
         #: Fate of every ballot message by sequence: ``None`` = counted (when
-        #: it was added), else its rejection. Undecodable ballots are absent.
+        #: it was added), else its rejection (``unverified``: its signature did
+        #: not verify, so no tally saw it). Undecodable ballots are absent.
         self.fates: dict[int, BallotRejection | None] = {}
+        #: References of the proposal and of every ballot the tally took (by sequence).
+        self.sources: dict[int, SourceRef] = {}
+        #: Messages ignored because their signature did not verify (by sequence: the verdict).
+        self.unverified: dict[int, Verdict] = {}
+        self._decided: Outcome | None = None
         self.recorded: RecordedOutcome | None = None
         self.applied: Outcome | None = None
         #: The recorded outcome differs from the one computed here (a bug or a
@@ -168,8 +199,16 @@ class ProposalLog:
     # -- state ------------------------------------------------------------
     @property
     def decided(self) -> Outcome | None:
-        """The outcome the tally reached (by decision or deadline), if closed."""
-        return None if self.tally is None else self.tally.outcome
+        """The outcome the tally reached (by decision or deadline), if closed, with its
+        ``sources``: the proposal and the counted ballots, in stream order."""
+        outcome = None if self.tally is None else self.tally.outcome
+        if outcome is None:
+            return None
+        if self._decided is None:
+            seqs = [self.proposal_sequence, *(b.sequence for b in outcome.counted_ballots)]
+            self._decided = outcome.model_copy(
+                update={"sources": [self.sources[s] for s in seqs if s in self.sources]})
+        return self._decided
 
     @property
     def committed(self) -> Outcome | None:
@@ -197,7 +236,10 @@ class ProposalLog:
 
         Messages that do not decode are ignored (they are not proposals, ballots
         or outcomes), and so is a ballot whose payload voter is not the
-        subject's (``msg.voter``); so are a second proposal and second records.
+        subject's (``msg.voter``); so are a second proposal and second records,
+        and every message whose signature did not verify (``msg.trusted``; an
+        unverified ballot that decodes gets the fate ``unverified``). Any
+        message's server timestamp still closes the tally at the deadline.
         """
         if msg.sequence <= self.last_sequence:
             return
@@ -205,7 +247,10 @@ class ProposalLog:
         self.last_timestamp = msg.timestamp
         handler = getattr(self, f"_on_{msg.kind}", None)
         if handler is not None:
-            handler(msg)
+            if msg.trusted:
+                handler(msg)
+            else:
+                self._untrusted(msg)
         if self.tally is not None and self.tally.is_open:
             # Any stored message stamped after the deadline proves the server
             # passed it, and every ballot before it has been added.
@@ -222,7 +267,21 @@ class ProposalLog:
             return
         self.proposal = proposal
         self.proposal_sequence = msg.sequence
+        self.sources[msg.sequence] = msg.source()
         self.tally = Tally(proposal, msg.sequence)
+
+    def _untrusted(self, msg: VoteMessage) -> None:
+        assert msg.verdict is not None
+        self.unverified[msg.sequence] = msg.verdict
+        if msg.kind != "ballot":
+            return
+        try:
+            ballot = decode_ballot(msg.data, msg.headers)
+        except InvalidPayloadError:
+            return
+        if ballot.voter == msg.voter:  # its fate, for the voter that wrote it (not part of any tally)
+            self.fates[msg.sequence] = BallotRejection(
+                sequence=msg.sequence, ballot_id=ballot.id, voter=ballot.voter, reason="unverified")
 
     def _on_ballot(self, msg: VoteMessage) -> None:
         try:
@@ -235,7 +294,9 @@ class ProposalLog:
             self.fates[msg.sequence] = BallotRejection(
                 sequence=msg.sequence, ballot_id=ballot.id, voter=ballot.voter, reason="unknown_proposal")
             return
-        self.fates[msg.sequence] = self.tally.add(StampedBallot(msg.sequence, msg.timestamp, ballot))
+        fate = self.fates[msg.sequence] = self.tally.add(StampedBallot(msg.sequence, msg.timestamp, ballot))
+        if fate is None:
+            self.sources[msg.sequence] = msg.source()
 
     def _outcome_of(self, msg: VoteMessage) -> Outcome | None:
         try:
@@ -257,7 +318,7 @@ class ProposalLog:
         except ValueError:
             base = 0
         self.recorded = RecordedOutcome(outcome.model_copy(update={"revision": None}), msg.sequence,
-                                        msg.timestamp, max(0, base))
+                                        msg.timestamp, max(0, base), msg.source())
         decided = self.decided
         if decided is not None and not same_outcome(decided, outcome):
             self.diverged = True

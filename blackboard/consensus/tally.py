@@ -124,6 +124,9 @@ def rejection_error(proposal_id: str, rejection: BallotRejection) -> VoteError:
         return IneligibleVoterError(proposal_id, rejection.voter)
     if reason == "invalid_choice":
         return InvalidBallotError(proposal_id, "the choice is not a candidate index")
+    if reason == "unverified":
+        return InvalidBallotError(proposal_id, f"ballot {rejection.ballot_id!r} does not verify (its signature): "
+                                  "it is not counted")
     return InvalidBallotError(proposal_id, f"ballot {rejection.ballot_id!r} was already cast")
 
 

@@ -19,6 +19,14 @@ does that for every board:
 * it finishes commits another committer left half done (a recorded outcome
   not applied after ``worker.vote_commit_grace``).
 
+Everything it publishes (close requests, outcomes, applied records, and the
+board entries that apply accepted outcomes, whose marker names the outcome
+record as their ``provenance``) is signed by the worker identity; every
+outcome records its sources (the proposal and the counted ballots, with
+their signatures: ``Outcome.sources``); and what it reads is verified, so a
+proposal or ballot that does not verify is not counted
+(:class:`blackboard.client.consensus.VoteStore`).
+
 Its state is the stream itself, replayed from the beginning on start, so it
 survives restarts and starts late. Several committers (worker replicas) may
 run at once: the first recorded outcome wins (expected last sequence 0),
@@ -86,7 +94,8 @@ class VoteCommitter:
         settings: the deployment's settings (``worker.deadline_interval``,
             ``worker.vote_commit_grace``, ``nats.insecure_open_bus``).
         name: the author of the board writes that apply outcomes (default:
-            ``settings.worker.name``).
+            ``settings.worker.name``; a connection that signs writes as its
+            credential's principal instead).
         board: follow this board only (default: every board, ``bb.vote.>``).
     """
 

@@ -23,7 +23,8 @@ from blackboard.consensus.log import (
 from blackboard.consensus.tally import StampedBallot, tally
 from blackboard.protocol import codec
 from blackboard.protocol.errors import InvalidKeyError, InvalidPayloadError
-from blackboard.protocol.schemas import Ballot, Choice, Policy, Proposal
+from blackboard.protocol.schemas import Ballot, Choice, Policy, Proposal, SourceRef
+from blackboard.protocol.signing import Verdict
 from blackboard.protocol.subjects import Header, Subjects
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
@@ -44,24 +45,31 @@ class Log:
         self.seq = 0
 
     def send(self, kind: VoteKind, payload: Any = None, *, at: datetime | None = None,
-             headers: dict[str, str] | None = None, raw: bytes | None = None, voter: str | None = None) -> int:
-        """``voter`` is the one a ballot's subject names (default: the payload's)."""
+             headers: dict[str, str] | None = None, raw: bytes | None = None, voter: str | None = None,
+             verdict: Verdict | None = None) -> int:
+        """``voter`` is the one a ballot's subject names (default: the payload's); ``verdict``
+        the reader's verdict on its signature (None: a reader that does not verify)."""
         self.seq += 1
         data = raw if raw is not None else (b"" if payload is None else codec.encode(payload))
         if kind == "ballot" and voter is None and isinstance(payload, dict):
             voter = payload.get("voter")
         self.log.feed(VoteMessage(kind, "b", "p1", self.seq, at or T0 + timedelta(seconds=self.seq), data,
-                                  headers or {}, voter))
+                                  headers or {}, voter, verdict))
         return self.seq
 
-    def propose(self, p: Proposal) -> int:
-        return self.send("proposal", p.model_dump(mode="json"))
+    def propose(self, p: Proposal, **kw: Any) -> int:
+        return self.send("proposal", p.model_dump(mode="json"), **kw)
 
     def vote(self, voter: str, choice: Choice, *, ballot_id: str | None = None, at: datetime | None = None,
-             pid: str = "p1") -> int:
+             pid: str = "p1", **kw: Any) -> int:
         ballot = Ballot(id=ballot_id or f"{voter}-{self.seq + 1}", proposal_id=pid, voter=voter, choice=choice,
                         created_at=T0)
-        return self.send("ballot", ballot.model_dump(mode="json"), at=at)
+        return self.send("ballot", ballot.model_dump(mode="json"), at=at, **kw)
+
+
+def sig(n: int) -> dict[str, str]:
+    """Signature headers as a signed message carries them (the log copies, never checks, them)."""
+    return {Header.SIG_KEY.value: "U" + "A" * 54 + str(n % 10), Header.SIG.value: f"{n:086d}"}
 
 
 def test_jetstream_time_truncates_nanoseconds_exactly() -> None:
@@ -269,3 +277,62 @@ def test_public_voting_names_are_exported() -> None:
                  "InvalidBallotError", "OutcomeTimeoutError", "VoteError"):
         assert name in agents_sdk.__all__
         assert hasattr(agents_sdk, name)
+
+
+# ------------------------------------------------------------------ signatures
+def test_messages_that_do_not_verify_are_not_proposals_ballots_or_outcomes() -> None:
+    s = Log()
+    forged_proposal = s.propose(make_proposal(deadline=T0 + timedelta(seconds=50)), verdict=Verdict.UNSIGNED)
+    assert s.log.proposal is None and s.log.unverified == {forged_proposal: Verdict.UNSIGNED}
+    s.propose(make_proposal(deadline=T0 + timedelta(seconds=50)), verdict=Verdict.VERIFIED)
+    forged = [s.vote(v, 1, verdict=Verdict.WRONG_AUTHOR) for v in ("a", "b", "c")]  # would decide y
+    assert s.log.decided is None and s.log.tally is not None and s.log.tally.counts().ballots == 0
+    assert all(s.log.fates[q] is not None and s.log.fates[q].reason == "unverified" for q in forged)  # type: ignore[union-attr]
+    for v in ("a", "b", "c"):
+        s.vote(v, 0, verdict=Verdict.VERIFIED)
+    decided = s.log.decided
+    assert decided is not None and decided.value == "x"
+    assert all(cb.sequence not in forged for cb in decided.counted_ballots)
+    assert not any(r.sequence in forged for r in decided.rejected_ballots)  # not ballots at all
+    # An outcome a worker did not sign is not the record; the one it signed is.
+    s.send("outcome", decided.model_dump(mode="json"), verdict=Verdict.WRONG_AUTHOR)
+    assert s.log.recorded is None
+    s.send("outcome", decided.model_dump(mode="json"), verdict=Verdict.VERIFIED)
+    assert s.log.recorded is not None and s.log.committed is None
+
+
+def test_an_unverified_message_still_proves_the_deadline_passed() -> None:
+    s = Log()
+    s.propose(make_proposal(deadline=T0 + timedelta(seconds=5)))
+    s.vote("a", 0)
+    s.send("close", at=T0 + timedelta(seconds=6), verdict=Verdict.UNSIGNED)  # the server stamped it
+    decided = s.log.decided
+    assert decided is not None and decided.closed_by == "deadline" and decided.counts.ballots == 1
+
+
+def test_the_decided_outcome_names_its_sources_with_their_signatures() -> None:
+    s = Log()
+    pseq = s.send("proposal", make_proposal(deadline=None).model_dump(mode="json"), headers=sig(0))
+    seqs = []
+    for n, (v, c) in enumerate([("a", 1), ("b", 0), ("a", 0), ("c", 0)], start=1):  # a's first is superseded
+        seqs.append(s.send("ballot", Ballot(id=f"{v}{n}", proposal_id="p1", voter=v, choice=c, created_at=T0)
+                           .model_dump(mode="json"), headers=sig(n)))
+    decided = s.log.decided  # c's ballot decides: x has 3 of the 5 voters
+    assert decided is not None and decided.deciding_sequence == seqs[-1]
+    counted = [cb.sequence for cb in decided.counted_ballots]
+    assert [src.seq for src in decided.sources] == [pseq, *counted] == [pseq, *seqs[1:]]  # a's first: superseded
+    assert decided.sources[0] == SourceRef(stream="BB_VOTE", seq=pseq, key=sig(0)[Header.SIG_KEY.value],
+                                           sig=sig(0)[Header.SIG.value])
+    assert [(src.key, src.sig) for src in decided.sources[1:]] == [
+        (sig(n)[Header.SIG_KEY.value], sig(n)[Header.SIG.value]) for n in (2, 3, 4)]
+    assert same_outcome(decided, decided.model_copy(update={"sources": []}))
+    late = s.vote("d", 0)
+    assert s.log.decided is decided and s.log.fates[late] is not None  # closed: no new source
+
+
+def test_an_unsigned_source_has_no_key() -> None:
+    s = Log()
+    s.propose(make_proposal(voters=["a"], deadline=None))
+    s.vote("a", 0)
+    decided = s.log.decided
+    assert decided is not None and [(src.key, src.sig) for src in decided.sources] == [(None, None)] * 2

@@ -23,6 +23,7 @@ from blackboard.protocol.schemas import (
     Outcome,
     Policy,
     Proposal,
+    SourceRef,
     TallyCounts,
     WireModel,
     json_schemas,
@@ -120,7 +121,8 @@ def _canonical_table(doc: str) -> dict[str, list[str]]:
 def test_canonical_field_table_matches_the_schemas(doc: str) -> None:
     table = _canonical_table(doc)
     records: list[type[WireModel]] = [EntryEnvelope, MemoryRecord, MemoryForget, MessageEnvelope, Proposal,
-                                      Policy, Ballot, Outcome, TallyCounts, CountedBallot, BallotRejection]
+                                      Policy, Ballot, Outcome, TallyCounts, CountedBallot, BallotRejection,
+                                      SourceRef]
     assert set(table) == {m.__name__ for m in records}
     for model in records:
         assert table[model.__name__] == list(model.model_fields), model.__name__

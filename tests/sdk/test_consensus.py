@@ -20,6 +20,7 @@ import pytest_asyncio
 from agents_sdk import Agent
 from blackboard.client.connection import connect_nats
 from blackboard.client.consensus import CONSENSUS_METADATA, ProposalFollower, VoteStore
+from blackboard.client.signing import signing_of
 from blackboard.consensus.log import VoteMessage, same_outcome
 from blackboard.devstack import EmbeddedNats
 from blackboard.protocol import codec
@@ -35,7 +36,8 @@ from blackboard.protocol.errors import (
     ProposalClosedError,
     ProposalNotFoundError,
 )
-from blackboard.protocol.schemas import Ballot, Outcome, Policy
+from blackboard.protocol.schemas import Ballot, Outcome, Policy, validate_wire
+from blackboard.protocol.signing import Verdict
 from blackboard.protocol.subjects import Subjects
 from blackboard.settings import Settings
 from blackboard.worker.committer import VoteCommitter
@@ -238,13 +240,14 @@ async def _decided_but_uncommitted(settings: Settings, board: str, section: str,
                                    voters: int = 3) -> tuple[VoteStore, str, Outcome]:
     """A proposal whose deciding ballot is stored but nobody committed (a crashed voter)."""
     nc = await connect_nats(settings.nats, name="raw")
-    store = VoteStore(nc, settings, name="raw")
-    async with agents(settings, board, 1) as (proposer,):
-        names = [f"v{i}" for i in range(voters)]
+    store = VoteStore(nc, settings, name="raw")  # the worker's identity
+    async with agents(settings, board, 1) as (proposer,), agents(settings, f"{board}v", voters) as voting:
+        names = [v.id for v in voting]
         p = await proposer.board(board).propose(section, key, ["x", "y"], voters=names)
-    for name in names:
-        await store.publish_ballot(board, Ballot(id=f"{name}-1", proposal_id=p.id, voter=name, choice=1,
-                                                 created_at=datetime.now(UTC)))
+        for voter in voting:  # each ballot signed by its voter, published without waiting for a commit
+            await voter.voting.store.publish_ballot(board, Ballot(id=f"{voter.id}-1", proposal_id=p.id,
+                                                                  voter=voter.id, choice=1,
+                                                                  created_at=datetime.now(UTC)))
     async with ProposalFollower(store, board, p.id) as f:
         await f.wait_for(lambda log: log.decided is not None, timeout=5)
         decided = f.log.decided
@@ -329,31 +332,43 @@ async def test_the_application_keeps_its_wire_bytes_and_author(settings: Setting
     assert headers["Nats-Msg-Id"] == f"bb-apply:{unique}.{pid}"
     assert headers["Nats-Expected-Last-Subject-Sequence"] == str(recorded.base_revision)
     ours = {k for k in headers if not k.startswith("Nats-")}
-    assert ours == set()  # no Bb-Encoding (msgpack), no TTL, nothing else
+    assert ours == {"Bb-Sig-Key", "Bb-Sig-Time", "Bb-Sig"}  # no Bb-Encoding (msgpack), no TTL, nothing else
     envelope = codec.decode(msg.data, "msgpack")
-    assert envelope["author"] == "raw"
-    assert envelope["metadata"] == {CONSENSUS_METADATA: {"proposal_id": pid, "outcome_sequence": recorded.sequence}}
+    assert store.name == "worker" and envelope["author"] == "worker"  # the signing identity, not the name given
+    assert recorded.source is not None and recorded.source.key == headers["Bb-Sig-Key"]
+    assert envelope["metadata"] == {CONSENSUS_METADATA: {"proposal_id": pid, "outcome_sequence": recorded.sequence,
+                                                         "provenance": [recorded.source.model_dump()]}}
     created_at = datetime.fromisoformat(envelope["created_at"])
-    assert msg.data == encode_entry("y", author="raw", metadata=envelope["metadata"], created_at=created_at)
+    assert msg.data == encode_entry("y", author="worker", metadata=envelope["metadata"], created_at=created_at)
+    assert (await store.board.get(unique, "s", "k")).verdict is Verdict.VERIFIED
     await store.close()
     await store.nc.close()
 
 
 async def test_weighted_proposal_and_raw_json_ballot_interoperate(settings: Settings, unique: str,
                                                                    committer: VoteCommitter) -> None:
-    """A ballot written as JSON by another client counts like the SDK's."""
+    """A ballot written as JSON by another client (signed over its canonical bytes) counts like
+    the SDK's; the same ballot unsigned does not count."""
     async with agents(settings, unique, 3) as (a, b, c):
         board = a.board(unique)
         p = await board.propose("s", "k", ["x", "y"], voters=[a.id, b.id, c.id],
                                 policy=Policy(kind="weighted", weights={a.id: 3}))
         await b.board(unique).vote(p.id, "y")
         await c.board(unique).vote(p.id, "y")
+        subject = Subjects.vote(unique, p.id, "ballot", a.id)
         ballot = {"v": 1, "id": "json-1", "proposal_id": p.id, "voter": a.id, "choice": 0,
                   "created_at": datetime.now(UTC).isoformat()}
-        await a.nc.jetstream().publish(Subjects.vote(unique, p.id, "ballot", a.id), codec.encode(ballot, "json"),
-                                       headers={"Bb-Encoding": "json"})
+        js = a.nc.jetstream()
+        await js.publish(subject, codec.encode(ballot, "json"), headers={"Bb-Encoding": "json"})  # unsigned
+        assert await p.commit() is None  # not counted: still open
+        headers = {"Bb-Encoding": "json", "Nats-Msg-Id": "json-1"}
+        signer = signing_of(a.nc).signer
+        assert signer is not None
+        signer.sign(subject, headers, validate_wire(Ballot, ballot).canonical_bytes())
+        await js.publish(subject, codec.encode(ballot, "json"), headers=headers)
         outcome = await p.outcome(timeout=5)
         assert outcome.status == "accepted" and outcome.value == "x" and outcome.counts.support == [3.0, 2.0]
+        assert [cb.ballot_id for cb in outcome.counted_ballots if cb.voter == a.id] == ["json-1"]
 
 
 async def test_a_ballot_whose_payload_names_another_voter_than_its_subject_does_not_count(

@@ -15,19 +15,25 @@ import pytest_asyncio
 from agents_sdk import Agent
 from blackboard.client.connection import connect_nats
 from blackboard.client.consensus import CONSENSUS_METADATA, ProposalFollower, VoteStore
-from blackboard.consensus.log import VoteMessage
-from blackboard.protocol.schemas import Ballot, Outcome, Policy
+from blackboard.client.signing import signing_of
+from blackboard.consensus.log import VoteKind, VoteMessage
+from blackboard.protocol.errors import ProposalNotFoundError, UnverifiedRecordError
+from blackboard.protocol.schemas import Ballot, Outcome, Policy, Proposal, TallyCounts
+from blackboard.protocol.signing import Verdict
 from blackboard.protocol.subjects import Subjects
+from blackboard.security.signer import Signer, now_us
+from blackboard.security.verifier import Signed
 from blackboard.settings import Settings
 from blackboard.worker.committer import retry_wait
 from tests._committer import committer_settings, connect_agent, running_committer
+from tests._raw_signer import raw_signer
 
 pytestmark = pytest.mark.asyncio
 
 
 @pytest_asyncio.fixture
 async def store(settings: Settings) -> AsyncIterator[VoteStore]:
-    """A raw vote store (publishes ballots of any voter, as a test may; commits nothing)."""
+    """A raw vote store as the worker identity (reads, and records when a test says so)."""
     nc = await connect_nats(settings.nats, name="raw")
     s = VoteStore(nc, settings, name="raw")
     try:
@@ -51,10 +57,50 @@ async def until_past(deadline: datetime | None, margin: float = 0.05) -> None:
     await asyncio.sleep(max(0.0, (deadline - datetime.now(UTC)).total_seconds()) + margin)
 
 
-async def ballot(store: VoteStore, board: str, pid: str, voter: str, choice: int | str) -> int:
-    b = Ballot.model_validate({"id": f"{voter}-{pid}-{choice}", "proposal_id": pid, "voter": voter,
+class Voters:
+    """Voting agents of one test (``<unique>-<name>``), connected on first use: each publishes
+    its own ballots, signed by its key, without waiting for their fate or a commit."""
+
+    def __init__(self, settings: Settings, prefix: str) -> None:
+        self._settings = settings
+        self._prefix = prefix
+        self._agents: dict[str, Agent] = {}
+        self._lock = asyncio.Lock()
+
+    def __call__(self, *names: str) -> list[str]:
+        """The agent ids of these voters."""
+        return [f"{self._prefix}-{n}" for n in names]
+
+    async def agent(self, name: str) -> Agent:
+        async with self._lock:
+            if name not in self._agents:
+                self._agents[name] = await connect_agent(self(name)[0], self._settings)
+            return self._agents[name]
+
+    async def connect(self, *names: str) -> None:
+        """Connect these voters now (before a deadline starts to run)."""
+        for name in names:
+            await self.agent(name)
+
+    async def close(self) -> None:
+        for a in self._agents.values():
+            await a.close()
+
+
+@pytest_asyncio.fixture
+async def voters(settings: Settings, unique: str) -> AsyncIterator[Voters]:
+    v = Voters(settings, unique)
+    try:
+        yield v
+    finally:
+        await v.close()
+
+
+async def ballot(voters: Voters, board: str, pid: str, voter: str, choice: int | str) -> int:
+    agent = await voters.agent(voter)
+    b = Ballot.model_validate({"id": f"{voter}-{pid}-{choice}", "proposal_id": pid, "voter": agent.id,
                                "choice": choice, "created_at": datetime.now(UTC)})
-    return await store.publish_ballot(board, b)
+    return await agent.voting.store.publish_ballot(board, b)
 
 
 async def stored(store: VoteStore, board: str, pid: str) -> list[VoteMessage]:
@@ -85,18 +131,20 @@ async def assert_committed_once(store: VoteStore, agent: Agent, board: str, pid:
 
 
 async def test_the_committer_commits_a_decision_as_soon_as_it_is_decided(
-        settings: Settings, unique: str, agent: Agent, store: VoteStore) -> None:
+        settings: Settings, unique: str, agent: Agent, store: VoteStore,
+        voters: Voters) -> None:
     s = committer_settings(settings, vote_commit_grace=30.0)  # the grace is for open buses and half commits
     async with running_committer(s, board=unique, name=f"c-{unique}") as c:
-        p = await agent.board(unique).propose("s", "k", ["x", "y"], voters=["v0", "v1", "v2"])
-        await ballot(store, unique, p.id, "v0", 1)
+        p = await agent.board(unique).propose("s", "k", ["x", "y"], voters=voters("v0", "v1", "v2"))
+        await ballot(voters, unique, p.id, "v0", 1)
         started = time.monotonic()
-        await ballot(store, unique, p.id, "v1", 1)
+        await ballot(voters, unique, p.id, "v1", 1)
         outcome = await committed(store, unique, p.id)
         assert time.monotonic() - started < 5
         assert outcome.status == "accepted" and outcome.value == "y" and outcome.revision is not None
         entry = await agent.board(unique).get("s", "k")
-        assert entry.value == "y" and entry.author == f"c-{unique}"  # the committer applied it
+        # the committer applied it, as the worker identity it signs with (not the name it was given)
+        assert entry.value == "y" and entry.author == "worker" and entry.verdict is Verdict.VERIFIED
         assert c.stats.commits == 1 and c.open_proposals == 0
 
 
@@ -116,22 +164,24 @@ async def test_the_committer_closes_a_proposal_at_its_deadline(settings: Setting
 
 
 async def test_a_committer_restarted_mid_vote_commits_exactly_one_outcome(
-        settings: Settings, unique: str, agent: Agent, store: VoteStore) -> None:
+        settings: Settings, unique: str, agent: Agent, store: VoteStore,
+        voters: Voters) -> None:
     s = committer_settings(settings, vote_commit_grace=0.0)
     board = agent.board(unique)
-    decided = await board.propose("s", "decided", ["x", "y"], voters=["v0", "v1", "v2"])
+    await voters.connect("v0", "v1")
+    decided = await board.propose("s", "decided", ["x", "y"], voters=voters("v0", "v1", "v2"))
     timed = await board.propose("s", "timed", ["x"], deadline=timedelta(seconds=1))
-    half = await board.propose("s", "half", ["x", "y"], voters=["v0", "v1", "v2"])
+    half = await board.propose("s", "half", ["x", "y"], voters=voters("v0", "v1", "v2"))
     async with running_committer(s, board=unique, name="first") as first:
-        await ballot(store, unique, decided.id, "v0", 0)
-        await ballot(store, unique, timed.id, "v0", 0)
+        await ballot(voters, unique, decided.id, "v0", 0)
+        await ballot(voters, unique, timed.id, "v0", 0)
         await first.ready.wait()
         assert first.open_proposals == 3
     # While no committer runs: the decision, the deadline, and a commit that crashed
     # after recording (an outcome recorded by someone, never applied).
-    await ballot(store, unique, decided.id, "v1", 0)
+    await ballot(voters, unique, decided.id, "v1", 0)
     for voter in ("v0", "v1"):
-        await ballot(store, unique, half.id, voter, 1)
+        await ballot(voters, unique, half.id, voter, 1)
     await until_past(timed.proposal.deadline, 0.1)
     assert await store.read_recorded(unique, decided.id) is None  # nobody committed meanwhile
     async with ProposalFollower(store, unique, half.id) as f:
@@ -147,18 +197,20 @@ async def test_a_committer_restarted_mid_vote_commits_exactly_one_outcome(
 
 
 async def test_two_committers_racing_commit_one_outcome_per_proposal(
-        settings: Settings, unique: str, agent: Agent, store: VoteStore) -> None:
+        settings: Settings, unique: str, agent: Agent, store: VoteStore,
+        voters: Voters) -> None:
     s = committer_settings(settings, vote_commit_grace=0.0)
     board = agent.board(unique)
     async with running_committer(s, board=unique, name="c1") as c1, \
             running_committer(s, board=unique, name="c2") as c2:
-        proposals = [await board.propose("s", f"k{i}", ["x", "y"], voters=["v0", "v1", "v2"]) for i in range(8)]
+        await voters.connect("v0", "v1")
+        proposals = [await board.propose("s", f"k{i}", ["x", "y"], voters=voters("v0", "v1", "v2")) for i in range(8)]
         timed = [await board.propose("s", f"t{i}", ["x"], deadline=timedelta(seconds=0.5)) for i in range(4)]
         # Ballots of many proposals, published together: both committers decide at once.
-        await asyncio.gather(*[ballot(store, unique, p.id, v, i % 2) for i, p in enumerate(proposals)
+        await asyncio.gather(*[ballot(voters, unique, p.id, v, i % 2) for i, p in enumerate(proposals)
                                for v in ("v0", "v1")])
         for t in timed:
-            await ballot(store, unique, t.id, "v0", "reject")
+            await ballot(voters, unique, t.id, "v0", "reject")
         await until_past(timed[-1].proposal.deadline)
         outcomes = [await assert_committed_once(store, agent, unique, p.id, f"k{i}")
                     for i, p in enumerate(proposals)]
@@ -189,3 +241,130 @@ async def test_a_proposal_that_keeps_failing_to_commit_waits_longer_each_time() 
     waits = [retry_wait(n, 1.0) for n in range(1, 10)]
     assert waits == [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 60.0, 60.0, 60.0]
     assert retry_wait(1, 2.5) == 2.5 and retry_wait(40, 2.5) == 60.0
+
+
+# ------------------------------------------------------------------ signatures
+async def test_an_outcome_is_signed_by_the_worker_and_its_sources_are_the_signed_messages(
+        settings: Settings, unique: str, agent: Agent, store: VoteStore, voters: Voters) -> None:
+    async with running_committer(committer_settings(settings), board=unique):
+        p = await agent.board(unique).propose("s", "k", ["x", "y"], voters=voters("v0", "v1", "v2"))
+        seqs = [await ballot(voters, unique, p.id, v, 1) for v in ("v0", "v1")]
+        outcome = await committed(store, unique, p.id)
+    kinds: tuple[VoteKind, ...] = ("outcome", "applied")
+    for kind in kinds:
+        msg = await store.read(unique, p.id, kind)
+        assert msg is not None and msg.verdict is Verdict.VERIFIED  # signed by a worker identity
+    # The proposal and the counted ballots, in stream order, with the signatures they were stored with.
+    assert [(s.stream, s.seq) for s in outcome.sources] == [("BB_VOTE", p.sequence), *(("BB_VOTE", q) for q in seqs)]
+    verifier = signing_of(store.nc).verifier
+    assert verifier is not None
+    js = store.nc.jetstream()
+    for src, author in zip(outcome.sources, [agent.id, *voters("v0", "v1")], strict=True):
+        raw = await js.get_msg("BB_VOTE", src.seq)
+        assert raw.subject and raw.data and raw.headers is not None
+        assert (raw.headers["Bb-Sig-Key"], raw.headers["Bb-Sig"]) == (src.key, src.sig)
+        verdict = await verifier.verify(Signed(raw.subject, raw.headers, raw.data, author=author))
+        assert verdict is Verdict.VERIFIED
+    # The board entry that applies it names the outcome record as its provenance, and verifies.
+    entry = await agent.board(unique).get("s", "k")
+    assert entry.verdict is Verdict.VERIFIED and entry.author == "worker"
+    (provenance,) = entry.metadata[CONSENSUS_METADATA]["provenance"]
+    recorded = await js.get_msg("BB_VOTE", provenance["seq"])
+    assert recorded.subject == Subjects.vote(unique, p.id, "outcome") and recorded.headers is not None
+    assert (provenance["key"], provenance["sig"]) == (recorded.headers["Bb-Sig-Key"], recorded.headers["Bb-Sig"])
+
+
+async def test_proposals_and_ballots_that_do_not_verify_are_not_counted(
+        settings: Settings, unique: str, agent: Agent, store: VoteStore, voters: Voters) -> None:
+    async with running_committer(committer_settings(settings), board=unique) as c:
+        v0 = await voters.agent("v0")
+        p = await agent.board(unique).propose("s", "k", ["x", "y"], voters=voters("v0", "v1"))
+        subject = Subjects.vote(unique, p.id, "ballot", v0.id)
+        signer = signing_of(v0.nc).signer
+        assert signer is not None
+        js = v0.nc.jetstream()
+
+        async def publish(bid: str, *, sign: bool = True, tamper: bool = False, age: float = 0.0) -> int:
+            b = Ballot(id=bid, proposal_id=p.id, voter=v0.id, choice=1, created_at=datetime.now(UTC))
+            headers = {"Nats-Msg-Id": bid}
+            if sign:
+                signer.sign(subject, headers, b.canonical_bytes(), now_us=now_us() - int(age * 1e6))
+            payload = b.model_copy(update={"choice": 0}).canonical_bytes() if tamper else b.canonical_bytes()
+            return (await js.publish(subject, payload, headers=headers)).seq
+
+        # v0's ballots for y that do not verify: unsigned, tampered with after signing, signed long ago
+        bad = {await publish("unsigned", sign=False): Verdict.UNSIGNED,
+               await publish("tampered", tamper=True): Verdict.BAD_SIGNATURE,
+               await publish("old", age=120.0): Verdict.STALE}
+        await ballot(voters, unique, p.id, "v1", 1)  # had v0's counted, y would have both voters
+        async with ProposalFollower(store, unique, p.id) as f:
+            await f.catch_up()
+            assert f.log.decided is None and f.log.tally is not None and f.log.tally.counts().ballots == 1
+            assert {seq: f.log.unverified[seq] for seq in bad} == bad
+            assert all(f.log.fates[seq] is not None and f.log.fates[seq].reason == "unverified"  # type: ignore[union-attr]
+                       for seq in bad)
+        assert c.stats.commits == 0 and c.log_of(unique, p.id) is not None
+        receipt = await v0.board(unique).vote(p.id, "y")  # a ballot that verifies decides it
+        assert receipt.outcome is not None and receipt.outcome.value == "y"
+        counted = [cb.sequence for cb in receipt.outcome.counted_ballots]
+        assert not set(counted) & set(bad) and [s.seq for s in receipt.outcome.sources][1:] == counted
+
+        # A proposal that does not verify (unsigned) is no proposal: not found, never tracked.
+        forged = Proposal(id=f"{p.id}-2", board=unique, section="s", key="k2", candidates=["x"],
+                          voters=[v0.id], proposer=v0.id, created_at=datetime.now(UTC))
+        await js.publish(Subjects.vote(unique, forged.id, "proposal"), forged.canonical_bytes(),
+                         headers={"Nats-Msg-Id": forged.id})
+        with pytest.raises(ProposalNotFoundError):
+            await agent.board(unique).proposal(forged.id)
+        await asyncio.sleep(0.2)
+        assert c.log_of(unique, forged.id) is None
+
+
+async def test_an_outcome_not_signed_by_a_worker_is_not_the_outcome(
+        settings: Settings, unique: str, agent: Agent) -> None:
+    """Only a worker identity's outcome counts: one signed by another identity (here an
+    operator, who may publish it) is ignored by every reader, as if it were not there."""
+    p = await agent.board(unique).propose("s", "k", ["x"], voters=[agent.id, "other"])
+    nc, operator = await raw_signer(settings.nats.url, "operator")
+    try:
+        forged = Outcome(proposal_id=p.id, board=unique, section="s", key="k", status="rejected", candidate=None,
+                         closed_by="decision", deciding_sequence=None, decided_at=datetime.now(UTC),
+                         counts=TallyCounts(ballots=0, votes=[0], reject=0, abstain=0, support=[0.0],
+                                            reject_support=0.0),
+                         counted_ballots=[])
+        subject = Subjects.vote(unique, p.id, "outcome")
+        headers = {"Nats-Msg-Id": f"forged-{p.id}"}
+        operator.sign(subject, headers, forged.canonical_bytes())
+        seq = (await nc.jetstream().publish(subject, forged.canonical_bytes(), headers=headers)).seq
+    finally:
+        await nc.close()
+    async with ProposalFollower(agent.voting.store, unique, p.id) as f:
+        await f.catch_up()
+        assert f.log.recorded is None and f.log.committed is None
+        assert f.log.unverified == {seq: Verdict.WRONG_AUTHOR}
+    assert await agent.voting.store.read_recorded(unique, p.id) is None
+    assert await p.commit() is None  # still open
+
+
+async def test_a_ballot_of_the_agent_that_does_not_verify_raises(settings: Settings, unique: str,
+                                                                 agent: Agent) -> None:
+    """The voter learns that its own stored ballot does not verify (here: signed with a clock
+    two minutes behind), and it is not counted."""
+    p = await agent.board(unique).propose("s", "k", ["x"], voters=[agent.id, "other"])
+    store = agent.voting.store
+    real = store._signer
+    assert real is not None
+    signer: Signer = real
+
+    class Late:
+        principal = signer.principal
+
+        def sign(self, subject: str, headers: dict[str, str], record: bytes) -> None:
+            signer.sign(subject, headers, record, now_us=now_us() - 120_000_000)
+
+    store._signer = Late()  # type: ignore[assignment]
+    with pytest.raises(UnverifiedRecordError) as err:
+        await p.vote("x")
+    assert err.value.verdict == "stale" and err.value.sequence is not None
+    store._signer = real
+    assert (await p.counts()).ballots == 0

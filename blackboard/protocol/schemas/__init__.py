@@ -16,6 +16,7 @@ from blackboard.protocol.schemas.message_search import (
     MessageSearchRequest,
     MessageSearchResponse,
 )
+from blackboard.protocol.schemas.provenance import SourceRef
 from blackboard.protocol.schemas.search import (
     AsOfRequest,
     BoardsResponse,
@@ -84,6 +85,7 @@ __all__ = [
     "Proposal",
     "RejectReason",
     "SearchMode",
+    "SourceRef",
     "TallyCounts",
     "Timestamp",
     "WireModel",

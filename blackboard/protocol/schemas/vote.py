@@ -14,6 +14,7 @@ from pydantic import Field, model_validator
 
 from blackboard.protocol.limits import MAX_DEPTH, MAX_ID_CHARS, check_value
 from blackboard.protocol.schemas._base import Name, Timestamp, WireModel
+from blackboard.protocol.schemas.provenance import SourceRef
 
 __all__ = [
     "Ballot",
@@ -32,8 +33,11 @@ __all__ = [
 
 PolicyKind = Literal["majority", "threshold", "unanimous", "weighted"]
 OutcomeStatus = Literal["accepted", "rejected", "no_quorum"]
+#: Why a ballot is not counted. The tally gives the first six; ``unverified`` is
+#: an observer's (a ballot message whose signature does not verify is not a
+#: ballot: no tally sees it, and no outcome lists it).
 RejectReason = Literal[
-    "ineligible", "unknown_proposal", "closed", "late", "invalid_choice", "duplicate"
+    "ineligible", "unknown_proposal", "closed", "late", "invalid_choice", "duplicate", "unverified"
 ]
 #: A candidate's index in ``Proposal.candidates``, or one of the two choices
 #: every proposal has: ``"reject"`` (none of the candidates) and ``"abstain"``
@@ -43,8 +47,25 @@ Choice = Annotated[int, Field(ge=0)] | Literal["reject", "abstain"]
 _Weight = Annotated[float, Field(ge=0.0, allow_inf_nan=False)]
 
 
+#: Floats with an integral value up to this magnitude are integers (as in the canonical encoding).
+_MAX_EXACT = 2**53
+
+
+def _integral(value: Any) -> Any:
+    """``value`` with every float of integral value within ±2**53 as that integer."""
+    if type(value) is float and value.is_integer() and abs(value) <= _MAX_EXACT:
+        return int(value)
+    if isinstance(value, list | tuple):
+        return [_integral(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _integral(v) for k, v in value.items()}
+    return value
+
+
 def canonical_json(value: Any) -> str:
-    """The canonical JSON text of a value: sorted keys, no spaces, UTF-8.
+    """The canonical JSON text of a value: sorted keys, no spaces, UTF-8, and a number
+    of integral value written as an integer (``1.0`` is ``1``: the canonical encoding a
+    proposal is published in, docs/protocol.md, writes it so).
 
     Two candidates are the same candidate when their canonical texts are equal.
 
@@ -53,7 +74,7 @@ def canonical_json(value: Any) -> str:
         ValueError: the value holds NaN or an infinity.
     """
     return json.dumps(
-        value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+        _integral(value), sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
     )
 
 
@@ -216,9 +237,12 @@ class TallyCounts(WireModel):
 
 
 class Outcome(WireModel):
-    """The result of a closed proposal: what it decided and the full tally."""
+    """The result of a closed proposal: what it decided and the full tally.
 
-    v: Literal[1] = Field(default=1, description="Schema version.")
+    Version 2 added ``sources`` (a version 1 outcome reads with none).
+    """
+
+    v: Literal[1, 2] = Field(default=2, description="Schema version (2: with sources).")
     proposal_id: Name = Field(description="The proposal.")
     board: Name = Field(description="Board of the target entry.")
     section: Name = Field(description="Section of the target entry.")
@@ -256,4 +280,9 @@ class Outcome(WireModel):
         default=None,
         description="Revision of the board entry the outcome was committed at "
         "(set by the committer; null in a computed tally).",
+    )
+    sources: list[SourceRef] = Field(
+        default_factory=list,
+        description="Provenance: the proposal and every counted ballot, in stream order, with "
+        "the signing key and signature each was stored with (empty in a bare tally).",
     )
