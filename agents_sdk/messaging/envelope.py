@@ -1,7 +1,8 @@
 """Message envelopes: build, encode and decode the ``MessageEnvelope`` of every message.
 
 Pure: no IO. Every message the SDK sends (direct, broadcast, topic, request,
-reply) is built by :func:`new_envelope` and encoded by :func:`encode_envelope`;
+reply) is built by :func:`new_envelope` and encoded by :func:`envelope_wire`
+(its canonical encoding, what its signature covers, and the payload);
 every message it receives is decoded by :func:`decode_envelope`. The schema is
 :class:`~blackboard.protocol.schemas.MessageEnvelope` (msgpack, or JSON with
 ``Bb-Encoding: json``); see docs/protocol.md.
@@ -19,7 +20,7 @@ from blackboard.protocol.errors import InvalidPayloadError
 from blackboard.protocol.schemas import MessageEnvelope, MessageKind, validate_wire
 from blackboard.protocol.subjects import validate_name
 
-__all__ = ["decode_envelope", "encode_envelope", "error_body", "new_envelope", "reply_envelope"]
+__all__ = ["decode_envelope", "encode_envelope", "envelope_wire", "error_body", "new_envelope", "reply_envelope"]
 
 
 def new_envelope(*, id: str, sender: str, kind: MessageKind, type: str, body: Any = None,
@@ -50,12 +51,28 @@ def new_envelope(*, id: str, sender: str, kind: MessageKind, type: str, body: An
 
 
 def encode_envelope(env: MessageEnvelope, encoding: codec.Encoding = "msgpack") -> bytes:
-    """The wire bytes of an envelope (fields that are None are left out).
+    """The wire bytes of an envelope: its canonical encoding in msgpack (every field, in the
+    schema's order), or JSON (fields that are None left out).
 
     Raises:
-        InvalidPayloadError: the body cannot be carried by the encoding (bytes in JSON...).
+        InvalidPayloadError: the body has no canonical encoding, or the encoding cannot carry
+            it (bytes in JSON...).
     """
-    return codec.encode(env.model_dump(exclude_none=True), encoding)
+    return envelope_wire(env, encoding)[0]
+
+
+def envelope_wire(env: MessageEnvelope, encoding: codec.Encoding = "msgpack") -> tuple[bytes, bytes]:
+    """``(payload, record)`` of an envelope: the payload to publish, and its canonical
+    bytes (what a signature covers). For msgpack they are the same bytes; for ``json`` the
+    payload is the JSON text (a reader re-encodes what it decodes to check the signature).
+
+    Raises:
+        InvalidPayloadError: as :func:`encode_envelope`.
+    """
+    record = env.canonical_bytes()
+    if encoding == "msgpack":
+        return record, record
+    return codec.encode(env.model_dump(exclude_none=True), encoding), record
 
 
 def decode_envelope(data: bytes, headers: Mapping[str, str] | None) -> MessageEnvelope:

@@ -27,7 +27,12 @@ consumer has delivered-but-unacknowledged messages (a crashed or closed
 earlier reader), it resets the consumer to its ack floor (``CONSUMER.RESET``,
 nats-server 2.14+; delete and re-create at ``floor + 1`` on older servers, by
 the system service unless on an open bus), so they come again at once and in
-order. See docs/messaging.md.
+order.
+
+Signatures: every delivery is verified (:mod:`agents_sdk.messaging.trust`) before
+it is yielded: one that does not verify (another agent's ``sender``, a tampered
+payload, a revoked or unknown key) is terminated and counted, or yielded with
+its ``verdict`` when ``security.unverified = "flag"``. See docs/messaging.md.
 """
 
 from __future__ import annotations
@@ -52,6 +57,7 @@ from nats.js import JetStreamContext, api
 from agents_sdk._args import positive_count, seconds, str_list
 from agents_sdk.lifecycle import TaskHost
 from agents_sdk.messaging.envelope import decode_envelope
+from agents_sdk.messaging.trust import MessageTrust
 from blackboard.client.consumers import consumer_limit_error, is_consumer_limit
 from blackboard.client.inboxes import (
     admitted,
@@ -63,6 +69,7 @@ from blackboard.client.inboxes import (
     with_grant,
     without_grant,
 )
+from blackboard.client.signing import signing_of
 from blackboard.protocol import codec
 from blackboard.protocol.errors import (
     BlackboardError,
@@ -80,6 +87,7 @@ from blackboard.protocol.errors import (
 from blackboard.protocol.schemas import MessageEnvelope, MessageKind, validate_wire
 from blackboard.protocol.schemas.inbox import InboxReply, InboxRequest
 from blackboard.protocol.schemas.search import ErrorReply
+from blackboard.protocol.signing import Verdict
 from blackboard.protocol.subjects import (
     MESSAGE_STREAM,
     Header,
@@ -129,14 +137,21 @@ class Message:
     :meth:`nak` (deliver again) or :meth:`term` (never again); until then they
     stay in the inbox and come back after a crash. Requests need no settling
     (the settle methods do nothing).
+
+    ``verdict`` is what this agent's connection concluded about its signature:
+    ``verified`` (signed by its ``sender``), ``unsigned`` when the connection
+    does not verify (an open bus), or another verdict with ``security.unverified
+    = "flag"`` (by default such messages are not yielded at all).
     """
 
-    __slots__ = ("_inbox", "_raw", "_settled", "delivered", "envelope", "seq", "stored_at", "subject")
+    __slots__ = ("_inbox", "_raw", "_settled", "delivered", "envelope", "seq", "stored_at", "subject", "verdict")
 
     def __init__(self, envelope: MessageEnvelope, *, subject: str, seq: int | None = None,
                  stored_at: datetime | None = None, delivered: int = 1, raw: Msg | None = None,
-                 inbox: Inbox | None = None) -> None:
+                 inbox: Inbox | None = None, verdict: Verdict = Verdict.UNSIGNED) -> None:
         self.envelope = envelope
+        #: The verdict on its signature (see the class docstring).
+        self.verdict = verdict
         #: Subject it arrived on (``bb.msg.agent.<me>``, ``bb.msg.board.<b>``, ``bb.rpc.<me>``...).
         self.subject = subject
         #: Stream sequence in ``BB_MSG`` (None for requests).
@@ -525,11 +540,12 @@ class Inbox:
         timeout: stop after this many seconds without a message (None: wait forever).
         limit: stop after yielding this many messages.
         include_own: also yield broadcasts and topic messages this agent sent.
+        trust: what deliveries are verified with (default: the connection's signing).
     """
 
     def __init__(self, consumer: InboxConsumer, settings: Settings, *, types: Collection[str] | None = None,
                  batch: int | None = None, timeout: float | None = None, limit: int | None = None,
-                 include_own: bool = False) -> None:
+                 include_own: bool = False, trust: MessageTrust | None = None) -> None:
         if batch is not None:
             positive_count(batch, "batch")
         if limit is not None:
@@ -539,6 +555,7 @@ class Inbox:
         self._consumer = consumer
         self._nc = consumer._nc
         self._settings = settings
+        self._trust = trust if trust is not None else MessageTrust(signing_of(consumer._nc))
         self._types = frozenset(str_list(types, "types")) if types is not None else None
         self._batch = batch or settings.messaging.inbox_batch
         self._timeout = timeout
@@ -731,8 +748,15 @@ class Inbox:
                 or (self._types is not None and env.type not in self._types)):
             await self._skip(raw, seq)
             return None
+        verdict = await self._trust.verdict(raw.subject, raw.headers, raw.data, env, stored_at=md.timestamp,
+                                            sequence=seq)
+        if not self._trust.shows(verdict):
+            log.warning("inbox %s: hiding message seq %d on %s (sender %r): signature %s", self._consumer.name,
+                        seq, raw.subject, env.sender, verdict.value)
+            await self._skip(raw, seq, term=True)
+            return None
         return Message(env, subject=raw.subject, seq=seq, stored_at=md.timestamp,
-                       delivered=md.num_delivered, raw=raw, inbox=self)
+                       delivered=md.num_delivered, raw=raw, inbox=self, verdict=verdict)
 
     async def _skip(self, raw: Msg, seq: int, *, term: bool = False) -> None:
         self._held.pop(seq, None)

@@ -13,7 +13,8 @@ puts together
 * ``search`` over the messages the workers stored.
 
 Envelopes are ``MessageEnvelope`` maps, msgpack or JSON (``Bb-Encoding``),
-built by :mod:`agents_sdk.messaging.envelope`. See docs/messaging.md.
+built by :mod:`agents_sdk.messaging.envelope`, signed and verified through
+:mod:`agents_sdk.messaging.trust`. See docs/messaging.md.
 """
 
 from __future__ import annotations
@@ -28,7 +29,9 @@ from nats.aio.client import Client as NATS
 from agents_sdk.messaging.inbox import Inbox, InboxConsumer
 from agents_sdk.messaging.rpc import Handler, Requester, Responder
 from agents_sdk.messaging.send import Sender, Sent
+from agents_sdk.messaging.trust import MessageTrust
 from agents_sdk.search import search_request
+from blackboard.client.signing import signing_of
 from blackboard.protocol import codec
 from blackboard.protocol.errors import InvalidPayloadError, NotConnectedError
 from blackboard.protocol.schemas import MessageKind
@@ -69,14 +72,21 @@ class Messenger:
         self._nc = nc
         self._settings = settings
         js = nc.jetstream(timeout=settings.nats.request_timeout)
+        #: What every message sent is signed with and every message received verified with.
+        self.trust = MessageTrust(signing_of(nc))
         #: Direct, broadcast and topic sends.
-        self.sender = Sender(self.agent, nc, js, settings)
+        self.sender = Sender(self.agent, nc, js, settings, self.trust)
         #: The agent's durable inbox consumer (its grants: boards joined, topics subscribed).
         self.consumer = InboxConsumer(nc, js, settings, self.agent)
         #: Request/reply: the asking side and the answering side.
-        self.requester = Requester(self.agent, nc, settings, self.new_id)
-        self.responder = Responder(self.agent, nc, settings, self.new_id)
+        self.requester = Requester(self.agent, nc, settings, self.new_id, self.trust)
+        self.responder = Responder(self.agent, nc, settings, self.new_id, self.trust)
         self._closed = False
+
+    @property
+    def hidden(self) -> int:
+        """Messages hidden because they did not verify (inbox deliveries, requests, replies)."""
+        return self.trust.hidden
 
     def new_id(self) -> str:
         """A new message id (random per messenger, then a counter: unique and cheap)."""
@@ -116,7 +126,7 @@ class Messenger:
         if self._closed:
             raise NotConnectedError("the agent is closed")
         return Inbox(self.consumer, self._settings, types=types, batch=batch, timeout=timeout, limit=limit,
-                     include_own=include_own)
+                     include_own=include_own, trust=self.trust)
 
     async def join(self, board: str) -> None:
         """Receive the broadcasts of ``board`` sent from now on (idempotent, durable).

@@ -8,8 +8,17 @@
   a task of the responder's task group.
 
 A handler's exception becomes an error reply (``Bb-Error: <class name>``),
-raised at the caller as :class:`~blackboard.protocol.errors.RemoteError`. See
-docs/messaging.md.
+raised at the caller as :class:`~blackboard.protocol.errors.RemoteError`.
+
+Requests and replies are signed (the envelope's canonical bytes, for the
+subject they are published on and a ``Nats-Msg-Id`` that is the envelope's
+id) and verified on arrival (:mod:`agents_sdk.messaging.trust`): a request
+that does not verify is answered with the error ``UnverifiedRecordError``
+(the handler never sees it) and a reply that does not verify, or that is not
+from the agent asked, is ignored, so the caller raises
+:class:`~blackboard.protocol.errors.UnverifiedRecordError` when no reply that
+verifies came in time; with ``security.unverified = "flag"`` both are passed
+on (a request to the handler with its ``verdict``). See docs/messaging.md.
 """
 
 from __future__ import annotations
@@ -31,12 +40,14 @@ from agents_sdk._args import seconds
 from agents_sdk.lifecycle import TaskHost
 from agents_sdk.messaging.envelope import (
     decode_envelope,
-    encode_envelope,
+    envelope_wire,
     error_body,
     new_envelope,
     reply_envelope,
 )
 from agents_sdk.messaging.inbox import Message
+from agents_sdk.messaging.trust import MessageTrust
+from blackboard.client.signing import signing_of
 from blackboard.protocol import codec
 from blackboard.protocol.errors import (
     InvalidPayloadError,
@@ -48,8 +59,10 @@ from blackboard.protocol.errors import (
     PermissionDeniedError,
     RemoteError,
     RequestTimeoutError,
+    UnverifiedRecordError,
 )
 from blackboard.protocol.schemas import MessageEnvelope
+from blackboard.protocol.signing import Verdict
 from blackboard.protocol.subjects import RPC_QUEUE_GROUP, Header, Subjects
 from blackboard.settings import Settings
 
@@ -69,17 +82,21 @@ class Requester:
         nc: a connected NATS client.
         settings: for the default request timeout.
         new_id: gives each request envelope its id.
+        trust: what requests are signed and replies verified with (default: the connection's).
     """
 
-    def __init__(self, agent_id: str, nc: NATS, settings: Settings, new_id: Callable[[], str]) -> None:
+    def __init__(self, agent_id: str, nc: NATS, settings: Settings, new_id: Callable[[], str],
+                 trust: MessageTrust | None = None) -> None:
         self.agent = agent_id
         self._nc = nc
         self._settings = settings
         self._new_id = new_id
+        self._trust = trust if trust is not None else MessageTrust(signing_of(nc))
         self._tokens = itertools.count(1)
         self._reply_sub: Subscription | None = None
         self._reply_prefix = ""
-        self._replies: dict[str, asyncio.Future[Msg]] = {}
+        #: The replies of each pending request, by token (None: the requester was closed).
+        self._replies: dict[str, asyncio.Queue[Msg | None]] = {}
         self._lock = asyncio.Lock()
         self._closed = False
 
@@ -93,6 +110,8 @@ class Requester:
             NoResponderError: no agent ``to`` is listening for requests.
             NoHandlerError: ``to`` listens but has no handler for ``type``.
             RequestTimeoutError: no reply within ``timeout`` (default ``messaging.request_timeout``).
+            UnverifiedRecordError: no reply that verifies came within ``timeout``, but one that
+                does not (signed by another agent than ``to``, tampered, unsigned...).
             RemoteError: the handler raised (``error`` is its exception class name).
             PayloadTooLargeError, InvalidPayloadError, NotConnectedError: the request cannot be sent.
         """
@@ -104,25 +123,66 @@ class Requester:
         env = new_envelope(id=self._new_id(), sender=self.agent, kind="direct", type=type, body=body,
                            recipients=[to], board=board, correlation_id=None, reply_to=reply_to,
                            metadata=metadata)
-        payload = encode_envelope(env, encoding)
+        payload, record = envelope_wire(env, encoding)
         if len(payload) > self._nc.max_payload:
             raise PayloadTooLargeError(len(payload), self._nc.max_payload)
-        future: asyncio.Future[Msg] = asyncio.get_running_loop().create_future()
-        self._replies[token] = future
+        headers = codec.headers_for(encoding)
+        headers[Header.MSG_ID.value] = env.id
+        replies: asyncio.Queue[Msg | None] = asyncio.Queue()
+        self._replies[token] = replies
         try:
             try:
-                await self._nc.publish(subject, payload, reply=reply_to, headers=codec.headers_for(encoding) or None)
+                self._trust.sign_now(subject, headers, record)
+                await self._nc.publish(subject, payload, reply=reply_to, headers=headers)
             except nats.errors.ConnectionClosedError as exc:
                 raise NotConnectedError("the NATS connection is closed") from exc
             except nats.errors.MaxPayloadError as exc:
                 raise PayloadTooLargeError(len(payload), self._nc.max_payload) from exc
-            try:
-                msg = await asyncio.wait_for(future, wait)
-            except TimeoutError:
-                raise RequestTimeoutError(to, wait) from None
+            return await self._reply(to, type, replies, wait)
         finally:
             self._replies.pop(token, None)
-        return reply_body(to, type, msg)
+
+    async def _reply(self, to: str, type: str, replies: asyncio.Queue[Msg | None], wait: float) -> Any:
+        """The body of the first reply that verifies (or of a server status), within ``wait``."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait
+        hidden: UnverifiedRecordError | None = None
+        while True:
+            try:
+                msg = await asyncio.wait_for(replies.get(), max(0.0, deadline - loop.time()))
+            except TimeoutError:
+                if hidden is not None:
+                    raise hidden from None
+                raise RequestTimeoutError(to, wait) from None
+            if msg is None:
+                raise NotConnectedError("the agent was closed while waiting for a reply")
+            unverified = await self._unverified(to, msg)
+            if unverified is None:
+                return reply_body(to, type, msg)
+            hidden = hidden or unverified
+
+    async def _unverified(self, to: str, msg: Msg) -> UnverifiedRecordError | None:
+        """Why a reply is hidden (it does not verify, or is not from ``to``), or None to take it.
+
+        A server status (no responders) carries no record; a reply that does not decode is
+        left to :func:`reply_body` (an error either way).
+        """
+        headers = msg.headers or {}
+        if headers.get(Header.STATUS.value) and not msg.data:
+            return None
+        try:
+            env = decode_envelope(msg.data, headers)
+        except InvalidPayloadError:
+            return None
+        verdict = await self._trust.verdict(msg.subject, headers, msg.data, env)
+        if verdict is Verdict.VERIFIED and env.sender != to:
+            verdict = Verdict.WRONG_AUTHOR  # signed by its sender, who is not the agent asked
+        if self._trust.shows(verdict):
+            return None
+        log.warning("%s: hiding a reply from %r (sender %r): signature %s", self.agent, to, env.sender,
+                    verdict.value)
+        return UnverifiedRecordError(verdict.value, msg.subject, signer=self._trust.signer_principal(headers),
+                                     record=env)
 
     async def _ensure_reply_sub(self) -> None:
         if self._reply_sub is not None:
@@ -136,9 +196,9 @@ class Requester:
                                                            cb=self._on_reply)
 
     async def _on_reply(self, msg: Msg) -> None:
-        future = self._replies.get(msg.subject[len(self._reply_prefix) + 1:])
-        if future is not None and not future.done():
-            future.set_result(msg)
+        replies = self._replies.get(msg.subject[len(self._reply_prefix) + 1:])
+        if replies is not None:
+            replies.put_nowait(msg)
 
     async def close(self) -> None:
         """Drop the reply subscription; pending requests fail with ``NotConnectedError``."""
@@ -147,9 +207,8 @@ class Requester:
         if sub is not None:
             with contextlib.suppress(nats.errors.Error):
                 await sub.unsubscribe()
-        for future in self._replies.values():
-            if not future.done():
-                future.set_exception(NotConnectedError("the agent was closed while waiting for a reply"))
+        for replies in self._replies.values():
+            replies.put_nowait(None)
 
 
 def reply_body(to: str, type: str, msg: Msg) -> Any:
@@ -191,13 +250,16 @@ class Responder:
         nc: a connected NATS client.
         settings: for the barrier's timeout.
         new_id: gives each reply envelope its id.
+        trust: what requests are verified and replies signed with (default: the connection's).
     """
 
-    def __init__(self, agent_id: str, nc: NATS, settings: Settings, new_id: Callable[[], str]) -> None:
+    def __init__(self, agent_id: str, nc: NATS, settings: Settings, new_id: Callable[[], str],
+                 trust: MessageTrust | None = None) -> None:
         self.agent = agent_id
         self._nc = nc
         self._settings = settings
         self._new_id = new_id
+        self._trust = trust if trust is not None else MessageTrust(signing_of(nc))
         self._handlers: dict[str, Handler] = {}
         self._sub: Subscription | None = None
         self._tasks = TaskHost(f"rpc {agent_id}")
@@ -261,7 +323,14 @@ class Responder:
             env = decode_envelope(msg.data, msg.headers)
         except InvalidPayloadError as exc:
             log.info("%s: undecodable request on %s: %s", self.agent, msg.subject, exc.reason)
-            await self._respond(msg.reply, b"", {Header.ERROR.value: InvalidPayloadError.__name__})
+            await self._respond(msg.reply, None, b"", b"", {Header.ERROR.value: InvalidPayloadError.__name__})
+            return
+        verdict = await self._trust.verdict(msg.subject, msg.headers, msg.data, env)
+        if not self._trust.shows(verdict):
+            log.warning("%s: refusing a request on %s (sender %r): signature %s", self.agent, msg.subject,
+                        env.sender, verdict.value)
+            await self._respond_error(msg.reply, env, UnverifiedRecordError.__name__,
+                                      f"the request does not verify: {verdict.value}", encoding)
             return
         fn = self._handlers.get(env.type) or self._handlers.get("*")
         if fn is None:
@@ -269,34 +338,42 @@ class Responder:
                                       f"no handler for requests of type {env.type!r}", encoding)
             return
         try:
-            result = fn(Message(env, subject=msg.subject))
+            result = fn(Message(env, subject=msg.subject, verdict=verdict))
             if inspect.isawaitable(result):
                 result = await result
-            payload = encode_envelope(reply_envelope(env, id=self._new_id(), sender=self.agent, body=result),
-                                      encoding)
+            answer = reply_envelope(env, id=self._new_id(), sender=self.agent, body=result)
+            payload, record = envelope_wire(answer, encoding)
             if len(payload) > self._nc.max_payload:
                 raise PayloadTooLargeError(len(payload), self._nc.max_payload)
         except Exception as exc:  # the handler's failure is the caller's answer, not ours
             log.info("%s: handler of %r failed: %r", self.agent, env.type, exc)
             await self._respond_error(msg.reply, env, type(exc).__name__, str(exc), encoding)
             return
-        await self._respond(msg.reply, payload, codec.headers_for(encoding))
+        await self._respond(msg.reply, answer, payload, record, codec.headers_for(encoding))
 
     async def _respond_error(self, reply: str, env: MessageEnvelope, error: str, message: str,
                              encoding: codec.Encoding) -> None:
         body = error_body(error, message[:2000])
-        payload = encode_envelope(reply_envelope(env, id=self._new_id(), sender=self.agent, body=body), encoding)
+        answer = reply_envelope(env, id=self._new_id(), sender=self.agent, body=body)
+        payload, record = envelope_wire(answer, encoding)
         headers = codec.headers_for(encoding)
         headers[Header.ERROR.value] = error
-        await self._respond(reply, payload, headers)
+        await self._respond(reply, answer, payload, record, headers)
 
-    async def _respond(self, reply: str, payload: bytes, headers: dict[str, str]) -> None:
+    async def _respond(self, reply: str, answer: MessageEnvelope | None, payload: bytes, record: bytes,
+                       headers: dict[str, str]) -> None:
+        """Publish a reply on ``reply``, signed for it (an envelope's: ``answer`` is its envelope)."""
         if not reply:
             return  # a request published without a reply subject wants no answer
         try:
+            if answer is not None:
+                headers[Header.MSG_ID.value] = answer.id
+                self._trust.sign_now(reply, headers, record)
             await self._nc.publish(reply, payload, headers=headers or None)
         except nats.errors.Error as exc:
             log.info("%s: could not send a reply to %s: %r", self.agent, reply, exc)
+        except InvalidPayloadError as exc:  # a reply subject holding a line break: nothing to sign for
+            log.info("%s: could not sign a reply to %r: %s", self.agent, reply, exc.reason)
 
     async def close(self) -> None:
         """Stop answering: unsubscribe, then cancel and await the requests being served."""

@@ -7,7 +7,9 @@
   to a matching pattern).
 
 Writes carry ``Nats-Msg-Id`` and are retried until ``nats.write_timeout``, so
-a retry is stored once. See docs/messaging.md.
+a retry is stored once. The payload is the envelope's canonical encoding
+(msgpack; JSON on request), signed for each copy's subject and Msg-Id, afresh
+before each (re)send (:mod:`agents_sdk.messaging.trust`). See docs/messaging.md.
 """
 
 from __future__ import annotations
@@ -24,8 +26,10 @@ from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 
 from agents_sdk._args import name_list
-from agents_sdk.messaging.envelope import encode_envelope, new_envelope
+from agents_sdk.messaging.envelope import envelope_wire, new_envelope
+from agents_sdk.messaging.trust import MessageTrust
 from blackboard.client.publisher import Publisher
+from blackboard.client.signing import signing_of
 from blackboard.protocol import codec
 from blackboard.protocol.errors import (
     BlackboardError,
@@ -33,6 +37,7 @@ from blackboard.protocol.errors import (
     PayloadTooLargeError,
     TransportError,
 )
+from blackboard.protocol.schemas import MessageEnvelope
 from blackboard.protocol.subjects import Header, Subjects, validate_name
 from blackboard.settings import Settings
 
@@ -68,11 +73,14 @@ class Sender:
         nc: a connected NATS client.
         js: a JetStream context on ``nc``.
         settings: the deployment's settings.
+        trust: what sends are signed with (default: the connection's signing).
     """
 
-    def __init__(self, agent_id: str, nc: NATS, js: JetStreamContext, settings: Settings) -> None:
+    def __init__(self, agent_id: str, nc: NATS, js: JetStreamContext, settings: Settings,
+                 trust: MessageTrust | None = None) -> None:
         self.agent = agent_id
         self.publisher = Publisher(nc, js, settings.nats)
+        self.trust = trust if trust is not None else MessageTrust(signing_of(nc))
         self._id_prefix = secrets.token_hex(8)
         self._counter = itertools.count(1)
         self._max = settings.board.max_value_size
@@ -100,13 +108,13 @@ class Sender:
         env = new_envelope(id=id or self.new_id(), sender=self.agent, kind="direct", type=type, body=body,
                            recipients=recipients, board=board, correlation_id=correlation_id,
                            metadata=metadata)
-        payload = self._checked(encode_envelope(env, encoding))
+        payload, record = self._encoded(env, encoding)
         if len(recipients) == 1:  # the common case, without gather's extra task
             r = recipients[0]
-            return Sent(env.id, (await self._publish(Subjects.direct(r), payload,
+            return Sent(env.id, (await self._publish(Subjects.direct(r), payload, record,
                                                      self._headers(f"{env.id}:{r}", encoding)),))
         seqs = await asyncio.gather(*(
-            self._publish(Subjects.direct(r), payload, self._headers(f"{env.id}:{r}", encoding))
+            self._publish(Subjects.direct(r), payload, record, self._headers(f"{env.id}:{r}", encoding))
             for r in recipients))
         return Sent(env.id, tuple(seqs))
 
@@ -122,8 +130,8 @@ class Sender:
         """
         env = new_envelope(id=id or self.new_id(), sender=self.agent, kind="broadcast", type=type, body=body,
                            board=board, correlation_id=correlation_id, metadata=metadata)
-        payload = self._checked(encode_envelope(env, encoding))
-        seq = await self._publish(Subjects.broadcast(board), payload, self._headers(env.id, encoding))
+        payload, record = self._encoded(env, encoding)
+        seq = await self._publish(Subjects.broadcast(board), payload, record, self._headers(env.id, encoding))
         return Sent(env.id, (seq,))
 
     async def publish(self, topic: str, type: str, body: Any = None, *, board: str | None = None,
@@ -141,14 +149,16 @@ class Sender:
         subject = Subjects.topic(topic, pattern=False)
         env = new_envelope(id=id or self.new_id(), sender=self.agent, kind="topic", type=type, body=body,
                            topic=topic, board=board, correlation_id=correlation_id, metadata=metadata)
-        payload = self._checked(encode_envelope(env, encoding))
-        seq = await self._publish(subject, payload, self._headers(env.id, encoding))
+        payload, record = self._encoded(env, encoding)
+        seq = await self._publish(subject, payload, record, self._headers(env.id, encoding))
         return Sent(env.id, (seq,))
 
-    def _checked(self, payload: bytes) -> bytes:
+    def _encoded(self, env: MessageEnvelope, encoding: codec.Encoding) -> tuple[bytes, bytes]:
+        """``(payload, record)``: see :func:`~agents_sdk.messaging.envelope.envelope_wire`."""
+        payload, record = envelope_wire(env, encoding)
         if len(payload) > self._max:
             raise PayloadTooLargeError(len(payload), self._max)
-        return payload
+        return payload, record
 
     @staticmethod
     def _headers(msg_id: str, encoding: codec.Encoding) -> dict[str, str]:
@@ -156,9 +166,9 @@ class Sender:
         headers[Header.MSG_ID.value] = msg_id
         return headers
 
-    async def _publish(self, subject: str, payload: bytes, headers: dict[str, str]) -> int:
+    async def _publish(self, subject: str, payload: bytes, record: bytes, headers: dict[str, str]) -> int:
         """Publish until acknowledged or ``nats.write_timeout`` (the board's publisher: retries,
-        outage and timeout errors); returns the stream sequence."""
+        outage and timeout errors; signed before each send); returns the stream sequence."""
 
         def refused(exc: nats.js.errors.APIError) -> BlackboardError:
             if exc.err_code == _MSG_TOO_BIG:
@@ -167,7 +177,8 @@ class Sender:
                                   f"(code {exc.err_code})")
 
         ack = await self.publisher.publish(subject, payload, headers, what=f"message on {subject}",
-                                           map_api_error=refused)
+                                           map_api_error=refused,
+                                           sign=self.trust.signer_of(subject, headers, record))
         return ack.seq
 
     async def close(self) -> None:

@@ -30,8 +30,9 @@ BLACKBOARD = {
 }
 
 MESSAGING = {
-    "Handler", "Inbox", "InboxConsumer", "Message", "Messenger", "Requester", "Responder", "Sender", "Sent",
-    "Subscriptions", "decode_envelope", "encode_envelope", "error_body", "new_envelope", "reply_envelope",
+    "Handler", "Inbox", "InboxConsumer", "Message", "MessageTrust", "Messenger", "Requester", "Responder", "Sender",
+    "Sent", "Subscriptions", "decode_envelope", "encode_envelope", "envelope_wire", "error_body", "new_envelope",
+    "reply_envelope",
 }
 
 SEARCH = {

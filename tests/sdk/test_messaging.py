@@ -23,11 +23,14 @@ from blackboard.protocol.errors import (
     RemoteError,
     RequestTimeoutError,
 )
+from blackboard.protocol.schemas import MessageEnvelope, validate_wire
+from blackboard.protocol.signing import Verdict
 from blackboard.protocol.subjects import MESSAGE_STREAM, Subjects
 from blackboard.security.source import RightsSource
 from blackboard.settings import Settings
 from blackboard.worker.inbox_admin import InboxAdmin
 from tests._auth import operator_nats
+from tests._raw_signer import raw_signer
 from tests.conftest import make_settings
 
 pytestmark = pytest.mark.asyncio
@@ -181,23 +184,35 @@ async def test_a_second_concurrent_reader_is_refused(settings: Settings, unique:
 
 
 async def test_json_envelopes_interoperate_with_raw_nats(settings: Settings, unique: str) -> None:
-    b_id = f"{unique}-b"
-    nc = await operator_nats(settings.nats.url)
+    b_id, cli = f"{unique}-b", f"{unique}-cli"
+    nc, signer = await raw_signer(settings.nats.url, cli)  # another language's client, signing as itself
     try:
         js = nc.jetstream()
-        doc = {"v": 1, "id": "raw-1", "sender": "cli", "kind": "direct", "recipients": [b_id], "type": "ping",
+        doc = {"v": 1, "id": "raw-1", "sender": cli, "kind": "direct", "recipients": [b_id], "type": "ping",
                "body": {"x": 1}, "created_at": "2025-01-02T03:04:05Z"}
-        await js.publish(Subjects.direct(b_id), json.dumps(doc).encode(), headers={"Bb-Encoding": "json"})
-        await js.publish(Subjects.direct(b_id), b"not an envelope")  # dropped, not blocking the inbox
+        subject = Subjects.direct(b_id)
+        # JSON on the wire, signed over the envelope's canonical bytes
+        headers = {"Bb-Encoding": "json", "Nats-Msg-Id": "raw-1"}
+        signer.sign(subject, headers, validate_wire(MessageEnvelope, doc).canonical_bytes())
+        await js.publish(subject, json.dumps(doc).encode(), headers=headers)
+        unsigned = {**doc, "id": "raw-2"}
+        await js.publish(subject, json.dumps(unsigned).encode(), headers={"Bb-Encoding": "json"})  # hidden
+        await js.publish(subject, b"not an envelope")  # dropped, not blocking the inbox
         async with Agent.connect(b_id, settings=settings) as b:
             sent = await b.send(b_id, "self", ["json"], encoding="json")
             got = await drain_inbox(b, timeout=0.3)
-        assert [(m.id, m.sender, m.body) for m in got] == [("raw-1", "cli", {"x": 1}), (sent.id, b_id, ["json"])]
-        raw = await js.get_msg(MESSAGE_STREAM, sent.seq)
-        assert raw.headers and raw.headers["Bb-Encoding"] == "json"
-        assert json.loads(raw.data)["body"] == ["json"]
+            assert b.messaging.hidden == 1
+        assert [(m.id, m.sender, m.body, m.verdict) for m in got] == [
+            ("raw-1", cli, {"x": 1}, Verdict.VERIFIED), (sent.id, b_id, ["json"], Verdict.VERIFIED)]
     finally:
         await nc.close()
+    nc = await operator_nats(settings.nats.url)  # the stored bytes: no agent may read the stream raw
+    try:
+        raw = await nc.jetstream().get_msg(MESSAGE_STREAM, sent.seq)
+    finally:
+        await nc.close()
+    assert raw.headers and raw.headers["Bb-Encoding"] == "json" and raw.headers["Bb-Sig-Key"].startswith("U")
+    assert json.loads(raw.data)["body"] == ["json"]
 
 
 async def test_bad_input_is_refused_with_typed_errors(settings: Settings, unique: str) -> None:
@@ -383,17 +398,25 @@ async def test_handler_exception_comes_back_as_remote_error(settings: Settings, 
 
 
 async def test_raw_nats_client_can_call_a_handler(settings: Settings, unique: str) -> None:
+    cli = f"{unique}-cli"
     async with Agent.connect(f"{unique}-b", settings=settings) as b:
         await b.handle("double", lambda req: req.body * 2)
-        nc = await operator_nats(settings.nats.url)
+        nc, signer = await raw_signer(settings.nats.url, cli)
         try:
-            doc = {"v": 1, "id": "r1", "sender": "cli", "kind": "direct", "recipients": [f"{unique}-b"],
+            doc = {"v": 1, "id": "r1", "sender": cli, "kind": "direct", "recipients": [f"{unique}-b"],
                    "type": "double", "body": 21, "created_at": "2025-01-02T03:04:05Z"}
-            reply = await nc.request(Subjects.rpc(f"{unique}-b"), json.dumps(doc).encode(), timeout=2,
-                                     headers={"Bb-Encoding": "json"})
+            subject = Subjects.rpc(f"{unique}-b")
+            headers = {"Bb-Encoding": "json", "Nats-Msg-Id": "r1"}
+            signer.sign(subject, headers, validate_wire(MessageEnvelope, doc).canonical_bytes())
+            reply = await nc.request(subject, json.dumps(doc).encode(), timeout=2, headers=headers)
             env = json.loads(reply.data)
-            assert env["body"] == 42 and env["correlation_id"] == "r1" and env["recipients"] == ["cli"]
-            bad = await nc.request(Subjects.rpc(f"{unique}-b"), b"\xc1garbage", timeout=2)
+            assert env["body"] == 42 and env["correlation_id"] == "r1" and env["recipients"] == [cli]
+            assert reply.headers and reply.headers["Nats-Msg-Id"] == env["id"] and "Bb-Sig" in reply.headers
+            # unsigned: refused before the handler sees it
+            unsigned = await nc.request(subject, json.dumps(doc).encode(), timeout=2,
+                                        headers={"Bb-Encoding": "json"})
+            assert unsigned.headers and unsigned.headers["Bb-Error"] == "UnverifiedRecordError"
+            bad = await nc.request(subject, b"\xc1garbage", timeout=2)
             assert bad.headers and bad.headers["Bb-Error"] == "InvalidPayloadError"
         finally:
             await nc.close()
@@ -420,8 +443,11 @@ async def test_codec_of_stored_message_is_the_documented_envelope(settings: Sett
     finally:
         await nc.close()
     doc = codec.decode(raw.data)
-    assert set(doc) == {"v", "id", "sender", "kind", "recipients", "type", "body", "created_at", "metadata"}
+    # the canonical encoding: every field of the schema, in its order (absent ones nil)
+    assert list(doc) == list(MessageEnvelope.model_fields)
+    assert raw.data == validate_wire(MessageEnvelope, doc).canonical_bytes()
     assert raw.headers and raw.headers["Nats-Msg-Id"] == f"{sent.id}:{unique}-b"
+    assert {"Bb-Sig-Key", "Bb-Sig-Time", "Bb-Sig"} <= set(raw.headers) and "Bb-Encoding" not in raw.headers
 
 
 @pytest.mark.slow
