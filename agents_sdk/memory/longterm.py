@@ -2,7 +2,9 @@
 persists and embeds; ``recall`` asks the search service.
 
 ``remember`` returns as soon as JetStream has acknowledged the memory: no
-embedding or LLM call on the write path.
+embedding or LLM call on the write path. Memories and forgets are published
+as their canonical encoding and signed by the agent's key (afresh before each
+send); the worker verifies them at ingest (docs/security.md, "Signatures").
 """
 
 from __future__ import annotations
@@ -14,10 +16,10 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from agents_sdk._args import sequence_arg
-from blackboard.client.publisher import RETRYABLE, Ack
-from blackboard.protocol import codec
+from blackboard.client.publisher import RETRYABLE, Ack, Sign
+from blackboard.client.signing import signing_of
 from blackboard.protocol.errors import InvalidPayloadError, PayloadTooLargeError
-from blackboard.protocol.records import memory_wire
+from blackboard.protocol.records import decode_memory, memory_wire
 from blackboard.protocol.schemas import MemoryForget, validate_wire
 from blackboard.protocol.schemas.memory import MemoryKind
 from blackboard.protocol.subjects import Header, Subjects
@@ -53,6 +55,18 @@ class LongTermMemory:
         self._agent_id = context.agent_id
         self._publisher = context.publisher
         self._max = context.settings.board.max_value_size
+        self._signer = signing_of(context.nc).signer
+
+    def _sign(self, subject: str, headers: dict[str, str], record: bytes) -> Sign | None:
+        """What the publisher calls before each send to sign ``headers`` afresh (None: unsigned)."""
+        signer = self._signer
+        if signer is None:
+            return None
+
+        def sign() -> None:
+            signer.sign(subject, headers, record)
+
+        return sign
 
     def _prepare(self, m: MemoryInput) -> tuple[str, str, bytes, dict[str, str]]:
         if not isinstance(m.text, str) or not m.text.strip():
@@ -67,7 +81,10 @@ class LongTermMemory:
             metadata=m.metadata, importance=m.importance, source=m.source, read_only=m.read_only,
             created_at=datetime.now(UTC))
         memory_id = record["id"]  # as the schema made it (bytes given as the id are text now)
-        payload = codec.encode(record)
+        # The canonical encoding (what the signature covers) is the payload; the record the
+        # schema's fast path reads back from the map is equal to the schema's own
+        # (tests/protocol/test_records.py), so these are the schema's canonical bytes.
+        payload = decode_memory(record).canonical_bytes()
         if len(payload) > self._max:
             raise PayloadTooLargeError(len(payload), self._max)
         # The memory id is the Msg-Id: re-sending the same memory is deduplicated.
@@ -85,7 +102,8 @@ class LongTermMemory:
         """
         memory_id, subject, payload, headers = self._prepare(MemoryInput(
             text, kind, tags, metadata or {}, importance, board, source, read_only, id))
-        await self._publisher.publish(subject, payload, headers, what=f"memory {memory_id!r}")
+        await self._publisher.publish(subject, payload, headers, what=f"memory {memory_id!r}",
+                                      sign=self._sign(subject, headers, payload))
         return memory_id
 
     async def forget(self, ids: Sequence[str], *, board: str | None = None) -> None:
@@ -103,9 +121,10 @@ class LongTermMemory:
         for start in range(0, len(ids), 1000):
             record = validate_wire(MemoryForget, {"board": board, "agent": self._agent_id,
                                                   "ids": ids[start:start + 1000], "created_at": datetime.now(UTC)})
-            await self._publisher.publish(subject, codec.encode(record.model_dump()),
-                                          {Header.MSG_ID.value: f"{msg_id}-{start}"},
-                                          what=f"forget of {len(ids)} memories")
+            payload = record.canonical_bytes()
+            headers = {Header.MSG_ID.value: f"{msg_id}-{start}"}
+            await self._publisher.publish(subject, payload, headers, what=f"forget of {len(ids)} memories",
+                                          sign=self._sign(subject, headers, payload))
 
     async def remember_many(self, memories: Iterable[MemoryInput]) -> list[str]:
         """Store many memories pipelined (each acknowledged); returns their ids in order.
@@ -118,7 +137,7 @@ class LongTermMemory:
             memory_id, subject, payload, headers = self._prepare(m)
             fut: asyncio.Future[Ack] | None
             try:
-                fut = await self._publisher.send(subject, payload, headers)
+                fut = await self._publisher.send(subject, payload, headers, sign=self._sign(subject, headers, payload))
             except RETRYABLE:
                 fut = None  # re-sent below through the retrying path
             sent.append((memory_id, subject, payload, headers, fut))
@@ -130,6 +149,7 @@ class LongTermMemory:
                 if fut is not None and not fut.done():
                     self._publisher.forget(fut)
                 # same Msg-Id (the memory id): deduplicated if the first copy landed
-                await self._publisher.publish(subject, payload, headers, what=f"memory {memory_id!r}")
+                await self._publisher.publish(subject, payload, headers, what=f"memory {memory_id!r}",
+                                              sign=self._sign(subject, headers, payload))
             ids.append(memory_id)
         return ids

@@ -6,10 +6,16 @@ import pytest
 
 from agents_sdk import Agent
 from agents_sdk.memory.longterm import MemoryInput
+from blackboard.client.signing import signing_of
+from blackboard.protocol import codec
 from blackboard.protocol.errors import InvalidKeyError, InvalidPayloadError, PayloadTooLargeError
+from blackboard.protocol.records import decode_memory
 from blackboard.protocol.schemas import MemoryRecord, validate_wire
-from blackboard.protocol.subjects import Subjects
+from blackboard.protocol.signing import Verdict
+from blackboard.protocol.subjects import MEMORY_STREAM, Subjects
+from blackboard.security.verifier import Signed
 from blackboard.settings import Settings
+from tests._auth import operator_nats
 from tests.conftest import stored_memories
 
 pytestmark = pytest.mark.asyncio
@@ -56,3 +62,31 @@ async def test_remember_rejects_bad_input(settings: Settings, unique: str) -> No
             await agent.remember("x", board="not a board")
         with pytest.raises(PayloadTooLargeError):
             await agent.remember("x" * (settings.board.max_value_size + 1), board=unique)
+
+
+async def test_memories_and_forgets_are_signed_by_their_agent_and_verify_in_another_reader(
+        settings: Settings, unique: str) -> None:
+    """What remember, remember_many and forget publish is the record's canonical encoding,
+    signed by the agent's key: another agent's verifier accepts it as that agent's, and not
+    as anyone else's."""
+    writer, reader = f"{unique}-w", f"{unique}-r"
+    async with Agent.connect(writer, settings=settings) as a, Agent.connect(reader, settings=settings) as b:
+        await a.remember("signed memory", board=unique, metadata={"z": 1.0, "a": [2]})
+        await a.remember_many([MemoryInput("pipelined", board=unique)])
+        await a.forget(["some-id"], board=unique)
+        verifier = signing_of(b.nc).verifier
+        assert verifier is not None
+        nc = await operator_nats(settings.nats.url)  # the stored messages (no agent may pull BB_MEMORY)
+        try:
+            sub = await nc.jetstream().pull_subscribe(Subjects.memory_board(unique), stream=MEMORY_STREAM)
+            msgs = await sub.fetch(3, timeout=5)
+        finally:
+            await nc.close()
+        assert len(msgs) == 3
+        for m in msgs:
+            record = decode_memory(codec.decode(m.data))
+            assert m.data == record.canonical_bytes() and record.agent == writer
+            assert m.headers is not None and "Bb-Encoding" not in m.headers
+            signed = Signed(m.subject, m.headers, m.data, stored_at=m.metadata.timestamp, author=record.agent)
+            assert await verifier.verify(signed) is Verdict.VERIFIED
+            assert await verifier.verify(Signed(m.subject, m.headers, m.data, author=reader)) is Verdict.WRONG_AUTHOR
