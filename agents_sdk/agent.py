@@ -282,13 +282,15 @@ class Agent:
         """How the records this agent read verified (docs/security.md, "Signatures"): the
         connection's verifier counts, by verdict (``verified``, ``bad_signature``,
         ``wrong_author``, ``unsigned``...; each stored revision is verified once, then
-        ``cache_hits``), and ``hidden``: records its reads hid because they do not verify.
+        ``cache_hits``), and ``hidden``: records its reads hid because they do not verify
+        (board reads, inbox messages, requests and replies, vote messages).
         Empty counts when this agent does not verify (``security.verify`` off, an open bus).
         """
         store = self.context.store
         verifier = store.signing.verifier
         stats = dict(verifier.stats) if verifier is not None else {}
-        stats["hidden"] = store.hidden
+        stats["hidden"] = (store.hidden + (self._messenger.hidden if self._messenger is not None else 0)
+                           + (self._voting.hidden if self._voting is not None else 0))
         return stats
 
     async def close(self) -> None:

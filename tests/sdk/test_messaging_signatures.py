@@ -93,7 +93,7 @@ async def test_a_message_with_another_agents_sender_or_tampered_is_hidden_and_co
             await publish(js, direct, signed(mallory, direct, honest))
             got = await drain(b)
             assert [(m.id, m.sender, m.verdict) for m in got] == [("honest", mallory.principal, Verdict.VERIFIED)]
-            assert b.messaging.hidden == 4
+            assert b.messaging.hidden == 4 and b.verification["hidden"] == 4
             # A signed copy replayed to another recipient's inbox (with a new Msg-Id: the same one
             # would be dropped by the server as a duplicate) does not verify either.
             payload, headers = signed(mallory, direct, honest)
