@@ -21,8 +21,15 @@ import pytest
 
 from blackboard.devstack import EmbeddedNats, EmbeddedPostgres
 from blackboard.protocol.errors import AuthenticationError
-from blackboard.protocol.subjects import MEMORY_STREAM, MESSAGE_STREAM, VOTE_STREAM, Subjects
+from blackboard.protocol.subjects import (
+    KEYS_STREAM,
+    MEMORY_STREAM,
+    MESSAGE_STREAM,
+    VOTE_STREAM,
+    Subjects,
+)
 from blackboard.security.credentials import OPERATOR_PRINCIPAL, find_system_credentials
+from blackboard.security.jwt import Credentials
 from blackboard.settings import NatsSettings, SecuritySettings, Settings
 from tests._auth import TestAuth, raw_connect
 from tests._worker_helpers import running_worker
@@ -164,3 +171,36 @@ def test_system_credentials_prefer_the_creds_file_of_any_worker_or_operator(test
             url="tls://127.0.0.1:1", creds_file=test_auth.creds(principal))})
         found = find_system_credentials("worker-2", settings, process="the worker 'worker-2'")
         assert found is not None and found.principal == principal
+
+
+@pytest.mark.asyncio
+async def test_auth_publish_runs_as_the_operator_once_the_streams_exist(
+        fresh_nats: EmbeddedNats, test_auth: TestAuth, unique: str) -> None:
+    """`blackboard auth publish` connects as an operator, never as an agent, and says what to run
+    when the key registry's stream is not there yet."""
+    authority = str(test_auth.authority.directory)
+    agent = f"carol{unique}"
+    as_agent = _env(fresh_nats.url, test_auth, NATS__CREDS_FILE=test_auth.creds(agent))
+    done = _blackboard("auth", "--dir", authority, "publish", env=as_agent)
+    assert done.returncode == 1, done.stderr
+    assert f"is the credential of the agent {agent!r}: blackboard auth publish runs as an operator identity" \
+        in done.stderr
+
+    as_operator = _env(fresh_nats.url, test_auth, NATS__CREDS_FILE=test_auth.creds(OPERATOR_PRINCIPAL))
+    done = _blackboard("auth", "--dir", authority, "publish", env=as_operator)
+    assert done.returncode == 2, done.stderr
+    assert "no key registry stream (BB_KEYS)" in done.stderr and "blackboard setup" in done.stderr
+    assert "Traceback" not in done.stderr
+
+    assert _blackboard("setup", "--no-migrate", env=as_operator).returncode == 0
+    done = _blackboard("auth", "--dir", authority, "publish", env=as_operator)
+    assert done.returncode == 0, done.stderr
+    assert f"key registry on {fresh_nats.url}: certificates published: " in done.stdout
+    assert agent in done.stdout.split("already there")[0]  # the agent's certificate, put there by the operator
+    nc = await raw_connect(fresh_nats.url, test_auth)
+    try:
+        msg = await nc.request(Subjects.direct_get(KEYS_STREAM, Subjects.key_certificate(
+            Credentials.parse(test_auth.creds(agent).read_text()).public_key)), b"", timeout=5)
+        assert msg.data.decode() == Credentials.parse(test_auth.creds(agent).read_text()).jwt
+    finally:
+        await nc.close()
