@@ -549,7 +549,8 @@ def _parser() -> argparse.ArgumentParser:
                                    "Authorization and TLS are on: the identity authority lives in "
                                    "<data-dir>/auth, and the credentials of the worker, the operator and every "
                                    "agent the policy names are in <data-dir>/auth/creds, where the SDK finds "
-                                   "them.")
+                                   "them; their certificates are published to the key registry, so "
+                                   "readers verify what each signs (docs/security.md §7).")
     p.add_argument("--data-dir", help="where the servers keep their data (default ./.blackboard)")
     p.add_argument("--host", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--nats-port", type=int, help="NATS port (default 4222; 0 = any free port)")
