@@ -17,6 +17,12 @@ principal the policy does not declare), ``SearchError`` for everything else
 (service not running, timeout, failure), ``InvalidPayloadError`` for a request
 the service (or the client) refused. :func:`search_request` is the one request
 path of every search endpoint (the messenger's message search uses it too).
+
+Hits (``MemoryHit``, ``EntryHit``, ``MessageHit``) and history revisions
+(``EntryRevision``) carry ``verdict``, the record's signature as the worker
+found it at ingest (``Verdict.VERIFIED``, or ``Verdict.UNSIGNED`` for a record
+stored without a signature); a record that did not verify is never stored, so
+no search returns it (docs/search.md, "Signatures").
 """
 
 from __future__ import annotations

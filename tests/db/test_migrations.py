@@ -180,6 +180,37 @@ async def test_vector_tables_of_existing_spaces_get_the_board(
     assert notnull == (True,)
 
 
+#: The tables whose rows carry a signature verdict (migration 0013).
+VERDICT_TABLES = ("bb_entry_revisions", "bb_entries", "bb_memories", "bb_memory_forgets", "bb_messages",
+                  "bb_proposals", "bb_ballots", "bb_outcomes")
+
+
+@pytest.mark.asyncio
+async def test_rows_stored_before_signatures_are_unsigned(
+        nats_server: EmbeddedNats, postgres_server: EmbeddedPostgres, unique: str, tmp_path: Path) -> None:
+    """0013 gives every row table a ``verdict`` (NOT NULL); the rows already there were never
+    checked: ``unsigned``."""
+    dsn = fresh_db(postgres_server, unique)
+    settings = make_settings(nats_server.url, dsn)
+    for mig in load_migrations():
+        if mig.version < 13:
+            (tmp_path / f"{mig.version:04d}_{mig.name}.sql").write_text(mig.sql, encoding="utf-8")
+    await migrate(settings, directory=tmp_path)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("INSERT INTO bb_entry_revisions (stream, seq, board, section, key, op, stored_at) "
+                     "VALUES ('KV', 1, 'b', 's', 'k', 'PUT', now())")
+        conn.execute("INSERT INTO bb_memories (id, board, agent, kind, text, created_at, updated_at, stream, seq) "
+                     "VALUES ('m', 'b', 'a', 'episodic', 't', now(), now(), 'S', 1)")
+    assert 13 in await migrate(settings)
+    with psycopg.connect(dsn) as conn:
+        old = [conn.execute(f"SELECT verdict FROM {t}").fetchall() for t in ("bb_entry_revisions", "bb_memories")]
+        columns = conn.execute(
+            "SELECT table_name, is_nullable, column_default FROM information_schema.columns "
+            "WHERE column_name = 'verdict' AND table_schema = current_schema()").fetchall()
+    assert old == [[("unsigned",)], [("unsigned",)]]
+    assert sorted(columns) == sorted((t, "NO", "'unsigned'::text") for t in VERDICT_TABLES)
+
+
 @pytest.mark.asyncio
 async def test_a_space_of_3072_dimensions_gets_its_hnsw_index_and_answers_through_it(
         nats_server: EmbeddedNats, postgres_server: EmbeddedPostgres, unique: str) -> None:
