@@ -335,3 +335,28 @@ def test_a_dead_letter_reason_names_the_signer_and_the_claim() -> None:
         "signature malformed: ")
     worker_only = Signed("bb.vote.b.p.close", headers, b"", None, None, kind="worker")
     assert "only a worker identity" in signature_reason(Verdict.WRONG_AUTHOR, worker_only, Keys())
+
+
+@pytest.mark.asyncio
+async def test_a_worker_on_the_open_bus_stores_unsigned_rows(open_settings: Settings, postgres_server: Any,
+                                                             unique: str) -> None:
+    """Without a credential (the insecure open bus) nothing can be verified: rows are stored
+    ``unsigned``, none is dead-lettered for its signature."""
+    from blackboard.settings import PostgresSettings
+
+    s = _settings(open_settings.model_copy(update={"postgres": PostgresSettings(dsn=postgres_server.dsn)}), unique,
+                  serve_search=False, embed=False)
+    nc = await connect_nats(s, name="test-open-bus")
+    try:
+        js = nc.jetstream()
+        await ensure_streams(js, s)
+        subjects = Subjects(s.board.bucket)
+        subject = subjects.entry(unique, "s", "k")
+        seq = int((await js.publish(subject, entry_payload("open", author=f"{unique}-alice"))).seq)
+        async with running_worker(s) as w:
+            await w.wait_caught_up(CATCH_UP)
+            assert w.verifier is None
+    finally:
+        await nc.close()
+    assert _verdicts(s, "bb_entry_revisions", "board = %s", unique) == {seq: "unsigned"}
+    assert dead_letters(s, subject) == {}
