@@ -102,7 +102,7 @@ class NatsSettings(BaseModel):
     max_pending_writes: int = Field(4000, ge=1)
     #: Seconds the streams remember a ``Nats-Msg-Id`` to drop a duplicate write
     #: (their ``duplicate_window``; applied by ``ensure_streams``). Must exceed
-    #: ``write_timeout`` (re-sends are deduplicated) and ``security.max_clock_skew``
+    #: ``write_timeout`` (re-sends are deduplicated) and twice ``security.max_clock_skew``
     #: (a replayed signed write is dropped within it and ``stale`` after it).
     duplicate_window: float = Field(120.0, gt=0)
 
@@ -428,9 +428,11 @@ class Settings(BaseSettings):
     @model_validator(mode="after")
     def _check_windows(self) -> Settings:
         window = self.nats.duplicate_window
-        if self.security.max_clock_skew >= window:
-            raise ValueError(f"security.max_clock_skew ({self.security.max_clock_skew:g}) must be less than "
-                             f"nats.duplicate_window ({window:g}): a replayed signed write must be either "
+        if 2 * self.security.max_clock_skew >= window:
+            # A write stored up to the skew after its signed time and replayed just after the
+            # window is stale only if the window is over twice the skew.
+            raise ValueError(f"security.max_clock_skew ({self.security.max_clock_skew:g}) must be less than half "
+                             f"of nats.duplicate_window ({window:g}): a replayed signed write must be either "
                              "dropped as a duplicate or stale")
         if self.nats.write_timeout >= window:
             raise ValueError(f"nats.write_timeout ({self.nats.write_timeout:g}) must be less than "

@@ -183,12 +183,15 @@ def test_revocations() -> None:
 
 
 # -- settings -----------------------------------------------------------------
-def test_clock_skew_must_be_less_than_the_duplicate_window() -> None:
+def test_clock_skew_must_be_less_than_half_the_duplicate_window() -> None:
     settings = Settings()
-    assert settings.security.max_clock_skew < settings.nats.duplicate_window
+    assert 2 * settings.security.max_clock_skew < settings.nats.duplicate_window
     assert (settings.security.sign, settings.security.verify, settings.security.unverified) == (True, True, "hide")
     with pytest.raises(ValidationError, match="max_clock_skew"):
         Settings(security={"max_clock_skew": 120}, nats={"duplicate_window": 120})
+    with pytest.raises(ValidationError, match="max_clock_skew"):  # stored 30 s late, replayed at 50 s: 20 s off
+        Settings(security={"max_clock_skew": 30}, nats={"duplicate_window": 50, "write_timeout": 10})
+    assert Settings(security={"max_clock_skew": 24}, nats={"duplicate_window": 50, "write_timeout": 10})
     with pytest.raises(ValidationError, match="write_timeout"):
         Settings(nats={"duplicate_window": 20, "write_timeout": 30},
                  security={"max_clock_skew": 10})
