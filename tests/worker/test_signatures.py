@@ -124,7 +124,7 @@ async def test_verified_records_are_stored_verified_and_search_and_history_say_s
         assert [(r.revision, r.op, r.verdict) for r in history] == [(gone, "PUT", Verdict.VERIFIED),
                                                                     (tomb, "DEL", Verdict.VERIFIED)]
         assert (await client.as_of(unique, "notes", "json", revision=json_seq)).verdict is Verdict.VERIFIED
-        found = await search_request(nc, "messages", MessageSearchRequest(query="signing keys"),
+        found = await search_request(nc, "messages", MessageSearchRequest(query="signing keys", senders=[alice]),
                                      MessageSearchResponse, principal=bob, timeout=10)
         assert [(h.seq, h.verdict) for h in found.hits] == [(msg, Verdict.VERIFIED)]
 
@@ -185,14 +185,16 @@ async def test_forged_and_tampered_records_are_dead_letters_that_no_search_finds
         assert rows(s, "SELECT count(*) FROM bb_memories WHERE board = %s", unique) == [(0,)]
         assert rows(s, "SELECT count(*) FROM bb_messages WHERE stream = %s AND seq = %s",
                     MESSAGE_STREAM, forged_message) == [(0,)]
+        # (The worker's consumers read the whole shared stream: other tests' rejects count too.)
         entries = {loop.handler.name: loop.stats.rejected for loop in w.loops}["entries"]
-        assert entries == {"wrong_author": 1, "bad_signature": 2, "unknown_key": 1, "stale": 1}
+        for verdict, count in {"wrong_author": 1, "bad_signature": 2, "unknown_key": 1, "stale": 1}.items():
+            assert entries.get(verdict, 0) >= count, entries
 
         client = SearchClient(nc, s, "tester")
         words = "forged words alice tampered original news who genuine"
         assert [h.key for h in await client.search_entries(words, board=unique, mode="keyword")] == ["good"]
         assert await client.recall("forged memory of alice", board=unique, mode="keyword") == []
-        found = await search_request(nc, "messages", MessageSearchRequest(query="forged message"),
+        found = await search_request(nc, "messages", MessageSearchRequest(query="forged message", senders=[alice]),
                                      MessageSearchResponse, principal=bob, timeout=10)
         assert found.hits == []
 
