@@ -27,6 +27,7 @@ markers carry no signature and are taken as they are.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import math
@@ -940,6 +941,24 @@ class Watch:
             self._queue.put_nowait(None)
 
 
+#: Writes a pipeline signs with one signature (a Merkle batch: docs/protocol.md, "Signatures"),
+#: and how many signed batches may wait to go out at a time (beyond that, ``put`` waits).
+_SIGN_BATCH = 32
+_SIGN_AHEAD = 4
+
+
+def _chain(source: asyncio.Future[int], target: asyncio.Future[int]) -> None:
+    """Resolve ``target`` (a caller's future) like ``source`` (the publisher's) once it is done."""
+    if target.done():
+        return
+    if source.cancelled():
+        target.cancel()
+    elif (exc := source.exception()) is not None:
+        target.set_exception(exc)
+    else:
+        target.set_result(source.result())
+
+
 class Pipeline:
     """Many writes in flight, each still acknowledged (and deduplicated on retry).
 
@@ -952,14 +971,29 @@ class Pipeline:
     that carried them was replaced, are re-sent through the retrying path with
     the same ``Nats-Msg-Id``, so the server applies each at most once. ``flush`` raises
     the first error if any write failed (the others are still applied).
+
+    A signing store signs pipelined writes in batches of up to 32, one
+    Ed25519 signature over a Merkle root per batch (each write carries its
+    path, ``Bb-Sig-Path``): a batch goes out when it is full or as soon as the
+    caller yields, in order; readers check each batch's signature once.
     """
 
     def __init__(self, store: BoardStore, *, author: str = "") -> None:
         self.store = store
         self.author = author
-        #: Each write sent, with the future handed to the caller (its revision or typed error):
+        #: Each write sent, with the publisher's future of its ack (its revision or typed error):
         #: the publisher resolves it from the ack, ``flush`` when it sends the write again.
         self._sent: list[tuple[_Prepared, asyncio.Future[int]]] = []
+        #: Writes waiting to be signed (with the futures handed to their callers), and the tasks
+        #: that sign a batch and then send it, each after the one before.
+        self._unsigned: list[tuple[_Prepared, asyncio.Future[int]]] = []
+        self._batches: list[asyncio.Task[None]] = []
+        #: Errors of writes that could not be sent from a signed batch (``flush`` raises the first).
+        self._failed: list[Exception] = []
+        self._dispatch_soon = False
+        #: The publisher's future of each signed write sent, and its caller's (resolved at once
+        #: by its done callback, and by ``flush``, which may not wait for callbacks to run).
+        self._links: list[tuple[asyncio.Future[int], asyncio.Future[int]]] = []
 
     async def __aenter__(self) -> Pipeline:
         return self
@@ -988,13 +1022,84 @@ class Pipeline:
         return await self._send(self.store._prepare_delete(board, section, key, None, purge))
 
     async def _send(self, prep: _Prepared) -> asyncio.Future[int]:
+        if self.store._signer is None:
+            return await self._send_now(prep, sign=None)
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[int] = loop.create_future()
+        self._unsigned.append((prep, fut))
+        if len(self._unsigned) >= _SIGN_BATCH:
+            await self._sign_batch()
+        elif not self._dispatch_soon:
+            # a short batch goes as soon as the caller yields: its ack still comes without a flush
+            self._dispatch_soon = True
+            loop.call_soon(self._dispatch)
+        return fut
+
+    def _dispatch(self) -> None:
+        """Sign the waiting writes as one batch; a task sends them, after the batch before it.
+        A write the batch cannot sign is signed (or fails) alone as it goes out."""
+        self._dispatch_soon = False
+        batch, self._unsigned = self._unsigned, []
+        if not batch:
+            return
+        signer = self.store._signer
+        assert signer is not None
+        with contextlib.suppress(BlackboardError):
+            signer.sign_batch([(prep.subject, prep.headers, prep.record) for prep, _ in batch])
+        previous = self._batches[-1] if self._batches else None
+        self._batches.append(asyncio.create_task(self._send_signed(batch, previous)))
+
+    async def _sign_batch(self) -> None:
+        """:meth:`_dispatch`, first waiting while ``_SIGN_AHEAD`` batches are in progress."""
+        self._batches = [t for t in self._batches if not t.done()]
+        while len(self._batches) >= _SIGN_AHEAD:
+            await asyncio.wait([self._batches[0]])
+            self._batches = [t for t in self._batches if not t.done()]
+        self._dispatch()
+
+    async def _send_signed(self, batch: list[tuple[_Prepared, asyncio.Future[int]]],
+                           previous: asyncio.Task[None] | None) -> None:
+        if previous is not None:
+            await asyncio.wait([previous])  # in order (its failure is its callers' business)
+        for n, (prep, fut) in enumerate(batch):
+            try:
+                ack = await self._send_now(prep, sign=None if Header.SIG.value in prep.headers else
+                                           self.store._sign(prep))
+            except BlackboardError as exc:  # this write only (e.g. too large): its caller's error
+                self._failed.append(exc)
+                fut.set_exception(exc)
+                continue
+            except BaseException as exc:  # the connection closed, or cancelled: none of the rest goes out
+                for _, rest in batch[n:]:
+                    if isinstance(exc, Exception):
+                        rest.set_exception(exc)
+                    else:
+                        rest.cancel()
+                if isinstance(exc, Exception):
+                    self._failed.append(exc)
+                    return
+                raise
+            if ack.done():
+                _chain(ack, fut)
+            else:
+                ack.add_done_callback(functools.partial(_chain, target=fut))
+                self._links.append((ack, fut))
+
+    async def _drain_signing(self) -> None:
+        """Sign and send every write waiting for its signature (``flush`` first does this)."""
+        await self._sign_batch()
+        batches, self._batches = self._batches, []
+        if batches:
+            await asyncio.wait(batches)
+
+    async def _send_now(self, prep: _Prepared, *, sign: Sign | None) -> asyncio.Future[int]:
         # The publisher waits by itself while max_pending_writes acks are
         # outstanding, which bounds memory.
         store = self.store
         try:
             fut = await store._publisher.send(prep.subject, prep.payload, prep.headers,
                                               refusal=lambda exc: store._map_api_error(exc, prep),
-                                              sign=store._sign(prep))
+                                              sign=sign)
         except _PIPELINE_RETRYABLE:
             fut = asyncio.get_running_loop().create_future()  # resolved by the retrying path in flush
         except nats.errors.ConnectionClosedError as exc:
@@ -1010,14 +1115,23 @@ class Pipeline:
         Raises:
             BlackboardError: the first failed write's error.
         """
+        await self._drain_signing()
         sent, self._sent = self._sent, []
-        if not sent:
-            return []
-        try:
-            return await self._settle_all(sent)
-        finally:
-            # flush itself failed or was cancelled: no future stays pending
-            self.store._publisher.forget(*(fut for _, fut in sent if not fut.done()))
+        failed, self._failed = self._failed, []
+        links, self._links = self._links, []
+        revisions: list[int] = []
+        if sent:
+            try:
+                revisions = await self._settle_all(sent)
+            finally:
+                # flush itself failed or was cancelled: no future stays pending
+                self.store._publisher.forget(*(fut for _, fut in sent if not fut.done()))
+                for ack, fut in links:
+                    if ack.done():
+                        _chain(ack, fut)
+        if failed:  # writes of a signed batch that could not be sent (the others were)
+            raise failed[0]
+        return revisions
 
     async def _settle_all(self, sent: list[tuple[_Prepared, asyncio.Future[int]]]) -> list[int]:
         publisher = self.store._publisher

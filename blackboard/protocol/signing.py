@@ -10,7 +10,14 @@ The signature covers :func:`signing_input`: eight lines (the scheme, the
 subject, the ``Nats-Msg-Id``, the signed time, the ``Nats-Expected-Last-Subject-Sequence``,
 ``KV-Operation`` and ``Nats-TTL`` values or nothing, the key), each ended by
 ``\\n``, then the record's canonical bytes. A signed message must carry a
-``Nats-Msg-Id``. The crypto is in ``blackboard.security.signer`` and
+``Nats-Msg-Id``.
+
+A writer may sign many records with one signature (a pipelined write path):
+each record's signing input is a leaf of a Merkle tree (:func:`leaf_hash`,
+:func:`node_hash`: SHA-256, domain-separated), the signature covers
+:func:`batch_message` of the tree's root, and each record carries its path to
+the root in ``Bb-Sig-Path`` (:func:`encode_path`). A verifier folds the path
+(:func:`fold_path`) and checks the signature over the root once per batch. The crypto is in ``blackboard.security.signer`` and
 ``blackboard.security.verifier``; a reader's answer is a :class:`Verdict`.
 """
 
@@ -18,6 +25,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -27,11 +35,21 @@ from blackboard.protocol.errors import InvalidPayloadError
 from blackboard.protocol.subjects import Header
 
 __all__ = [
+    "BATCH_SCHEME",
+    "MAX_PATH_STEPS",
     "SCHEME",
     "SIGNATURE_BYTES",
+    "Path",
     "SignatureHeaders",
     "Verdict",
+    "batch_message",
+    "encode_path",
     "encode_signature",
+    "fold_path",
+    "leaf_hash",
+    "merkle_tree",
+    "node_hash",
+    "parse_path",
     "parse_signature",
     "signing_input",
 ]
@@ -52,6 +70,7 @@ _TTL = Header.MSG_TTL.value
 _SIG_KEY = Header.SIG_KEY.value
 _SIG_TIME = Header.SIG_TIME.value
 _SIG = Header.SIG.value
+_SIG_PATH = Header.SIG_PATH.value
 
 
 class Verdict(StrEnum):
@@ -79,6 +98,17 @@ class Verdict(StrEnum):
         return self is Verdict.VERIFIED
 
 
+#: One step of a Merkle path: the side the sibling is on (``L`` or ``R``) and its hash.
+Path = tuple[tuple[str, bytes], ...]
+#: What a batch signature covers: this line, then the 32 bytes of the Merkle root.
+BATCH_SCHEME = "bb-sig/1 batch"
+#: The longest path a verifier reads (a batch of up to 2**32 records).
+MAX_PATH_STEPS = 32
+_HASH_BYTES = 32
+_HASH_CHARS = 43
+_STEP_RE = re.compile(r"[LR][A-Za-z0-9_-]{43}")
+
+
 @dataclass(frozen=True, slots=True)
 class SignatureHeaders:
     """The signature headers of one message, read (not verified)."""
@@ -86,6 +116,84 @@ class SignatureHeaders:
     public_key: str
     signed_at_us: int
     signature: bytes
+    #: The record's Merkle path when it was signed in a batch (None: signed alone).
+    path: Path | None = None
+
+
+def leaf_hash(data: bytes) -> bytes:
+    """A record's leaf in a batch: SHA-256 of ``0x00`` and its signing input."""
+    return hashlib.sha256(b"\x00" + data).digest()
+
+
+def node_hash(left: bytes, right: bytes) -> bytes:
+    """An inner node of a batch's tree: SHA-256 of ``0x01``, the left and the right child."""
+    return hashlib.sha256(b"\x01" + left + right).digest()
+
+
+def batch_message(root: bytes) -> bytes:
+    """What a batch's signature covers: ``bb-sig/1 batch``, a line break, the root."""
+    return BATCH_SCHEME.encode("ascii") + b"\n" + root
+
+
+def merkle_tree(leaves: list[bytes]) -> tuple[bytes, list[Path]]:
+    """The root over ``leaves`` and each leaf's path to it.
+
+    Level by level, neighbours pair up left to right; the last node of an odd
+    level goes up unchanged (no step in its leaves' paths).
+    """
+    if not leaves:
+        raise ValueError("a batch needs at least one record")
+    paths: list[list[tuple[str, bytes]]] = [[] for _ in leaves]
+    #: each node of the current level, with the leaves under it
+    level: list[tuple[bytes, list[int]]] = [(leaf, [i]) for i, leaf in enumerate(leaves)]
+    while len(level) > 1:
+        up: list[tuple[bytes, list[int]]] = []
+        for n in range(0, len(level) - 1, 2):
+            (left, under_left), (right, under_right) = level[n], level[n + 1]
+            for i in under_left:
+                paths[i].append(("R", right))
+            for i in under_right:
+                paths[i].append(("L", left))
+            up.append((node_hash(left, right), under_left + under_right))
+        if len(level) % 2:
+            up.append(level[-1])
+        level = up
+    return level[0][0], [tuple(p) for p in paths]
+
+
+def fold_path(leaf: bytes, path: Path) -> bytes:
+    """The root a leaf's path leads to."""
+    node = leaf
+    for side, sibling in path:
+        node = node_hash(sibling, node) if side == "L" else node_hash(node, sibling)
+    return node
+
+
+def encode_path(path: Path) -> str:
+    """The ``Bb-Sig-Path`` text of a path: per step ``L``/``R`` and the sibling's unpadded
+    base64url, joined by ``.``."""
+    return ".".join(side + base64.urlsafe_b64encode(sibling).rstrip(b"=").decode("ascii")
+                    for side, sibling in path)
+
+
+def parse_path(text: str) -> Path:
+    """Read a ``Bb-Sig-Path`` header.
+
+    Raises:
+        InvalidPayloadError: not 1 to :data:`MAX_PATH_STEPS` steps of the form.
+    """
+    steps = text.split(".")
+    if not text or len(steps) > MAX_PATH_STEPS:
+        raise InvalidPayloadError(f"Bb-Sig-Path holds 1 to {MAX_PATH_STEPS} steps")
+    out: list[tuple[str, bytes]] = []
+    for step in steps:
+        if not _STEP_RE.fullmatch(step):
+            raise InvalidPayloadError("a Bb-Sig-Path step is L or R and 43 characters of base64url")
+        raw = base64.urlsafe_b64decode(step[1:] + "=")
+        if len(raw) != _HASH_BYTES or base64.urlsafe_b64encode(raw).rstrip(b"=").decode("ascii") != step[1:]:
+            raise InvalidPayloadError("a Bb-Sig-Path step is not the canonical base64url of 32 bytes")
+        out.append((step[0], raw))
+    return tuple(out)
 
 
 def _line(value: str | None, what: str) -> str:
@@ -156,4 +264,5 @@ def parse_signature(headers: Mapping[str, str] | None) -> SignatureHeaders | Non
         raise InvalidPayloadError("Bb-Sig is not the canonical base64url of 64 bytes")
     if not headers.get(_MSG_ID):
         raise InvalidPayloadError("a signed message needs a Nats-Msg-Id")
-    return SignatureHeaders(key, int(stamp), raw)
+    path = headers.get(_SIG_PATH)
+    return SignatureHeaders(key, int(stamp), raw, None if path is None else parse_path(path))

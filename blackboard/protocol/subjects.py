@@ -160,6 +160,9 @@ class Header(StrEnum):
     SIG_KEY = "Bb-Sig-Key"
     SIG_TIME = "Bb-Sig-Time"
     SIG = "Bb-Sig"
+    #: On a record signed in a batch: its Merkle path to the batch's signed root
+    #: (``L``/``R`` and a sibling hash, unpadded base64url, per step, joined by ``.``).
+    SIG_PATH = "Bb-Sig-Path"
 
 
 #: Units of a Go duration, as nats-server reads ``Nats-TTL`` (e.g. ``90s``, ``1h30m``, ``1.5h``).

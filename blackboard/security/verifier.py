@@ -26,7 +26,15 @@ from nacl.bindings import crypto_sign_open
 from nacl.exceptions import BadSignatureError, CryptoError
 
 from blackboard.protocol.errors import InvalidPayloadError
-from blackboard.protocol.signing import SignatureHeaders, Verdict, parse_signature, signing_input
+from blackboard.protocol.signing import (
+    SignatureHeaders,
+    Verdict,
+    batch_message,
+    fold_path,
+    leaf_hash,
+    parse_signature,
+    signing_input,
+)
 from blackboard.security.certificates import KeyInfo
 
 __all__ = ["KeyLookup", "Signed", "Verifier"]
@@ -85,7 +93,37 @@ def _raw_key(public_key: str) -> bytes | None:
     return raw[1:33] if len(raw) == 35 else None
 
 
-def _valid(item: Signed, sig: SignatureHeaders, key: bytes) -> bool:
+#: Batch roots whose signature was checked, kept (key, root, signature -> valid) up to this many.
+_ROOTS_KEPT = 4096
+
+
+def _signed_by(data: bytes, sig: SignatureHeaders, key: bytes, roots: dict[bytes, bool] | None) -> bool:
+    """Whether ``sig`` signs the signing input ``data``: directly, or, for a record of a batch,
+    the root its path leads to (each root checked once: ``roots`` keeps the answers)."""
+    if sig.path is None:
+        message = data
+        memo = b""
+    else:
+        root = fold_path(leaf_hash(data), sig.path)
+        message = batch_message(root)
+        memo = key + root + sig.signature
+        if roots is not None:
+            known = roots.get(memo)
+            if known is not None:
+                return known
+    try:
+        crypto_sign_open(sig.signature + message, key)
+        valid = True
+    except (BadSignatureError, CryptoError, ValueError, TypeError):
+        valid = False
+    if memo and roots is not None:
+        if len(roots) >= _ROOTS_KEPT:
+            roots.clear()
+        roots[memo] = valid
+    return valid
+
+
+def _valid(item: Signed, sig: SignatureHeaders, key: bytes, roots: dict[bytes, bool] | None = None) -> bool:
     """Whether the signature verifies over the payload as received or, failing that and
     when the payload is not already canonical, over the record's canonical bytes."""
     headers = item.headers or {}
@@ -93,11 +131,8 @@ def _valid(item: Signed, sig: SignatureHeaders, key: bytes) -> bool:
         data = signing_input(item.subject, headers, sig.signed_at_us, sig.public_key, item.payload)
     except InvalidPayloadError:
         return False
-    try:
-        crypto_sign_open(sig.signature + data, key)
+    if _signed_by(data, sig, key, roots):
         return True
-    except (BadSignatureError, CryptoError, ValueError, TypeError):
-        pass
     if item.canonical is None:
         return False
     try:
@@ -107,11 +142,7 @@ def _valid(item: Signed, sig: SignatureHeaders, key: bytes) -> bool:
     if record == item.payload:
         return False
     data = signing_input(item.subject, headers, sig.signed_at_us, sig.public_key, record)
-    try:
-        crypto_sign_open(sig.signature + data, key)
-        return True
-    except (BadSignatureError, CryptoError, ValueError, TypeError):
-        return False
+    return _signed_by(data, sig, key, roots)
 
 
 class Verifier:
@@ -127,6 +158,8 @@ class Verifier:
         self.stats["cache_hits"] = 0
         self._cache: OrderedDict[tuple[str, int], tuple[Verdict, str]] = OrderedDict()
         self._raw: dict[str, bytes | None] = {}
+        #: The answers for batch roots already checked (see :func:`_signed_by`).
+        self._roots: dict[bytes, bool] = {}
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
 
     # -- the cache ---------------------------------------------------------------
@@ -216,7 +249,7 @@ class Verifier:
         if isinstance(prepared, Verdict):
             return prepared
         sig, info, raw = prepared
-        return self._finish(item, sig, info, _valid(item, sig, raw))
+        return self._finish(item, sig, info, _valid(item, sig, raw, self._roots))
 
     def _signer_key(self, item: Signed) -> str | None:
         """The signing key of an item to look up first (None: cached, unsigned, malformed or known)."""
@@ -264,12 +297,13 @@ class Verifier:
             elif pooled:
                 work.append((i, item, *keyed))
             else:
-                out[i] = self._finish(item, sig, keyed[1], _valid(item, sig, keyed[2]))
+                out[i] = self._finish(item, sig, keyed[1], _valid(item, sig, keyed[2], self._roots))
         if work:
             loop = asyncio.get_running_loop()
             pool = self._executor()
             chunks = [work[n:n + _CHUNK] for n in range(0, len(work), _CHUNK)]
-            results = await asyncio.gather(*(loop.run_in_executor(pool, _check_chunk, chunk) for chunk in chunks))
+            results = await asyncio.gather(*(loop.run_in_executor(pool, _check_chunk, chunk, self._roots)
+                                             for chunk in chunks))
             for chunk, valid in zip(chunks, results, strict=True):
                 for (i, item, sig, info, _), ok in zip(chunk, valid, strict=True):
                     out[i] = self._finish(item, sig, info, ok)
@@ -287,6 +321,8 @@ class Verifier:
             self._pool = None
 
 
-def _check_chunk(chunk: Sequence[tuple[int, Signed, SignatureHeaders, KeyInfo, bytes]]) -> list[bool]:
-    """The crypto of one chunk (in a pool thread: pure, touches no shared state)."""
-    return [_valid(item, sig, raw) for _, item, sig, _, raw in chunk]
+def _check_chunk(chunk: Sequence[tuple[int, Signed, SignatureHeaders, KeyInfo, bytes]],
+                 roots: dict[bytes, bool]) -> list[bool]:
+    """The crypto of one chunk (in a pool thread; the only shared state is ``roots``, whose
+    single-key reads and writes are atomic)."""
+    return [_valid(item, sig, raw, roots) for _, item, sig, _, raw in chunk]

@@ -19,7 +19,14 @@ from blackboard.protocol.signing import (
     SCHEME,
     SignatureHeaders,
     Verdict,
+    batch_message,
+    encode_path,
     encode_signature,
+    fold_path,
+    leaf_hash,
+    merkle_tree,
+    node_hash,
+    parse_path,
     parse_signature,
     signing_input,
 )
@@ -389,3 +396,66 @@ async def test_verify_many_runs_concurrently_with_the_loop() -> None:
         task.cancel()
         v.close()
     assert ticks > 1  # the loop ran while the pool checked signatures
+
+
+# -- batch signatures ---------------------------------------------------------------
+def test_merkle_tree_paths_lead_every_leaf_to_the_root() -> None:
+    for n in (1, 2, 3, 5, 8, 13, 32, 33):
+        leaves = [leaf_hash(bytes([i]) * 7) for i in range(n)]
+        root, paths = merkle_tree(leaves)
+        assert all(fold_path(leaf, path) == root for leaf, path in zip(leaves, paths, strict=True))
+        assert max(len(p) for p in paths) == (n - 1).bit_length()
+        for path in paths:
+            if path:
+                assert parse_path(encode_path(path)) == path
+    # leaves and inner nodes are hashed apart: a leaf of two leaves' bytes is not their parent
+    a, b = leaf_hash(b"a"), leaf_hash(b"b")
+    assert node_hash(a, b) != leaf_hash(a + b)
+    assert batch_message(b"\x00" * 32) == b"bb-sig/1 batch\n" + b"\x00" * 32
+    for bad in ("", "X" + "A" * 43, "L" + "A" * 42, "L" + "A" * 43 + ".", ".".join(["L" + "A" * 43] * 33)):
+        with pytest.raises(InvalidPayloadError):
+            parse_path(bad)
+
+
+@pytest.mark.asyncio
+async def test_a_batch_verifies_record_by_record_with_one_signature_check(monkeypatch: pytest.MonkeyPatch) -> None:
+    alice = _creds("alice")
+    keys = Keys(alice)
+    v = _verifier(keys)
+    signer = Signer(alice)
+    writes = [(f"{SUBJECT}{i}", {Header.MSG_ID.value: f"m-{i}"}, f"record {i}".encode()) for i in range(20)]
+    signer.sign_batch(writes)
+    sigs = {h[Header.SIG.value] for _, h, _ in writes}
+    assert len(sigs) == 1 and all(Header.SIG_PATH.value in h for _, h, _ in writes)
+    now = datetime.now(UTC)
+    import blackboard.security.verifier as verifier_module
+
+    calls = 0
+    real_open = verifier_module.crypto_sign_open
+
+    def counting_open(signed: bytes, key: bytes) -> bytes:
+        nonlocal calls
+        calls += 1
+        return real_open(signed, key)
+
+    monkeypatch.setattr(verifier_module, "crypto_sign_open", counting_open)
+    for subject, headers, record in writes:
+        assert await v.verify(Signed(subject, headers, record, now, "alice")) is Verdict.VERIFIED
+    assert calls == 1  # the root's signature, checked once for the whole batch
+    # a record of the batch changed, moved to another subject, or given another record's path
+    subject, headers, record = writes[3]
+    assert await v.verify(Signed(subject, headers, record + b"!", now, "alice")) is Verdict.BAD_SIGNATURE
+    assert await v.verify(Signed(writes[4][0], headers, record, now, "alice")) is Verdict.BAD_SIGNATURE
+    swapped = {**headers, Header.SIG_PATH.value: writes[4][1][Header.SIG_PATH.value]}
+    assert await v.verify(Signed(subject, swapped, record, now, "alice")) is Verdict.BAD_SIGNATURE
+    assert await v.verify(Signed(subject, {**headers, Header.SIG_PATH.value: "L"}, record, now, "alice")) \
+        is Verdict.MALFORMED
+    # signed again alone (a re-send), the path goes
+    signer.sign(subject, headers, record)
+    assert Header.SIG_PATH.value not in headers
+    assert await v.verify(Signed(subject, headers, record, now, "alice")) is Verdict.VERIFIED
+    # one write alone is signed as by sign()
+    single = [(SUBJECT, {Header.MSG_ID.value: "solo"}, b"solo")]
+    signer.sign_batch(single)
+    assert Header.SIG_PATH.value not in single[0][1]
+    assert await v.verify(Signed(SUBJECT, single[0][1], b"solo", now, "alice")) is Verdict.VERIFIED
