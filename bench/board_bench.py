@@ -13,12 +13,24 @@ measures both in the same run, variants of both servers alternating, and
 adds what authorization costs (figures on the authorized bus / the open bus).
 The header line says which bus each table is of.
 
+The SDK runs as agents run it: it signs every write (Ed25519 over the
+record's canonical encoding, docs/security.md "Signatures") and verifies what
+it reads. What the get and fan-out phases read is written by another identity
+(``bench-writer``), so the reader verifies it; a process keeps the verdict of
+each stored revision, so a second read of one is not checked again. The same
+phases also run the SDK with ``security.sign``/``verify`` false (the same
+agent, a second connection: "signatures off"), which shows what signatures cost
+the SDK in the same run.
+
 * put, get and compare-and-set update: throughput and p50/p99 latency of
   ``Board.put`` / ``Board.get`` / ``Board.update`` next to nats-py's
   ``kv.put`` / ``kv.get`` / ``kv.update`` on the same bucket. The raw calls
-  send the same bytes the SDK sends (an envelope encoded once, beforehand),
-  so the SDK's figure includes encoding the envelope, validating the names and
-  keys, the ``Nats-Msg-Id`` header and decoding on reads;
+  send the same bytes the SDK sends (an envelope encoded once, beforehand,
+  unsigned), so the SDK's figure includes encoding the envelope, signing it,
+  validating the names and keys, the ``Nats-Msg-Id`` header and decoding and
+  verifying on reads. Gets cycle over ``--keys`` keys (each revision verified on
+  its first read); "get, each read a new revision" reads ``--ops`` revisions
+  once each, so every read is verified;
 * the pipelined write path (``async with board.pipeline() as p``) next to raw
   ``js.publish_async`` + ``gather``, with the same bound on pending acks;
 * watch fan-out: one writer at a fixed rate, 20 watchers, delivery latency
@@ -29,8 +41,8 @@ The header line says which bus each table is of.
 
 Raw and SDK rounds alternate (order reversed every round) and every figure is
 the median over rounds; ratios are medians of the per-round ratios. Targets:
-SDK >= 0.9x raw for put/get/CAS, pipelined >= 0.8x raw, fan-out p99 <= 1.25x
-raw. ``--profile`` prints where the SDK spends its time (cProfile).
+SDK >= 0.85x raw for put/get/CAS and pipelined >= 0.75x raw with signatures
+(0.9x and 0.8x with them off), fan-out p99 <= 1.25x raw. ``--profile`` prints where the SDK spends its time (cProfile).
 
 Run: ``python bench/board_bench.py`` (60-90 s on 2 cores; twice that with
 ``--with-open-bus``).
@@ -89,9 +101,16 @@ BOARD = "bench"
 AGENT = "bench-sdk"
 #: Variant-name suffix of the open bus's variants in a ``--with-open-bus`` run.
 OPEN = "@open"
-TARGET_SEQ = 0.9
-TARGET_PIPE = 0.8
+#: Targets of the SDK as agents run it, signing every write and verifying what it reads (issue 20).
+TARGET_SEQ = 0.85
+TARGET_PIPE = 0.75
 TARGET_FANOUT_P99 = 1.25
+#: Targets of the SDK with signatures off (``security.sign``/``verify`` false), as before signatures.
+TARGET_SEQ_PLAIN = 0.9
+TARGET_PIPE_PLAIN = 0.8
+#: Who writes what the get and fan-out phases read: another identity than the reader, so that the
+#: reader verifies what it reads (a process does not check its own writes again).
+WRITER = "bench-writer"
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +131,10 @@ class Ctx:
     settings: Settings
     agent: Agent
     board: Board
+    #: The reader's board handle with signatures off (``security.sign``/``verify`` false).
+    plain: Board
+    #: Another identity's board handle: the writer of what the get and fan-out phases read.
+    writer: Board
     raw_nc: NATS
     js: JetStreamContext
     kv: KeyValue
@@ -148,16 +171,34 @@ async def raw_put_id(ctx: Ctx, r: int) -> Op:
     return lambda i: js.publish(f"{prefix}{i % keys}", payload, headers=ctx.msg_id())
 
 
-async def _prefill(ctx: Ctx, section: str) -> None:
-    async with ctx.board.pipeline() as p:
-        for i in range(ctx.args.keys):
+async def plain_put(ctx: Ctx, r: int) -> Op:
+    section, keys, value, board = f"put-plain-{r}", ctx.args.keys, ctx.value, ctx.plain
+    return lambda i: board.put(section, f"k{i % keys}", value)
+
+
+async def _prefill(ctx: Ctx, section: str, keys: int | None = None) -> None:
+    """``keys`` keys (default ``--keys``) written by the writer identity, signed."""
+    async with ctx.writer.pipeline() as p:
+        for i in range(ctx.args.keys if keys is None else keys):
             await p.put(section, f"k{i}", ctx.value)
 
 
-async def sdk_get(ctx: Ctx, r: int) -> Op:
-    section, keys, board = f"get-sdk-{r}", ctx.args.keys, ctx.board
-    await _prefill(ctx, section)
+def _get(board: Board, section: str, keys: int) -> Op:
     return lambda i: board.get(section, f"k{i % keys}")
+
+
+async def sdk_get(ctx: Ctx, r: int) -> Op:
+    """Gets cycling over ``--keys`` keys another identity wrote: each revision is verified on
+    its first read, later reads find the verdict the process keeps."""
+    section = f"get-sdk-{r}"
+    await _prefill(ctx, section)
+    return _get(ctx.board, section, ctx.args.keys)
+
+
+async def plain_get(ctx: Ctx, r: int) -> Op:
+    section = f"get-plain-{r}"
+    await _prefill(ctx, section)
+    return _get(ctx.plain, section, ctx.args.keys)
 
 
 async def raw_get(ctx: Ctx, r: int) -> Op:
@@ -167,8 +208,21 @@ async def raw_get(ctx: Ctx, r: int) -> Op:
     return lambda i: kv.get(f"{prefix}{i % keys}")
 
 
-async def sdk_cas(ctx: Ctx, r: int) -> Op:
-    section, keys, value, board = f"cas-sdk-{r}", ctx.args.keys, ctx.value, ctx.board
+async def sdk_get_new(ctx: Ctx, r: int) -> Op:
+    """Every get reads a revision this process never read: each one is verified."""
+    section = f"new-sdk-{r}"
+    await _prefill(ctx, section, ctx.args.ops)
+    return _get(ctx.board, section, ctx.args.ops)
+
+
+async def raw_get_new(ctx: Ctx, r: int) -> Op:
+    section, kv = f"new-raw-{r}", ctx.kv
+    await _prefill(ctx, section, ctx.args.ops)
+    prefix = f"{BOARD}.{section}.k"
+    return lambda i: kv.get(f"{prefix}{i}")
+
+
+async def _cas(board: Board, section: str, keys: int, value: Any) -> Op:
     revs = [await board.put(section, f"k{i}", value) for i in range(keys)]
 
     async def op(i: int) -> None:
@@ -176,6 +230,14 @@ async def sdk_cas(ctx: Ctx, r: int) -> Op:
         revs[j] = await board.update(section, f"k{j}", value, expected_revision=revs[j])
 
     return op
+
+
+async def sdk_cas(ctx: Ctx, r: int) -> Op:
+    return await _cas(ctx.board, f"cas-sdk-{r}", ctx.args.keys, ctx.value)
+
+
+async def plain_cas(ctx: Ctx, r: int) -> Op:
+    return await _cas(ctx.plain, f"cas-plain-{r}", ctx.args.keys, ctx.value)
 
 
 async def raw_cas(ctx: Ctx, r: int) -> Op:
@@ -192,9 +254,17 @@ async def raw_cas(ctx: Ctx, r: int) -> Op:
 
 # ------------------------------------------------------------------ pipelined
 async def sdk_pipeline(ctx: Ctx, r: int) -> LatencyStats:
-    section, keys, value, n = f"pipe-sdk-{r}", ctx.args.keys, ctx.value, ctx.args.pipeline_ops
+    return await _sdk_pipeline(ctx.board, ctx, f"pipe-sdk-{r}")
+
+
+async def plain_pipeline(ctx: Ctx, r: int) -> LatencyStats:
+    return await _sdk_pipeline(ctx.plain, ctx, f"pipe-plain-{r}")
+
+
+async def _sdk_pipeline(board: Board, ctx: Ctx, section: str) -> LatencyStats:
+    keys, value, n = ctx.args.keys, ctx.value, ctx.args.pipeline_ops
     start = time.perf_counter()
-    async with ctx.board.pipeline() as p:
+    async with board.pipeline() as p:
         for i in range(n):
             await p.put(section, f"k{i % keys}", value)
     elapsed = time.perf_counter() - start
@@ -292,7 +362,8 @@ async def sdk_fanout(ctx: Ctx, r: int) -> FanoutStats:
 
         return [asyncio.create_task(consume(n, w)) for n, w in enumerate(watches)], stop
 
-    return await _fanout(ctx, start, lambda i: board.put(section, f"m{i}", value))
+    # written by another identity (signed), read and verified by the watchers' agent
+    return await _fanout(ctx, start, lambda i: ctx.writer.put(section, f"m{i}", value))
 
 
 async def raw_fanout(ctx: Ctx, r: int) -> FanoutStats:
@@ -375,6 +446,26 @@ def _report(ctx: Ctx, seq: dict[str, dict[str, list[LatencyStats]]],
         summary[name] = {"sdk_rate": med(sdk, "rate"), "raw_rate": med(raw, "rate"), "ratio": ratio,
                          "sdk_p50_us": med(sdk, "p50") * 1e6, "raw_p50_us": med(raw, "p50") * 1e6,
                          "sdk_p99_us": med(sdk, "p99") * 1e6, "raw_p99_us": med(raw, "p99") * 1e6}
+        plain_v = f"plain{suffix}"
+        if plain_v in seq[name]:
+            plain = seq[name][plain_v]
+            plain_ratio = _ratio_median([x.rate for x in plain], [x.rate for x in raw])
+            cost = _ratio_median([x.rate for x in sdk], [x.rate for x in plain])
+            table.add(f"{labels[name]} throughput, signatures off", med(plain, "rate"), med(raw, "rate"), "/s",
+                      min_ratio=TARGET_SEQ_PLAIN, ratio=plain_ratio, note="SDK with security.sign/verify false")
+            table.add(f"{labels[name]}: signatures on / off", med(sdk, "rate"), med(plain, "rate"), "/s",
+                      ratio=cost, note="what signing/verifying costs the SDK")
+            summary[name].update(plain_rate=med(plain, "rate"), plain_ratio=plain_ratio, signature_cost=cost)
+        if name == "get" and f"new-sdk{suffix}" in seq.get("get-new", {}):
+            new, new_raw = seq["get-new"][f"new-sdk{suffix}"], seq["get-new"][f"new-raw{suffix}"]
+            new_ratio = _ratio_median([x.rate for x in new], [x.rate for x in new_raw])
+            table.add("get, each read a new revision", med(new, "rate"), med(new_raw, "rate"), "/s",
+                      min_ratio=TARGET_SEQ, ratio=new_ratio, note="every read verified (none seen before)")
+            table.add("get, each read a new revision p50", med(new, "p50"), med(new_raw, "p50"), "us")
+            table.add("get, each read a new revision p99", med(new, "p99"), med(new_raw, "p99"), "us")
+            summary["get_new"] = {"sdk_rate": med(new, "rate"), "raw_rate": med(new_raw, "rate"),
+                                  "ratio": new_ratio, "sdk_p50_us": med(new, "p50") * 1e6,
+                                  "raw_p50_us": med(new_raw, "p50") * 1e6}
         if rid_v in seq[name]:
             rid = seq[name][rid_v]
             id_ratio = _ratio_median([x.rate for x in sdk], [x.rate for x in rid])
@@ -390,6 +481,15 @@ def _report(ctx: Ctx, seq: dict[str, dict[str, list[LatencyStats]]],
               note="raw: the same with the SDK's Nats-Msg-Id header")
     summary["pipeline"] = {"sdk_rate": med(sdk, "rate"), "raw_rate": med(raw, "rate"), "ratio": ratio,
                            "raw_id_rate": med(rid, "rate"), "ratio_vs_raw_id": id_ratio}
+    if f"plain{suffix}" in seq["pipeline"]:
+        plain = seq["pipeline"][f"plain{suffix}"]
+        plain_ratio = _ratio_median([x.rate for x in plain], [x.rate for x in raw])
+        cost = _ratio_median([x.rate for x in sdk], [x.rate for x in plain])
+        table.add("pipelined writes, signatures off", med(plain, "rate"), med(raw, "rate"), "/s",
+                  min_ratio=TARGET_PIPE_PLAIN, ratio=plain_ratio, note="SDK with security.sign/verify false")
+        table.add("pipelined writes: signatures on / off", med(sdk, "rate"), med(plain, "rate"), "/s",
+                  ratio=cost, note="what signing costs the pipeline")
+        summary["pipeline"].update(plain_rate=med(plain, "rate"), plain_ratio=plain_ratio, signature_cost=cost)
     sdk_f, raw_f = fan[sdk_v], fan[raw_v]
     watchers = ctx.args.watchers
     p99_ratio = _ratio_median([f.p99 for f in sdk_f], [f.p99 for f in raw_f])
@@ -444,7 +544,11 @@ async def _bench_bus(args: argparse.Namespace, base: Settings, sync_interval: st
         settings = bus.settings
         raw_nc = await bus.raw_connect(AGENT, name="bench-raw", pending_size=64 * 1024 * 1024)
         try:
-            async with Agent.connect(AGENT, settings=settings) as agent:
+            plain_settings = settings.model_copy(update={"security": settings.security.model_copy(
+                update={"sign": False, "verify": False})})
+            async with Agent.connect(AGENT, settings=settings) as agent, \
+                    Agent.connect(AGENT, settings=plain_settings) as plain, \
+                    Agent.connect(WRITER, settings=settings) as writer:
                 js = raw_nc.jetstream(timeout=settings.nats.request_timeout)
                 # What js.key_value() returns, without its stream-info call (an agent may not).
                 subjects = Subjects(settings.board.bucket)
@@ -452,7 +556,8 @@ async def _bench_bus(args: argparse.Namespace, base: Settings, sync_interval: st
                               direct=True)
                 value = {"text": "x" * args.value_bytes, "n": 12345}
                 payload = encode_entry(value, author=agent.id)
-                yield Ctx(args, bus, settings, agent, agent.board(BOARD), raw_nc, js, kv, value, payload)
+                yield Ctx(args, bus, settings, agent, agent.board(BOARD), plain.board(BOARD), writer.board(BOARD),
+                          raw_nc, js, kv, value, payload)
         finally:
             await raw_nc.close()
 
@@ -469,13 +574,19 @@ async def run(args: argparse.Namespace) -> int:
         return await _measure(ctxs, sync_interval)
 
 
+#: Variants measured on the authorized bus only (the open bus has no signatures to turn off).
+_SIGNED_ONLY = frozenset({"plain", "new-sdk", "new-raw"})
+
+
 def _variants(ctxs: dict[str, Ctx], fns: dict[str, Callable[[Ctx, int], Awaitable[Any]]]
               ) -> dict[str, Callable[[int], Awaitable[Any]]]:
-    """Every variant of ``fns`` on every bus (named ``<variant><bus suffix>``), bound to its Ctx."""
+    """Every variant of ``fns`` on every bus (named ``<variant><bus suffix>``), bound to its Ctx
+    (the signature-only variants on the authorized bus only)."""
     def bind(fn: Callable[[Ctx, int], Awaitable[Any]], ctx: Ctx) -> Callable[[int], Awaitable[Any]]:
         return lambda r: fn(ctx, r)
 
-    return {f"{name}{suffix}": bind(fn, ctx) for suffix, ctx in ctxs.items() for name, fn in fns.items()}
+    return {f"{name}{suffix}": bind(fn, ctx) for suffix, ctx in ctxs.items() for name, fn in fns.items()
+            if not (ctx.bus.open_bus and name in _SIGNED_ONLY)}
 
 
 async def _measure(ctxs: dict[str, Ctx], sync_interval: str) -> int:
@@ -498,16 +609,18 @@ async def _measure(ctxs: dict[str, Ctx], sync_interval: str) -> int:
 
     seq: dict[str, dict[str, list[LatencyStats]]] = {}
     phases: list[tuple[str, dict[str, Callable[[Ctx, int], Awaitable[Op]]]]] = [
-        ("put", {"raw": raw_put, "raw+id": raw_put_id, "sdk": sdk_put}),
-        ("get", {"raw": raw_get, "sdk": sdk_get}),
-        ("cas", {"raw": raw_cas, "sdk": sdk_cas}),
+        ("put", {"raw": raw_put, "raw+id": raw_put_id, "sdk": sdk_put, "plain": plain_put}),
+        ("get", {"raw": raw_get, "sdk": sdk_get, "plain": plain_get}),
+        ("get-new", {"new-raw": raw_get_new, "new-sdk": sdk_get_new}),
+        ("cas", {"raw": raw_cas, "sdk": sdk_cas, "plain": plain_cas}),
     ]
     for name, fns in phases:
         seq[name] = await interleaved_ops(args.rounds, args.ops, args.block, _variants(ctxs, fns))
         print(f"  {name}: done ({time.perf_counter() - started:.0f}s)", flush=True)
     seq["pipeline"] = await alternate(
         args.pipeline_rounds,
-        _variants(ctxs, {"raw": raw_pipeline, "raw+id": raw_pipeline_id, "sdk": sdk_pipeline}),
+        _variants(ctxs, {"raw": raw_pipeline, "raw+id": raw_pipeline_id, "sdk": sdk_pipeline,
+                         "plain": plain_pipeline}),
         between=_between)
     print(f"  pipeline: done ({time.perf_counter() - started:.0f}s)", flush=True)
     fan = await alternate(args.fanout_rounds, _variants(ctxs, {"raw": raw_fanout, "sdk": sdk_fanout}),
@@ -526,13 +639,17 @@ async def _measure(ctxs: dict[str, Ctx], sync_interval: str) -> int:
             f"{name} " + " ".join(f"{s.rate / r.rate:.2f}" for s, r in zip(
                 seq[name]["sdk" + suffix], seq[name]["raw" + suffix], strict=True))
             for name in ("put", "get", "cas", "pipeline"))
+            + ("" if c.bus.open_bus else ", get (new revisions) " + " ".join(
+                f"{s.rate / r.rate:.2f}" for s, r in zip(seq["get-new"]["new-sdk"], seq["get-new"]["new-raw"],
+                                                         strict=True)))
             + "; fan-out p99 " + " ".join(f"{s.p99 / r.p99:.2f}" for s, r in zip(
                 fan["sdk" + suffix], fan["raw" + suffix], strict=True)))
         misses += [f"{r.name} ({c.bus.label})" for r in table.misses]
     if OPEN in ctxs:
         print()
         print(_auth_cost(seq, fan).render())
-    print(f"targets: put/get/CAS >= {TARGET_SEQ}x raw, pipelined >= {TARGET_PIPE}x raw async publish, "
+    print(f"targets: put/get/CAS >= {TARGET_SEQ}x raw (signing and verifying; {TARGET_SEQ_PLAIN}x with "
+          f"signatures off), pipelined >= {TARGET_PIPE}x raw async publish ({TARGET_PIPE_PLAIN}x off), "
           f"fan-out p99 <= {TARGET_FANOUT_P99}x raw KV watch -> "
           + ("all met" if not misses else "missed: " + ", ".join(misses)))
     print(f"total {time.perf_counter() - started:.0f}s")
