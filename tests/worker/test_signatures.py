@@ -38,6 +38,7 @@ from tests._worker_helpers import (
     dead_letters,
     delete_entry,
     entry_payload,
+    fresh_db,
     memory_payload,
     publish_signed,
     put_entry,
@@ -343,10 +344,12 @@ def test_a_dead_letter_reason_names_the_signer_and_the_claim() -> None:
 async def test_a_worker_on_the_open_bus_stores_unsigned_rows(open_settings: Settings, postgres_server: Any,
                                                              unique: str) -> None:
     """Without a credential (the insecure open bus) nothing can be verified: rows are stored
-    ``unsigned``, none is dead-lettered for its signature."""
+    ``unsigned``, none is dead-lettered for its signature. (A database of its own: the open
+    server's stream sequences are not the session server's.)"""
     from blackboard.settings import PostgresSettings
 
-    s = _settings(open_settings.model_copy(update={"postgres": PostgresSettings(dsn=postgres_server.dsn)}), unique,
+    dsn = fresh_db(postgres_server, unique)
+    s = _settings(open_settings.model_copy(update={"postgres": PostgresSettings(dsn=dsn)}), unique,
                   serve_search=False, embed=False)
     nc = await connect_nats(s, name="test-open-bus")
     try:
