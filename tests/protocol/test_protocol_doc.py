@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import hashlib
 import re
 from datetime import UTC, datetime
 from pathlib import Path
@@ -144,10 +145,17 @@ def _signature_section(doc: str) -> str:
     return doc[doc.index("## 14. Signatures"):doc.index("## 15. JSON Schemas")]
 
 
+def _subsection(doc: str, heading: str) -> str:
+    """The text of a ``### 14.x`` subsection of §14, up to the next one."""
+    section = _signature_section(doc)
+    start = section.index(heading)
+    end = section.find("\n### ", start + len(heading))
+    return section[start:] if end < 0 else section[start:end]
+
+
 def _example(doc: str) -> tuple[dict[str, str], list[str]]:
     """The worked example's table (name -> value) and its fenced blocks, in order."""
-    section = _signature_section(doc)
-    example = section[section.index("### 14.9 Worked example"):]
+    example = _subsection(doc, "### 14.9 Worked example")
     rows = dict(re.findall(r"^\| `?([^|`]+?)`? \| `([^`]+)`", example, re.MULTILINE))
     blocks = re.findall(r"```\n(.*?)```", example, re.DOTALL)
     return rows, blocks
@@ -236,6 +244,124 @@ def test_signature_headers_and_verdicts_are_documented_in_order(doc: str) -> Non
     section = _signature_section(doc)
     headers = section[section.index("### 14.1"):section.index("### 14.2")]
     assert re.findall(r"^\| `(Bb-[A-Za-z-]+)` \|", headers, re.MULTILINE) == [
-        Header.SIG_KEY.value, Header.SIG_TIME.value, Header.SIG.value]
+        Header.SIG_KEY.value, Header.SIG_TIME.value, Header.SIG.value, Header.SIG_PATH.value]
     verdicts = section[section.index("### 14.5"):section.index("### 14.6")]
     assert re.findall(r"^\| `(\w+)` \|", verdicts, re.MULTILINE) == [v.value for v in Verdict]
+
+
+def _batch_example(doc: str) -> tuple[dict[str, str], list[tuple[str, str, str]], dict[int, str], list[str]]:
+    """§14.10's worked example: the shared table, the records (subject, msg id, JSON), the paths
+    by record number and the fenced blocks, in order."""
+    text = _subsection(doc, "### 14.10 Batch signatures")
+    example = text[text.index("#### Worked example"):]
+    shared = dict(re.findall(r"^\| `?([^|`]+?)`? \| `([^`]+)`", example, re.MULTILINE))
+    records = re.findall(r"^\| \d \| `([^`]+)` \| `([^`]+)` \| `([^`]+)` \|$", example, re.MULTILINE)
+    paths = {int(n): path for n, path in re.findall(r"^\| (\d) \| `([^`]+)` \|$", example, re.MULTILINE)}
+    blocks = re.findall(r"```\n(.*?)```", example, re.DOTALL)
+    return shared, records, paths, blocks
+
+
+def _b64(digest: bytes) -> str:
+    return base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
+
+
+def _named_hashes(block: str) -> dict[str, bytes]:
+    return {name: bytes.fromhex(value) for name, value in re.findall(r"^(\w+) += ([0-9a-f]{64})$", block,
+                                                                        re.MULTILINE)}
+
+
+def test_batch_signature_example_is_what_the_signer_produces(doc: str) -> None:
+    from nacl.signing import VerifyKey
+
+    from blackboard.protocol.signing import (
+        BATCH_SCHEME,
+        batch_message,
+        encode_path,
+        fold_path,
+        leaf_hash,
+        merkle_tree,
+        node_hash,
+        parse_path,
+        parse_signature,
+        signing_input,
+    )
+    from blackboard.security.certificates import KeyInfo
+    from blackboard.security.jwt import Credentials, encode, new_seed, user_claims
+    from blackboard.security.signer import Signer
+    from blackboard.security.verifier import Signed, Verifier
+
+    shared, records, paths, blocks = _batch_example(doc)
+    lines0, leaves_block, nodes_block, message_hex, signature = blocks
+    seed, key, signed_at = shared["seed"], shared["Bb-Sig-Key"], int(shared["Bb-Sig-Time"])
+    assert len(records) == 3 and sorted(paths) == [0, 1, 2]
+    assert seed in _subsection(doc, "### 14.9 Worked example")  # the same key as the single example
+
+    writes: list[tuple[str, dict[str, str], bytes]] = []
+    for subject, msg_id, record_json in records:
+        record = validate_wire(EntryEnvelope, codec.decode(record_json.encode(), "json")).canonical_bytes()
+        writes.append((subject, {Header.MSG_ID.value: msg_id}, record))
+    inputs = [signing_input(subject, headers, signed_at, key, record) for subject, headers, record in writes]
+
+    # record 0's eight lines as shown, and the lengths the text states
+    assert inputs[0] == lines0.encode() + writes[0][2]
+    text = _subsection(doc, "### 14.10 Batch signatures")
+    assert f"record 0 ({len(inputs[0])} bytes)" in text and f"its {len(writes[0][2])} canonical bytes" in text
+    assert f"record 1's ({len(inputs[1])} bytes)" in text and f"record 2's ({len(inputs[2])}" in text
+
+    # the leaves, the inner node and the root, by the rules of the text
+    leaves = [hashlib.sha256(b"\x00" + data).digest() for data in inputs]
+    assert _named_hashes(leaves_block) == {"L0": leaves[0], "L1": leaves[1], "L2": leaves[2]}
+    assert [leaf_hash(data) for data in inputs] == leaves
+    inner = hashlib.sha256(b"\x01" + leaves[0] + leaves[1]).digest()
+    root = hashlib.sha256(b"\x01" + inner + leaves[2]).digest()
+    assert _named_hashes(nodes_block) == {"N": inner, "root": root}
+    assert node_hash(inner, leaves[2]) == root
+    tree_root, tree_paths = merkle_tree(leaves)
+    assert tree_root == root
+
+    # the batch message, and the signature over it
+    message = _hex(message_hex)
+    assert message == BATCH_SCHEME.encode() + b"\n" + root == batch_message(root)
+    assert len(message) == 47 and b"bb-sig/1 batch" == BATCH_SCHEME.encode() and len(BATCH_SCHEME) == 14
+    raw = base64.b32decode(key + "=" * (-len(key) % 8))
+    parsed_sig = base64.urlsafe_b64decode(signature.strip() + "==")
+    VerifyKey(raw[1:33]).verify(message, parsed_sig)
+
+    # the paths: text as shown, each folding its leaf to the root (sibling on L: node(s, h))
+    assert paths[0] == f"R{_b64(leaves[1])}.R{_b64(leaves[2])}"
+    assert paths[1] == f"L{_b64(leaves[0])}.R{_b64(leaves[2])}"
+    assert paths[2] == f"L{_b64(inner)}"
+    for n, leaf in enumerate(leaves):
+        assert encode_path(tree_paths[n]) == paths[n]
+        assert fold_path(leaf, parse_path(paths[n])) == root
+
+    # the Signer signs the batch so: shared key, time and signature, each record its path
+    account = new_seed("account")
+    jwt = encode(user_claims(key, "a1", issued_at=1735787000, pub_allow=[], sub_allow=[]), account)
+    signer = Signer(Credentials(jwt, seed))
+    signer.sign_batch(writes, now_us=signed_at)
+    for n, (_, headers, _) in enumerate(writes):
+        assert headers[Header.SIG_KEY.value] == key and headers[Header.SIG_TIME.value] == str(signed_at)
+        assert headers[Header.SIG.value] == signature.strip()
+        assert headers[Header.SIG_PATH.value] == paths[n]
+        parsed = parse_signature(headers)
+        assert parsed is not None and parsed.path == parse_path(paths[n])
+
+    # a verifier that knows the key accepts each record with its own path, and none with another's
+    class _Keys:
+        def lookup(self, public_key: str) -> KeyInfo | None:
+            return KeyInfo(key, "a1", "agent", datetime(2025, 1, 1, tzinfo=UTC)) if public_key == key else None
+
+        def revoked_at(self, public_key: str) -> datetime | None:
+            return None
+
+        async def ensure(self, public_key: str) -> KeyInfo | None:
+            return self.lookup(public_key)
+
+    verifier = Verifier(_Keys(), max_skew=30.0, cache_size=0)
+    stored = datetime.fromtimestamp(signed_at / 1_000_000, UTC)
+    for subject, headers, record in writes:
+        assert verifier.check(Signed(subject, headers, record, stored_at=stored, author="a1")) == "verified"
+    subject, headers, record = writes[0]
+    swapped = {**headers, Header.SIG_PATH.value: paths[1]}
+    assert verifier.check(Signed(subject, swapped, record, stored_at=stored, author="a1")) == "bad_signature"
