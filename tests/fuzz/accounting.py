@@ -20,7 +20,7 @@ from nats.js import JetStreamContext
 
 from blackboard.protocol.errors import InvalidKeyError, InvalidPayloadError
 from blackboard.protocol.subjects import MEMORY_STREAM, MESSAGE_STREAM, VOTE_STREAM, Subjects
-from tests._worker_helpers import certify, signed_headers
+from tests._worker_helpers import certify, signed_headers, signer
 from tests.fuzz.strategies import Wire
 
 __all__ = ["CrashLog", "Published", "account", "publish_all", "report", "unaccounted"]
@@ -55,10 +55,20 @@ class Published:
     fate: str = "missing"
 
 
-def _headers(w: Wire) -> dict[str, str] | None:
+def _signable(principal: str) -> bool:
+    """Whether the test authority issues ``principal`` a credential (a mutated voter may be a
+    subject token no identity can have)."""
+    try:
+        signer(principal)
+    except Exception:
+        return False
+    return True
+
+
+def _headers(w: Wire, signers: set[str]) -> dict[str, str] | None:
     """The wire's headers, signed by its signer over the bytes published (unsigned when it has
     none, or when a header cannot be signed: a line break in a covered value)."""
-    if w.signer is None:
+    if w.signer is None or w.signer not in signers:
         return w.headers
     try:
         return signed_headers(w.signer, w.subject, w.data, w.headers)
@@ -69,12 +79,13 @@ def _headers(w: Wire) -> dict[str, str] | None:
 async def publish_all(js: JetStreamContext, wires: Sequence[Wire], *, timeout: float = 10.0) -> list[Published]:
     """Publish each message raw, signed by its signer (:attr:`Wire.signer`), and wait for its
     acknowledgement (in order)."""
-    await certify(js, *sorted({w.signer for w in wires if w.signer is not None}))
+    signers = {p for p in {w.signer for w in wires if w.signer is not None} if _signable(p)}
+    await certify(js, *sorted(signers))
     out: list[Published] = []
     for w in wires:
         p = Published(w)
         try:
-            ack = await js.publish(w.subject, w.data, headers=_headers(w), timeout=timeout)
+            ack = await js.publish(w.subject, w.data, headers=_headers(w, signers), timeout=timeout)
         except Exception as exc:  # refused by the client or the server: not our worker's business
             p.refused = f"{type(exc).__name__}: {exc}"[:200]
             p.fate = "refused"
