@@ -941,10 +941,8 @@ class Watch:
             self._queue.put_nowait(None)
 
 
-#: Writes a pipeline signs with one signature (a Merkle batch: docs/protocol.md, "Signatures"),
-#: and how many signed batches may wait to go out at a time (beyond that, ``put`` waits).
+#: Writes a pipeline signs with one signature (a Merkle batch: docs/protocol.md, "Signatures").
 _SIGN_BATCH = 32
-_SIGN_AHEAD = 4
 
 
 def _chain(source: asyncio.Future[int], target: asyncio.Future[int]) -> None:
@@ -987,7 +985,9 @@ class Pipeline:
         #: Writes waiting to be signed (with the futures handed to their callers), and the tasks
         #: that sign a batch and then send it, each after the one before.
         self._unsigned: list[tuple[_Prepared, asyncio.Future[int]]] = []
-        self._batches: list[asyncio.Task[None]] = []
+        #: The task sending a short batch dispatched when the caller yielded (the next batch
+        #: goes after it).
+        self._sending: asyncio.Task[None] | None = None
         #: Errors of writes that could not be sent from a signed batch (``flush`` raises the first).
         self._failed: list[Exception] = []
         self._dispatch_soon = False
@@ -1028,37 +1028,36 @@ class Pipeline:
         fut: asyncio.Future[int] = loop.create_future()
         self._unsigned.append((prep, fut))
         if len(self._unsigned) >= _SIGN_BATCH:
-            await self._sign_batch()
+            # the caller's own turn sends a full batch (no task, no extra yield)
+            if self._sending is not None:
+                await asyncio.wait([self._sending])
+            await self._send_signed(self._take_batch())
         elif not self._dispatch_soon:
             # a short batch goes as soon as the caller yields: its ack still comes without a flush
             self._dispatch_soon = True
             loop.call_soon(self._dispatch)
         return fut
 
-    def _dispatch(self) -> None:
-        """Sign the waiting writes as one batch; a task sends them, after the batch before it.
-        A write the batch cannot sign is signed (or fails) alone as it goes out."""
-        self._dispatch_soon = False
+    def _take_batch(self) -> list[tuple[_Prepared, asyncio.Future[int]]]:
+        """The waiting writes, signed as one batch (a write the batch cannot sign is signed,
+        or fails, alone as it goes out)."""
         batch, self._unsigned = self._unsigned, []
-        if not batch:
-            return
-        signer = self.store._signer
-        assert signer is not None
-        with contextlib.suppress(BlackboardError):
-            signer.sign_batch([(prep.subject, prep.headers, prep.record) for prep, _ in batch])
-        previous = self._batches[-1] if self._batches else None
-        self._batches.append(asyncio.create_task(self._send_signed(batch, previous)))
+        if batch:
+            signer = self.store._signer
+            assert signer is not None
+            with contextlib.suppress(BlackboardError):
+                signer.sign_batch([(prep.subject, prep.headers, prep.record) for prep, _ in batch])
+        return batch
 
-    async def _sign_batch(self) -> None:
-        """:meth:`_dispatch`, first waiting while ``_SIGN_AHEAD`` batches are in progress."""
-        self._batches = [t for t in self._batches if not t.done()]
-        while len(self._batches) >= _SIGN_AHEAD:
-            await asyncio.wait([self._batches[0]])
-            self._batches = [t for t in self._batches if not t.done()]
-        self._dispatch()
+    def _dispatch(self) -> None:
+        """Sign the waiting writes and send them in a task, after what is being sent."""
+        self._dispatch_soon = False
+        batch = self._take_batch()
+        if batch:
+            self._sending = asyncio.create_task(self._send_signed(batch, self._sending))
 
     async def _send_signed(self, batch: list[tuple[_Prepared, asyncio.Future[int]]],
-                           previous: asyncio.Task[None] | None) -> None:
+                           previous: asyncio.Task[None] | None = None) -> None:
         if previous is not None:
             await asyncio.wait([previous])  # in order (its failure is its callers' business)
         for n, (prep, fut) in enumerate(batch):
@@ -1087,10 +1086,10 @@ class Pipeline:
 
     async def _drain_signing(self) -> None:
         """Sign and send every write waiting for its signature (``flush`` first does this)."""
-        await self._sign_batch()
-        batches, self._batches = self._batches, []
-        if batches:
-            await asyncio.wait(batches)
+        if self._sending is not None:
+            await asyncio.wait([self._sending])
+            self._sending = None
+        await self._send_signed(self._take_batch())
 
     async def _send_now(self, prep: _Prepared, *, sign: Sign | None) -> asyncio.Future[int]:
         # The publisher waits by itself while max_pending_writes acks are
