@@ -33,14 +33,22 @@
 //   (d) in section `attack_section`: publishes to `tamper_key` a payload changed
 //       after signing, and to `forged_key` an entry whose author is
 //       `forged_author`, signed with its own key; it reads both back and
-//       reports its own verdicts.
+//       reports its own verdicts;
+//   (e) with `batch_keys`: reads those entries of `batch_section`, which the SDK
+//       wrote through a pipeline (signed in one batch, docs/protocol.md §14.10),
+//       verifies each (one signature check for the batch), and checks that the
+//       first does not verify with the second's path, nor without a path;
+//   (f) with `node_batch_keys`: writes one entry to each of those keys of
+//       `batch_section`, the writes signed as one batch, and reads them back.
 // With `"mode": "refusals"` it instead reports what the server refuses: a
 // connection without a credential, and a write to `board` (one the agent holds
 // no right on), next to a write to `own_board` (one it does), a direct get on
 // `board`, and the bare direct get whose body names the subject.
 // With `"mode": "example"` it connects nowhere: it computes the worked example
 // of docs/protocol.md §14.9 from the scenario's inputs and prints the record's
-// canonical bytes, the signing input and the signature.
+// canonical bytes, the signing input and the signature; with
+// `"mode": "example_batch"`, that of §14.10 (the leaves, the root, the batch
+// message, the signature and each record's path).
 // It prints one JSON line with what it saw and wrote, and exits 0; any
 // protocol violation it notices exits 1 with {"ok": false, "error": ...}.
 
@@ -49,8 +57,8 @@ import { readFileSync } from "node:fs";
 import { connect, createInbox, credsAuthenticator, headers as natsHeaders, Empty } from "nats";
 import { decode as mpDecode } from "@msgpack/msgpack";
 import {
-  canonicalEnvelope, canonicalOfPayload, issuerOf, readCertificate, sign, signerFromCreds, signerFromSeed,
-  signingInput, timestampUs, verdict,
+  batchMessage, canonicalEnvelope, canonicalOfPayload, issuerOf, leafHash, readCertificate, sign, signBatch,
+  signerFromCreds, signerFromSeed, signingInput, SIG, SIG_PATH, timestampUs, verdict,
 } from "./signing.mjs";
 
 // ---------------------------------------------------------------- protocol
@@ -211,6 +219,23 @@ class Board {
     }
   }
 
+  /** Write envelopes [{section, key, env}] (puts), signed as one batch (docs/protocol.md
+   * §14.10); each is published as its own message, in order. Returns their acks. */
+  async writeBatch(board, writes) {
+    const prepared = writes.map(({ section, key, env }) => {
+      const h = natsHeaders();
+      h.set("Nats-Msg-Id", randomUUID());
+      return { subject: entrySubject(this.bucket, board, section, key), headers: h, record: canonicalEnvelope(env) };
+    });
+    signBatch(this.signer, prepared);
+    const out = [];
+    for (const { subject, headers, record } of prepared) {
+      const ack = await this.js.publish(subject, record, { headers, timeout: 5000 });
+      out.push({ ok: true, revision: ack.seq, subject, path: headers.get(SIG_PATH), signature: headers.get(SIG) });
+    }
+    return out;
+  }
+
   /** Write an envelope, signed; expectedRevision 0 = create, n = compare-and-set, null = put.
    * The payload is the envelope's canonical encoding (msgpack), or with encoding
    * "json" its JSON (the signature still covers the canonical encoding).
@@ -252,6 +277,8 @@ class Keys {
     this.trusted = trustedAccounts;
     this.certs = new Map();
     this.revoked = {};
+    // the batch roots already checked, and how many signature checks were made
+    this.memo = { roots: new Map(), checks: 0 };
   }
 
   async last(subject) {
@@ -291,19 +318,30 @@ class Keys {
   }
 
   /** The verdict on a stored entry (docs/protocol.md §14.5), its signer's certificate fetched first. */
-  async verify(entry, payload = entry.payload) {
-    const key = entry.headers?.get("Bb-Sig-Key");
+  async verify(entry, payload = entry.payload, headers = entry.headers) {
+    const key = headers?.get("Bb-Sig-Key");
     if (key) await this.ensure(key);
     return verdict({
-      subject: entry.subject, headers: entry.headers, payload, storedAtUs: entry.stored_at_us,
+      subject: entry.subject, headers, payload, storedAtUs: entry.stored_at_us,
       author: entry.operation === "PUT" ? entry.envelope?.author ?? null : null,
-      canonical: () => canonicalOfPayload(entry.headers, payload),
-    }, this);
+      canonical: () => canonicalOfPayload(headers, payload),
+    }, this, { memo: this.memo });
   }
 }
 
 function expect(cond, message) {
   if (!cond) throw new Error(message);
+}
+
+/** A copy of message headers with `name` set to `value` (or removed when null). */
+function withHeader(h, name, value) {
+  const copy = natsHeaders();
+  for (const k of h.keys()) {
+    if (k === name) continue;
+    for (const v of h.values(k)) copy.append(k, v);
+  }
+  if (value !== null) copy.set(name, value);
+  return copy;
 }
 
 // ---------------------------------------------------------------- connecting
@@ -440,6 +478,44 @@ async function run(sc) {
     expect(forged.ok, `forged write refused by the server: ${JSON.stringify(forged)}`);
     out.tamper = { ...tamper, verdict: await keys.verify(await bb.get(sc.board, sc.attack_section, sc.tamper_key)) };
     out.forged = { ...forged, verdict: await keys.verify(await bb.get(sc.board, sc.attack_section, sc.forged_key)) };
+
+    // (e) the SDK's pipelined writes, signed in one batch: each verifies, the batch's signature checked once;
+    // the first record with the second's path (or with none) does not verify
+    if (sc.batch_keys) {
+      const entries = [];
+      for (const key of sc.batch_keys) {
+        const e = await bb.get(sc.board, sc.batch_section, key);
+        expect(!e.status, `direct get of ${key} failed: ${e.status} ${e.description}`);
+        entries.push(e);
+      }
+      const before = keys.memo.checks;
+      const verdicts = [];
+      for (const e of entries) verdicts.push(await keys.verify(e));
+      const checks = keys.memo.checks - before;
+      const [first, second] = entries;
+      out.batch = {
+        verdicts,
+        signature_checks: checks,
+        values: entries.map((e) => e.envelope.value),
+        paths: entries.map((e) => e.headers.get(SIG_PATH) || null),
+        signatures: [...new Set(entries.map((e) => e.headers.get(SIG)))].length,
+        swapped_path_verdict: await keys.verify(first, first.payload,
+          withHeader(first.headers, SIG_PATH, second.headers.get(SIG_PATH))),
+        no_path_verdict: await keys.verify(first, first.payload, withHeader(first.headers, SIG_PATH, null)),
+        bad_path_verdict: await keys.verify(first, first.payload, withHeader(first.headers, SIG_PATH, "R-short")),
+      };
+    }
+
+    // (f) three writes signed by us as one batch, read back and verified by ourselves
+    if (sc.node_batch_keys) {
+      const written = await bb.writeBatch(sc.board, sc.node_batch_keys.map((key, i) => ({
+        section: sc.batch_section, key, env: envelope({ n: i, from: "node batch" }, sc.author, { tags: ["batch"] }),
+      })));
+      const verdicts = [];
+      for (const key of sc.node_batch_keys) verdicts.push(await keys.verify(await bb.get(sc.board, sc.batch_section,
+        key)));
+      out.node_batch = { written, verdicts };
+    }
     return out;
   } finally {
     await nc.drain();
@@ -508,6 +584,23 @@ function example(sc) {
     signing_input_hex: Buffer.from(input).toString("hex"), signature: h.get("Bb-Sig") };
 }
 
+/** docs/protocol.md §14.10, computed from its inputs (no server): `records` [{subject, msg_id, record}]. */
+function exampleBatch(sc) {
+  const signer = signerFromSeed(sc.seed);
+  const at = BigInt(sc.signed_at_us);
+  const writes = sc.records.map(({ subject, msg_id: msgId, record }) => {
+    const h = natsHeaders();
+    h.set("Nats-Msg-Id", msgId);
+    return { subject, headers: h, record: canonicalEnvelope(JSON.parse(record)) };
+  });
+  const leaves = writes.map((w) => leafHash(signingInput(w.subject, w.headers, at, signer.publicKey, w.record)));
+  const { root } = signBatch(signer, writes, at);
+  const hex = (b) => Buffer.from(b).toString("hex");
+  return { ok: true, public_key: signer.publicKey, leaves: leaves.map(hex), root: hex(root),
+    batch_message_hex: hex(batchMessage(root)), signatures: writes.map((w) => w.headers.get(SIG)),
+    times: writes.map((w) => w.headers.get("Bb-Sig-Time")), paths: writes.map((w) => w.headers.get(SIG_PATH)) };
+}
+
 const raw = process.argv[2] ?? process.env.BB_INTEROP_SCENARIO;
 if (!raw) {
   console.error("usage: node interop.mjs '<json scenario>'");
@@ -515,7 +608,7 @@ if (!raw) {
 }
 try {
   const sc = JSON.parse(raw);
-  const modes = { refusals, example, run };
+  const modes = { refusals, example, example_batch: exampleBatch, run };
   const result = await (modes[sc.mode ?? "run"] ?? run)(sc);
   console.log(JSON.stringify(result));
 } catch (err) {

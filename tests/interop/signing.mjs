@@ -1,11 +1,14 @@
 // Record signatures in JavaScript, written from docs/protocol.md §13 (canonical
 // encoding) and §14 (signatures) alone: the canonical encoding of an entry
 // envelope, the bb-sig/1 signing input, signing with the nkey seed of a
-// `.creds` file, reading a certificate (a user JWT) and the verdicts of §14.5.
+// `.creds` file, reading a certificate (a user JWT) and the verdicts of §14.5;
+// and batch signatures (§14.10): one signature over the root of a SHA-256
+// Merkle tree of many records' signing inputs, each record with its path.
 //
 // Ed25519 and the nkey encodings come from nkeys.js (the nats package's own
-// dependency); nothing else is needed.
+// dependency), SHA-256 from node:crypto; nothing else is needed.
 
+import { createHash } from "node:crypto";
 import { fromPublic, fromSeed } from "nkeys.js";
 import { decode as mpDecode } from "@msgpack/msgpack";
 
@@ -13,6 +16,10 @@ export const SCHEME = "bb-sig/1";
 export const SIG_KEY = "Bb-Sig-Key";
 export const SIG_TIME = "Bb-Sig-Time";
 export const SIG = "Bb-Sig";
+export const SIG_PATH = "Bb-Sig-Path";
+export const BATCH_SCHEME = "bb-sig/1 batch";
+const MAX_PATH_STEPS = 32;
+const PATH_STEP = /^[LR][A-Za-z0-9_-]{43}$/;
 const COVERED = ["Nats-Expected-Last-Subject-Sequence", "KV-Operation", "Nats-TTL"];
 const USER_KEY = /^U[A-Z2-7]{55}$/;
 const TIME = /^(0|[1-9][0-9]{0,18})$/;
@@ -176,6 +183,88 @@ export function sign(signer, subject, headers, record, signedAtUs = BigInt(Date.
   headers.set(SIG, b64url(signer.kp.sign(data)));
 }
 
+// ---------------------------------------------------------------- batch signatures (§14.10)
+function sha256(...parts) {
+  const h = createHash("sha256");
+  for (const part of parts) h.update(part);
+  return new Uint8Array(h.digest());
+}
+
+/** A record's leaf: SHA-256 of 0x00 and its signing input. */
+export const leafHash = (input) => sha256(Uint8Array.of(0), input);
+/** An inner node: SHA-256 of 0x01, the left and the right child. */
+export const nodeHash = (left, right) => sha256(Uint8Array.of(1), left, right);
+
+/** What a batch's signature covers: "bb-sig/1 batch", a line feed, the 32 bytes of the root. */
+export function batchMessage(root) {
+  const head = utf8.encode(`${BATCH_SCHEME}\n`);
+  const all = new Uint8Array(head.length + root.length);
+  all.set(head);
+  all.set(root, head.length);
+  return all;
+}
+
+/** The root over `leaves` and each leaf's path ([[side, sibling], ...], bottom up): level by
+ * level, neighbours pair up left to right; the last node of an odd level goes up unchanged. */
+export function merkleTree(leaves) {
+  if (leaves.length === 0) throw new Error("a batch needs at least one record");
+  const paths = leaves.map(() => []);
+  let level = leaves.map((hash, i) => ({ hash, under: [i] }));
+  while (level.length > 1) {
+    const up = [];
+    for (let n = 0; n + 1 < level.length; n += 2) {
+      const [left, right] = [level[n], level[n + 1]];
+      for (const i of left.under) paths[i].push(["R", right.hash]); // the sibling is on the right
+      for (const i of right.under) paths[i].push(["L", left.hash]);
+      up.push({ hash: nodeHash(left.hash, right.hash), under: [...left.under, ...right.under] });
+    }
+    if (level.length % 2) up.push(level[level.length - 1]);
+    level = up;
+  }
+  return { root: level[0].hash, paths };
+}
+
+/** The root a leaf's path leads to (a sibling on L: node(sibling, h); on R: node(h, sibling)). */
+export function foldPath(leaf, path) {
+  let h = leaf;
+  for (const [side, sibling] of path) h = side === "L" ? nodeHash(sibling, h) : nodeHash(h, sibling);
+  return h;
+}
+
+/** The Bb-Sig-Path text: per step L or R and the sibling's unpadded base64url, joined by ".". */
+export const encodePath = (path) => path.map(([side, sibling]) => side + b64url(sibling)).join(".");
+
+/** A Bb-Sig-Path read: its steps, or null when it is not 1 to 32 steps of the form. */
+export function parsePath(text) {
+  const steps = text.split(".");
+  if (!text || steps.length > MAX_PATH_STEPS) return null;
+  const path = [];
+  for (const step of steps) {
+    if (!PATH_STEP.test(step)) return null;
+    const sibling = unb64url(step.slice(1));
+    if (sibling.length !== 32 || b64url(sibling) !== step.slice(1)) return null;
+    path.push([step[0], sibling]);
+  }
+  return path;
+}
+
+/** Sign many writes ({subject, headers, record}) with one signature: each gets the three
+ * headers (the same for all) and its own Bb-Sig-Path. One write alone is signed alone. */
+export function signBatch(signer, writes, signedAtUs = BigInt(Date.now()) * 1000n) {
+  if (writes.length === 1) return sign(signer, writes[0].subject, writes[0].headers, writes[0].record, signedAtUs);
+  const leaves = writes.map((w) => leafHash(signingInput(w.subject, w.headers, signedAtUs, signer.publicKey,
+    w.record)));
+  const { root, paths } = merkleTree(leaves);
+  const signature = b64url(signer.kp.sign(batchMessage(root)));
+  writes.forEach((w, i) => {
+    w.headers.set(SIG_KEY, signer.publicKey);
+    w.headers.set(SIG_TIME, String(signedAtUs));
+    w.headers.set(SIG, signature);
+    w.headers.set(SIG_PATH, encodePath(paths[i]));
+  });
+  return { root, paths };
+}
+
 // ---------------------------------------------------------------- certificates (§14.6)
 function jsonPart(text) {
   return JSON.parse(Buffer.from(text, "base64url").toString("utf8"));
@@ -220,7 +309,8 @@ export function readCertificate(publicKey, jwt, trustedAccounts) {
 }
 
 // ---------------------------------------------------------------- verdicts (§14.5)
-/** The signature headers of a message: null (unsigned), "malformed", or {key, timeUs, sig}. */
+/** The signature headers of a message: null (unsigned), "malformed", or {key, timeUs, sig, path}
+ * (path: null for a record signed alone). */
 export function parseSignature(headers) {
   const key = headers?.get(SIG_KEY) || null;
   const time = headers?.get(SIG_TIME) || null;
@@ -230,7 +320,9 @@ export function parseSignature(headers) {
   if (!USER_KEY.test(key) || !TIME.test(time) || !SIG_TEXT.test(sig)) return "malformed";
   const raw = unb64url(sig);
   if (raw.length !== 64 || b64url(raw) !== sig || !headers.get("Nats-Msg-Id")) return "malformed";
-  return { key, timeUs: BigInt(time), sig: raw };
+  if (!headers.has(SIG_PATH)) return { key, timeUs: BigInt(time), sig: raw, path: null };
+  const path = parsePath(headers.get(SIG_PATH));
+  return path === null ? "malformed" : { key, timeUs: BigInt(time), sig: raw, path };
 }
 
 /**
@@ -238,16 +330,30 @@ export function parseSignature(headers) {
  *   msg: {subject, headers, payload (bytes as received), storedAtUs (BigInt),
  *         author (the record's author field; null for a tombstone), canonical (() => bytes, or null)}
  *   keys: {certificate(publicKey) -> {principal, kind} | null, revokedAt(publicKey) -> unix seconds | null}
+ *   memo: {roots: Map, checks: number}: the answers for batch roots already checked (one
+ *     signature check per batch), and how many signature checks were made
  */
-export function verdict(msg, keys, maxSkewUs = 30_000_000n) {
+export function verdict(msg, keys, { maxSkewUs = 30_000_000n, memo = { roots: new Map(), checks: 0 } } = {}) {
   const parsed = parseSignature(msg.headers);
   if (parsed === null) return "unsigned";
   if (parsed === "malformed") return "malformed";
   const cert = keys.certificate(parsed.key);
   if (!cert) return "unknown_key";
   const kp = fromPublic(parsed.key);
-  const check = (record) => kp.verify(signingInput(msg.subject, msg.headers, parsed.timeUs, parsed.key, record),
-    parsed.sig);
+  const check = (record) => {
+    const input = signingInput(msg.subject, msg.headers, parsed.timeUs, parsed.key, record);
+    if (parsed.path === null) {
+      memo.checks += 1;
+      return kp.verify(input, parsed.sig);
+    }
+    const root = foldPath(leafHash(input), parsed.path);
+    const seen = `${parsed.key}.${b64url(root)}.${b64url(parsed.sig)}`;
+    if (!memo.roots.has(seen)) {
+      memo.checks += 1;
+      memo.roots.set(seen, kp.verify(batchMessage(root), parsed.sig));
+    }
+    return memo.roots.get(seen);
+  };
   let valid = check(msg.payload);
   if (!valid && msg.canonical) { // payload first; then its record's canonical encoding, if that differs
     let record = null;

@@ -17,8 +17,12 @@ the SDK reads as ``verified``; it verifies the SDK's signature itself (the
 certificate fetched and checked against the account key, the signature over
 the signing input); and a payload it changes after signing, or an entry it
 signs with another agent as author, is refused by the SDK's strict reads
-(``UnverifiedRecordError``) and by its own verifier. The worked example of
-§14.9 is recomputed by the Node code from the document's inputs.
+(``UnverifiedRecordError``) and by its own verifier. Batch signatures
+(§14.10): the Node client verifies entries the SDK wrote through
+``board.pipeline()`` (signed as one batch: one signature check for all), and
+refuses one given another record's path; it signs a batch of three writes of
+its own, which the SDK reads as ``verified``. The worked examples of §14.9 and
+§14.10 are recomputed by the Node code from the document's inputs.
 
 Needs ``node`` on PATH (skipped with a reason otherwise); the npm packages
 pinned in ``package-lock.json`` are installed by the test (``npm ci``) when
@@ -113,6 +117,12 @@ async def test_node_client_reads_sdk_entry_and_writes_with_cas(settings: Setting
         before = datetime.now(UTC)
         rev_py = await board.put(section, URL_KEY, value, tags=["from-python", "interop"],
                                  metadata={"lang": "python", "nested": {"k": [1, 2]}})
+        # pipelined writes, which the SDK signs in batches (docs/protocol.md §14.10): five in one
+        batch_keys = [f"py-{i}" for i in range(5)]
+        async with board.pipeline() as pipe:
+            for i, key in enumerate(batch_keys):
+                await pipe.put("batch", key, {"i": i})
+        node_batch_keys = [f"node-{i}" for i in range(3)]
 
         result = _run_node(node, {
             **_connection(settings, test_auth, node_agent),
@@ -129,6 +139,9 @@ async def test_node_client_reads_sdk_entry_and_writes_with_cas(settings: Setting
             "tamper_key": "tampered",
             "forged_key": "forged",
             "forged_author": "py-agent",
+            "batch_section": "batch",
+            "batch_keys": batch_keys,
+            "node_batch_keys": node_batch_keys,
         })
 
         # the Node client published its certificate, under its own key
@@ -218,6 +231,33 @@ async def test_node_client_reads_sdk_entry_and_writes_with_cas(settings: Setting
         assert refused.value.verdict == Verdict.WRONG_AUTHOR
         assert refused.value.signer == node_agent
 
+        # (e) the SDK's pipelined writes: one signature for the five, each with its own path (three steps
+        # for the first four, one for the fifth, the last of an odd level); Node verified all five with one
+        # signature check, and not the first with the second's path, without one, or with a broken one
+        batch = result["batch"]
+        assert batch["values"] == [{"i": i} for i in range(5)]
+        assert batch["signatures"] == 1
+        assert [len(p.split(".")) for p in batch["paths"]] == [3, 3, 3, 3, 1]
+        assert len(set(batch["paths"])) == 5
+        assert batch["verdicts"] == ["verified"] * 5
+        assert batch["signature_checks"] == 1
+        assert batch["swapped_path_verdict"] == "bad_signature"
+        assert batch["no_path_verdict"] == "bad_signature"
+        assert batch["bad_path_verdict"] == "malformed"
+
+        # (f) Node signed three writes as one batch: the SDK reads each as verified (and Node did)
+        written = result["node_batch"]["written"]
+        assert [w["ok"] for w in written] == [True] * 3
+        assert len({w["signature"] for w in written}) == 1
+        assert [len(w["path"].split(".")) for w in written] == [2, 2, 1]
+        assert result["node_batch"]["verdicts"] == ["verified"] * 3
+        for n, (key, w) in enumerate(zip(node_batch_keys, written, strict=True)):
+            entry = await board.get("batch", key)
+            assert (entry.revision, entry.author, entry.value) == (w["revision"], node_agent,
+                                                                  {"n": n, "from": "node batch"})
+            assert entry.verdict == Verdict.VERIFIED
+        assert sorted(await board.keys("batch")) == sorted(batch_keys + node_batch_keys)
+
         # the SDK sees the same conflict for the same stale revision
         with pytest.raises(ConflictError) as info:
             await board.update(section, URL_KEY, "stale from python", expected_revision=rev_py)
@@ -267,7 +307,7 @@ def test_node_signing_reproduces_the_worked_example_of_the_protocol_doc() -> Non
     node = _node()
     _ensure_node_modules()
     doc = PROTOCOL_DOC.read_text(encoding="utf-8")
-    example = doc[doc.index("### 14.9 Worked example"):doc.index("## 15.")]
+    example = doc[doc.index("### 14.9 Worked example"):doc.index("### 14.10")]
     rows = dict(re.findall(r"^\| `?([^|`]+?)`? \| `([^`]+)`", example, re.MULTILINE))
     record_hex, _lines, input_hex, signature = re.findall(r"```\n(.*?)```", example, re.DOTALL)
 
@@ -279,3 +319,28 @@ def test_node_signing_reproduces_the_worked_example_of_the_protocol_doc() -> Non
     assert result["record_hex"] == record_hex.replace(" ", "").replace("\n", "")
     assert result["signing_input_hex"] == input_hex.replace(" ", "").replace("\n", "")
     assert result["signature"] == signature.strip()
+
+
+def test_node_batch_signing_reproduces_the_batch_example_of_the_protocol_doc() -> None:
+    """docs/protocol.md §14.10 from its inputs, in JavaScript: leaves, root, batch message, signature, paths."""
+    node = _node()
+    _ensure_node_modules()
+    doc = PROTOCOL_DOC.read_text(encoding="utf-8")
+    section = doc[doc.index("### 14.10 Batch signatures"):doc.index("## 15.")]
+    example = section[section.index("#### Worked example"):]
+    shared = dict(re.findall(r"^\| `?([^|`]+?)`? \| `([^`]+)`", example, re.MULTILINE))
+    records = re.findall(r"^\| \d \| `([^`]+)` \| `([^`]+)` \| `([^`]+)` \|$", example, re.MULTILINE)
+    paths = re.findall(r"^\| \d \| `([^`]+)` \|$", example, re.MULTILINE)
+    _lines, leaves, nodes, message_hex, signature = re.findall(r"```\n(.*?)```", example, re.DOTALL)
+    named = dict(re.findall(r"^(\w+) += ([0-9a-f]{64})$", leaves + nodes, re.MULTILINE))
+
+    result = _run_node(node, {"mode": "example_batch", "seed": shared["seed"], "signed_at_us": shared["Bb-Sig-Time"],
+                              "records": [{"subject": s, "msg_id": m, "record": r} for s, m, r in records]})
+
+    assert result["public_key"] == shared["Bb-Sig-Key"]
+    assert result["leaves"] == [named["L0"], named["L1"], named["L2"]]
+    assert result["root"] == named["root"]
+    assert result["batch_message_hex"] == message_hex.replace(" ", "").replace("\n", "")
+    assert result["signatures"] == [signature.strip()] * 3
+    assert result["times"] == [shared["Bb-Sig-Time"]] * 3
+    assert result["paths"] == paths
