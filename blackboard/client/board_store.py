@@ -613,9 +613,9 @@ class BoardStore:
 
         Cheap however many keys there are: the server lists the bucket's
         subjects (one API request, no message read), which names every board
-        that has held a key; then each board's latest revisions are read
-        (headers only, a few boards at a time) until a live one, which is
-        usually the first. Only a board whose every key is deleted or purged
+        that has held a key and its keys; then each board's keys are read by
+        direct get of their last revision (a few boards at a time) until a live
+        one that verifies, which is usually the first. Only a board whose every key is deleted or purged
         is read through. Past ``_MAX_SUBJECT_DETAILS`` subjects (one page of
         the server's listing) every key's latest revision is scanned instead.
 
@@ -628,23 +628,23 @@ class BoardStore:
         Raises:
             NotConnectedError, OperationTimeoutError, TransportError: the listing failed.
         """
-        candidates = await self._boards_named()
-        if candidates is None:
+        named = await self._boards_named()
+        if named is None:
             scanned = {p.board for p in await self._scan_keys(self.subjects.entry_filter())}
             return sorted(b for b in scanned if where is None or where(b))
-        if where is not None:
-            candidates = [b for b in candidates if where(b)]
+        candidates = [b for b in sorted(named) if where is None or where(b)]
         slots = asyncio.Semaphore(_LIVE_CHECKS)
 
         async def live(board: str) -> bool:
             async with slots:
-                return await self._has_live_key(board)
+                return await self._has_live_key(board, named[board])
 
         found = await asyncio.gather(*(live(board) for board in candidates))
         return sorted(board for board, ok in zip(candidates, found, strict=True) if ok)
 
-    async def _boards_named(self) -> list[str] | None:
-        """The boards named by the bucket's subjects (None: more subjects than one listing holds)."""
+    async def _boards_named(self) -> dict[str, list[KeyParts]] | None:
+        """The boards named by the bucket's subjects, with their keys (None: more subjects than
+        one listing holds)."""
         try:
             info = await self._js.stream_info(self.subjects.kv_stream, subjects_filter=self.subjects.entry_filter())
         except nats.errors.ConnectionClosedError as exc:
@@ -657,21 +657,33 @@ class BoardStore:
         subjects = info.state.subjects or {}
         if len(subjects) >= _MAX_SUBJECT_DETAILS:
             return None
-        boards: set[str] = set()
+        boards: dict[str, list[KeyParts]] = {}
         for subject in subjects:
             try:
-                boards.add(self.subjects.parse_entry(subject).board)
+                parts = self.subjects.parse_entry(subject)
             except InvalidKeyError:
                 continue  # not a key of ours (written by hand): no board
-        return sorted(boards)
+            boards.setdefault(parts.board, []).append(parts)
+        return boards
 
-    async def _has_live_key(self, board: str) -> bool:
-        """Whether some key of ``board`` is live (stops at the first one found)."""
-        async with Watch(self, self.subjects.entry_filter(board), start="current",
-                         headers_only=self._verifier is None, stop_when_caught_up=True, hidden="remove") as watch:
-            async for change in watch:
-                if change.entry.operation is Operation.PUT:
-                    return True
+    async def _has_live_key(self, board: str, keys: Sequence[KeyParts]) -> bool:
+        """Whether some key of ``board`` is live: its last revision a put that this store's
+        readers show (one direct get per key, stopping at the first live one, usually the first)."""
+        for parts in keys:
+            subject = self.subjects.entry(parts.board, parts.section, parts.key)
+            what = f"{parts.board}.{parts.section}.{parts.key}"
+            msg = await self._request(f"{self._direct_prefix}.{subject}", b"", what)
+            headers = msg.headers or {}
+            if headers.get(Header.STATUS.value) == "404":
+                continue  # gone since the listing
+            self._check_direct(msg, what)
+            try:
+                entry = await self._read(parts, int(headers[Header.SEQUENCE.value]), subject, msg.data, headers,
+                                         parse_server_time(headers.get(Header.TIMESTAMP.value)))
+            except (InvalidKeyError, InvalidPayloadError):
+                continue  # not a readable entry: not live
+            if entry.operation is Operation.PUT and self.shows(entry.verdict):
+                return True
         return False
 
     def follow(
