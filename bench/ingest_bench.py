@@ -60,9 +60,11 @@ from blackboard.worker.ingest import IngestLoop, to_raw
 AUTHOR = "bench"
 
 
-async def _publish(bus: Bus, board: str, n: int) -> None:
+async def _publish(bus: Bus, board: str, n: int, sign_batch: int = 1) -> None:
     """``n`` entries of ``board`` as the agent writes them: canonical records, signed with its
-    credential (all signed before the first is published; on the open bus, unsigned)."""
+    credential (all signed before the first is published; on the open bus, unsigned): each
+    alone (``sign_batch`` 1, as single puts are), or ``sign_batch`` records under one
+    signature (``Signer.sign_batch``, as the SDK's pipelined writes are, 32 at most)."""
     nc = await (bus.connect_as(AUTHOR, "bench-pub") if not bus.open_bus
                 else connect_nats(bus.settings.nats, name="bench-pub"))
     signer = signing_of(nc).signer
@@ -73,12 +75,12 @@ async def _publish(bus: Bus, board: str, n: int) -> None:
         payload, record = encode_entry_record({"i": i, "text": f"entry number {i} of the ingest benchmark"},
                                               author=AUTHOR, content_type="application/json", tags=["bench"],
                                               metadata={"n": i})
-        headers = {Header.MSG_ID.value: uuid.uuid4().hex}
-        if signer is not None:
-            signer.sign(subject, headers, record)
-        writes.append((subject, payload, headers))
+        writes.append((subject, payload, {Header.MSG_ID.value: uuid.uuid4().hex}, record))
+    if signer is not None:
+        for i in range(0, n, sign_batch):
+            signer.sign_batch([(subject, headers, record) for subject, _, headers, record in writes[i:i + sign_batch]])
     js = nc.jetstream()
-    futs = [await js.publish_async(subject, payload, headers=headers) for subject, payload, headers in writes]
+    futs = [await js.publish_async(subject, payload, headers=headers) for subject, payload, headers, _ in writes]
     await asyncio.gather(*futs)
     await nc.close()
 
@@ -191,6 +193,9 @@ async def main() -> None:
                     help="worker.verify_threads (0: the checks run in the event loop's thread)")
     ap.add_argument("--batch-size", type=int, default=WorkerSettings().batch_size, help="worker.batch_size")
     ap.add_argument("--writers", type=int, default=WorkerSettings().ingest_writers, help="worker.ingest_writers")
+    ap.add_argument("--sign-batch", type=int, default=1,
+                    help="records per signature (1: each signed alone, as single puts; 32: as the SDK's "
+                         "pipelined writes, one Ed25519 signature over a Merkle root)")
     ap.add_argument("--switch-interval", type=float, default=None,
                     help="sys.setswitchinterval (seconds) of this process: how long a thread waits for "
                          "the GIL at most before the running thread is made to give it up (default 0.005)")
@@ -217,7 +222,7 @@ async def main() -> None:
         for r in range(args.rounds):
             boards = {p: f"{p.replace(' ', '')}{r}" for p in PHASES}
             for board in boards.values():
-                await _publish(bus, board, n)
+                await _publish(bus, board, n, args.sign_batch)
             order = PHASES[r % 3:] + PHASES[:r % 3]
             for what in order:
                 c0 = cpu_now()
@@ -242,7 +247,7 @@ async def main() -> None:
         on_off = med([a / b for a, b in zip(rates["verify on"], rates["verify off"], strict=True)])
         print(f"entries: {n} per round, batch {batch}, {s.worker.ingest_writers} write transactions in flight, "
               f"verify_threads {s.worker.verify_threads}, switch interval {sys.getswitchinterval() * 1e3:g} ms, "
-              f"{args.rounds} rounds (medians)")
+              f"{args.sign_batch} record(s) per signature, {args.rounds} rounds (medians)")
         print(f"  raw pull-consume (nats-py fetch, ack each): {med(rates['raw']):9.0f} msg/s")
         print(f"  raw COPY of the decoded rows (writer only): {med(copies):9.0f} rows/s")
         for p in ("verify off", "verify on"):
