@@ -23,6 +23,14 @@ their own agent credentials, the same CA and their ``_INBOX.<id>`` prefixes):
   the current values into a dict until the last one (no more pending); a third column adds decoding every envelope to the raw watch
   (the work a view must do), to show where the remaining cost lies.
 
+Every write is signed with the writer's key (as an agent signs it: the
+entry's canonical encoding, docs/security.md "Signatures"), and the view
+verifies each update. The same reader agent also runs a view with
+``security.verify`` false ("not verifying") in the same rounds, so the second
+table shows what verification adds to a view's update latency (target: p99 with
+verification <= 1.25x without). The snapshot's keys are signed one by one (as
+many agents' single puts), so loading it checks one signature per key.
+
 Raw and view rounds alternate (order reversed every round); every figure is
 the median over rounds and the ratio the median of the per-round ratios
 (view / raw: above 1 means slower than raw).
@@ -36,12 +44,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import itertools
 import json
 import platform
 import sys
 import time
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
 from importlib.metadata import version as _version
 from pathlib import Path
 from typing import Any
@@ -65,21 +74,41 @@ from bench._common import (
     paced_writes,
     raw_kv_watch,
 )
+from blackboard.client.keys import publish_certificate
 from blackboard.protocol.entries import decode_entry, encode_entry
-from blackboard.protocol.subjects import Subjects
+from blackboard.protocol.subjects import Header, Subjects
+from blackboard.security.jwt import Credentials
+from blackboard.security.signer import Signer
 from blackboard.settings import Settings
 
 BOARD = "viewbench"
+WRITER = "viewbench-writer"
+#: A view's update p99 with signatures verified, next to the same view not verifying (issue 20).
+TARGET_VERIFY_P99 = 1.25
 
 
 @dataclass(slots=True)
 class Ctx:
     args: argparse.Namespace
     reader: Board
+    #: The same reader agent with verification off (``security.verify`` false): what a view
+    #: costs without checking signatures.
+    unverified: Board
     writer_kv: KeyValue
     reader_js: JetStreamContext
     payload: bytes
     subjects: Subjects
+    #: The writer's signer (None on the open bus): every write is signed as an agent signs it.
+    signer: Signer | None
+    msg_ids: Iterator[int] = field(default_factory=itertools.count)
+
+    async def put(self, section: str, key: str) -> None:
+        """The writer's put of the entry (signed with the writer's key unless on the open bus)."""
+        subject = self.subjects.entry(BOARD, section, key)
+        headers = {Header.MSG_ID.value: f"vb{next(self.msg_ids):x}"}
+        if self.signer is not None:
+            self.signer.sign(subject, headers, self.payload)
+        await self.writer_kv._js.publish(subject, self.payload, headers=headers)
 
 
 # ------------------------------------------------------------------ observers
@@ -114,8 +143,9 @@ class _Arrivals:
 _Observe = Callable[[str, _Arrivals], Awaitable[Callable[[], Awaitable[None]]]]
 
 
-async def _observe_view(ctx: Ctx, section: str, arrivals: _Arrivals) -> Callable[[], Awaitable[None]]:
-    view: View = await ctx.reader.view(section)
+async def _observe_view(ctx: Ctx, section: str, arrivals: _Arrivals, *, verify: bool = True
+                        ) -> Callable[[], Awaitable[None]]:
+    view: View = await (ctx.reader if verify else ctx.unverified).view(section)
 
     def on_change(change: Change) -> None:
         arrivals.record(change.entry.key)
@@ -145,6 +175,8 @@ async def _observe_raw(ctx: Ctx, section: str, arrivals: _Arrivals) -> Callable[
 def _observer(ctx: Ctx, variant: str) -> _Observe:
     if variant == "view":
         return lambda section, arrivals: _observe_view(ctx, section, arrivals)
+    if variant == "view-unverified":
+        return lambda section, arrivals: _observe_view(ctx, section, arrivals, verify=False)
     return lambda section, arrivals: _observe_raw(ctx, section, arrivals)
 
 
@@ -160,7 +192,7 @@ async def pingpong(ctx: Ctx, variant: str, r: int) -> LatencyStats:
         start = clock()
         for i in range(count):
             t = clock()
-            await ctx.writer_kv.put(ctx.subjects.kv_key(BOARD, section, f"m{i}"), ctx.payload)
+            await ctx.put(section, f"m{i}")
             await asyncio.wait_for(arrivals.wait(i), 10.0)
             lat.append(arrivals.times[i] - t)
         elapsed = clock() - start
@@ -177,7 +209,7 @@ async def stream(ctx: Ctx, variant: str, r: int) -> LatencyStats:
     stop = await _observer(ctx, variant)(section, arrivals)
     try:
         t0, sent = await paced_writes(
-            count, rate, lambda i: ctx.writer_kv.put(ctx.subjects.kv_key(BOARD, section, f"m{i}"), ctx.payload))
+            count, rate, lambda i: ctx.put(section, f"m{i}"))
         await asyncio.wait_for(arrivals.done.wait(), 10.0)
         elapsed = time.perf_counter() - t0
     finally:
@@ -195,7 +227,11 @@ async def _prefill(ctx: Ctx) -> float:
     t = time.perf_counter()
     pending: list[asyncio.Future[Any]] = []
     for i in range(n):
-        pending.append(await js.publish_async(ctx.subjects.entry(BOARD, SNAPSHOT_SECTION, f"m{i}"), ctx.payload))
+        subject = ctx.subjects.entry(BOARD, SNAPSHOT_SECTION, f"m{i}")
+        headers = {Header.MSG_ID.value: f"snap{i}"}
+        if ctx.signer is not None:  # each key signed alone (as n agents' single puts): n checks
+            ctx.signer.sign(subject, headers, ctx.payload)
+        pending.append(await js.publish_async(subject, ctx.payload, headers=headers))
         if len(pending) >= 2000:
             await asyncio.gather(*pending)
             pending.clear()
@@ -246,11 +282,18 @@ async def run(args: argparse.Namespace) -> int:
     base = Settings()
     async with embedded_nats(base.nats.sync_interval, open_bus=args.insecure_open_bus, settings=base) as bus:
         settings = bus.settings
-        writer_nc = await bus.raw_connect("viewbench-writer", name="viewbench-writer", pending_size=64 * 1024 * 1024)
+        writer_nc = await bus.raw_connect(WRITER, name=WRITER, pending_size=64 * 1024 * 1024)
         raw_nc = await bus.raw_connect("viewbench-raw-reader", name="viewbench-raw-reader",
                                        pending_size=64 * 1024 * 1024)
         try:
-            async with Agent.connect("viewbench-reader", settings=settings) as agent:
+            unverified = settings.model_copy(update={"security": settings.security.model_copy(
+                update={"verify": False})})
+            signer: Signer | None = None
+            if bus.auth is not None:
+                signer = Signer(Credentials.parse(bus.auth.creds(WRITER).read_text()))
+                await publish_certificate(writer_nc, signer.public_key, signer.certificate, 5.0)
+            async with Agent.connect("viewbench-reader", settings=settings) as agent, \
+                    Agent.connect("viewbench-reader", settings=unverified) as plain:
                 bucket = settings.board.bucket
                 timeout = settings.nats.request_timeout
                 subjects = Subjects(bucket)
@@ -258,8 +301,9 @@ async def run(args: argparse.Namespace) -> int:
                 writer_kv = KeyValue(name=bucket, stream=subjects.kv_stream, pre=subjects.kv_prefix,
                                      js=writer_nc.jetstream(timeout=timeout), direct=True)
                 value = {"text": "x" * args.value_bytes, "n": 12345}
-                payload = encode_entry(value, author="viewbench-writer")
-                ctx = Ctx(args, agent.board(BOARD), writer_kv, raw_nc.jetstream(timeout=timeout), payload, subjects)
+                payload = encode_entry(value, author=WRITER)  # (the canonical encoding: what is signed)
+                ctx = Ctx(args, agent.board(BOARD), plain.board(BOARD), writer_kv, raw_nc.jetstream(timeout=timeout),
+                          payload, subjects, signer)
                 print(f"view_bench: {bus.label}", flush=True)
                 return await _measure(ctx, raw_nc)
         finally:
@@ -280,13 +324,11 @@ async def _measure(ctx: Ctx, raw_nc: NATS) -> int:
         return lambda r: fn(ctx, variant, r)
 
     # warm-up (not measured), on sections of its own (round numbers from 1000)
-    await alternate(1, {"raw": lambda r: pingpong(ctx, "raw", 1000 + r),
-                        "view": lambda r: pingpong(ctx, "view", 1000 + r)})
-    pp = await alternate(args.rounds, {"raw": bind(pingpong, "raw"), "view": bind(pingpong, "view")},
-                         between=_between)
+    variants = ("raw", "view", "view-unverified")
+    await alternate(1, {v: bind(lambda c, variant, r: pingpong(c, variant, 1000 + r), v) for v in variants})
+    pp = await alternate(args.rounds, {v: bind(pingpong, v) for v in variants}, between=_between)
     print(f"  ping-pong: done ({time.perf_counter() - started:.0f}s)", flush=True)
-    st = await alternate(args.stream_rounds, {"raw": bind(stream, "raw"), "view": bind(stream, "view")},
-                         between=_between)
+    st = await alternate(args.stream_rounds, {v: bind(stream, v) for v in variants}, between=_between)
     print(f"  stream: done ({time.perf_counter() - started:.0f}s)", flush=True)
     fill = await _prefill(ctx)
     print(f"  prefilled {args.snapshot_keys} keys in {fill:.1f}s ({time.perf_counter() - started:.0f}s)", flush=True)
@@ -308,6 +350,19 @@ async def _measure(ctx: Ctx, raw_nc: NATS) -> int:
                       note="put -> visible" if p == "p50" else "")
             summary[f"{name.split()[0]}_{p}"] = {"view_us": median(v) * 1e6, "raw_us": median(rw) * 1e6,
                                                  "ratio": _ratio_median(v, rw)}
+    verified_table = Table("view_bench: a view verifying signatures / the same view not verifying (median of "
+                           "rounds; ratio: median of per-round ratios)",
+                           measured_label="verifying", baseline_label="not verifying")
+    for name, runs in (("ping-pong", pp), (f"stream {args.rate:g}/s", st)):
+        view, plain = runs["view"], runs["view-unverified"]
+        for p in ("p50", "p99"):
+            v, pl = [getattr(s, p) for s in view], [getattr(s, p) for s in plain]
+            verified_table.add(f"update latency {name} {p}", median(v), median(pl), "us",
+                               ratio=_ratio_median(v, pl), max_ratio=TARGET_VERIFY_P99 if p == "p99" else None,
+                               note="every update's signature checked" if p == "p50" else "")
+            summary[f"{name.split()[0]}_{p}_verify_cost"] = {"verifying_us": median(v) * 1e6,
+                                                             "unverified_us": median(pl) * 1e6,
+                                                             "ratio": _ratio_median(v, pl)}
     n = args.snapshot_keys
     table.add(f"snapshot load, {n} keys", median(snap["view"]), median(snap["raw"]), "ms",
               ratio=_ratio_median(snap["view"], snap["raw"]), note="raw: values as bytes")
@@ -319,6 +374,8 @@ async def _measure(ctx: Ctx, raw_nc: NATS) -> int:
                            "view_keys_per_s": n / median(snap["view"])}
     print()
     print(table.render())
+    print()
+    print(verified_table.render())
     print(f"snapshot throughput: view {n / median(snap['view']):,.0f} keys/s, raw {n / median(snap['raw']):,.0f} "
           f"keys/s, raw+decode {n / median(snap['raw+decode']):,.0f} keys/s")
     print("per-round ratios (view/raw): ping-pong p50 "
