@@ -106,7 +106,6 @@ BATCH_SCHEME = "bb-sig/1 batch"
 MAX_PATH_STEPS = 32
 _HASH_BYTES = 32
 _HASH_CHARS = 43
-_STEP_RE = re.compile(r"[LR][A-Za-z0-9_-]{43}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,13 +186,40 @@ def parse_path(text: str) -> Path:
         raise InvalidPayloadError(f"Bb-Sig-Path holds 1 to {MAX_PATH_STEPS} steps")
     out: list[tuple[str, bytes]] = []
     for step in steps:
-        if not _STEP_RE.fullmatch(step):
-            raise InvalidPayloadError("a Bb-Sig-Path step is L or R and 43 characters of base64url")
-        raw = base64.urlsafe_b64decode(step[1:] + "=")
-        if len(raw) != _HASH_BYTES or base64.urlsafe_b64encode(raw).rstrip(b"=").decode("ascii") != step[1:]:
-            raise InvalidPayloadError("a Bb-Sig-Path step is not the canonical base64url of 32 bytes")
+        raw = _PATH_STEPS.get(step)
+        if raw is None:
+            raw = _read_step(step)
+            if len(_PATH_STEPS) >= _PATH_STEPS_KEPT:
+                _PATH_STEPS.clear()
+            _PATH_STEPS[step] = raw
         out.append((step[0], raw))
     return tuple(out)
+
+
+#: Steps already read (the upper steps of a batch's paths are shared by many of its records).
+_PATH_STEPS: dict[str, bytes] = {}
+_PATH_STEPS_KEPT = 4096
+_URLSAFE = str.maketrans("-_", "+/")
+
+
+def _read_step(step: str) -> bytes:
+    """One step's sibling hash (its ``L``/``R`` checked too).
+
+    Raises:
+        InvalidPayloadError: not ``L`` or ``R`` and the canonical unpadded base64url of 32 bytes.
+    """
+    if len(step) != 1 + _HASH_CHARS or step[0] not in "LR":
+        raise InvalidPayloadError("a Bb-Sig-Path step is L or R and 43 characters of base64url")
+    text = step[1:]
+    if "+" in text or "/" in text:
+        raise InvalidPayloadError("a Bb-Sig-Path step is not base64url")
+    try:
+        raw = binascii.a2b_base64(text.translate(_URLSAFE) + "=", strict_mode=True)
+    except (binascii.Error, ValueError) as exc:
+        raise InvalidPayloadError("a Bb-Sig-Path step is not base64url") from exc
+    if len(raw) != _HASH_BYTES or base64.urlsafe_b64encode(raw).rstrip(b"=").decode("ascii") != text:
+        raise InvalidPayloadError("a Bb-Sig-Path step is not the canonical base64url of 32 bytes")
+    return raw
 
 
 def _line(value: str | None, what: str) -> str:
