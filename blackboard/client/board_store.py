@@ -98,6 +98,8 @@ _MSG_TOO_BIG = 10054
 _MAX_SUBJECT_DETAILS = 100_000
 #: Boards whose keys boards() reads at once (one ordered consumer each).
 _LIVE_CHECKS = 8
+#: Keys of a board ``boards()`` reads by direct get before it reads the board through.
+_DIRECT_CHECKS = 4
 #: Keys a watch remembers having expired itself, so that a server expiry marker that
 #: follows (a stream with markers) is not delivered as a second removal.
 _EXPIRED_REMEMBERED = 10_000
@@ -613,9 +615,9 @@ class BoardStore:
 
         Cheap however many keys there are: the server lists the bucket's
         subjects (one API request, no message read), which names every board
-        that has held a key and its keys; then each board's keys are read by
-        direct get of their last revision (a few boards at a time) until a live
-        one that verifies, which is usually the first. Only a board whose every key is deleted or purged
+        that has held a key and its keys; then a few keys of each board are read
+        by direct get of their last revision (a few boards at a time) until a
+        live one that verifies, which is usually the first. Only a board whose every key is deleted or purged
         is read through. Past ``_MAX_SUBJECT_DETAILS`` subjects (one page of
         the server's listing) every key's latest revision is scanned instead.
 
@@ -668,8 +670,10 @@ class BoardStore:
 
     async def _has_live_key(self, board: str, keys: Sequence[KeyParts]) -> bool:
         """Whether some key of ``board`` is live: its last revision a put that this store's
-        readers show (one direct get per key, stopping at the first live one, usually the first)."""
-        for parts in keys:
+        readers show. The first few keys are read by direct get (one of them is live, usually
+        the first); a board with more keys than that and none of them live is read through by
+        one consumer (its keys' latest revisions, stopping at the first live one)."""
+        for parts in keys[:_DIRECT_CHECKS]:
             subject = self.subjects.entry(parts.board, parts.section, parts.key)
             what = f"{parts.board}.{parts.section}.{parts.key}"
             msg = await self._request(f"{self._direct_prefix}.{subject}", b"", what)
@@ -684,6 +688,13 @@ class BoardStore:
                 continue  # not a readable entry: not live
             if entry.operation is Operation.PUT and self.shows(entry.verdict):
                 return True
+        if len(keys) <= _DIRECT_CHECKS:
+            return False
+        async with Watch(self, self.subjects.entry_filter(board), start="current",
+                         headers_only=self._verifier is None, stop_when_caught_up=True, hidden="remove") as watch:
+            async for change in watch:
+                if change.entry.operation is Operation.PUT:
+                    return True
         return False
 
     def follow(
