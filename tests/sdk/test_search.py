@@ -8,18 +8,24 @@ from types import SimpleNamespace
 import pytest
 
 from agents_sdk import Agent, Board, SearchClient, SearchFilters
+from blackboard.devstack import EmbeddedPostgres
 from blackboard.protocol import codec
 from blackboard.protocol.errors import InvalidPayloadError, NotFoundError
 from blackboard.protocol.schemas.search import EntrySearchRequest, MemorySearchRequest
 from blackboard.protocol.subjects import Subjects
 from blackboard.settings import Settings
-from tests._worker_helpers import HashProvider, running_worker, worker_settings
+from tests._worker_helpers import HashProvider, fresh_db, running_worker, worker_settings
+from tests.conftest import make_settings
 
 pytestmark = pytest.mark.asyncio
 
 
-async def test_remember_then_recall_and_board_search(pg_settings: Settings, unique: str) -> None:
-    settings = worker_settings(pg_settings, name=f"w{unique}", batch_wait=0.02)
+async def test_remember_then_recall_and_board_search(pg_settings: Settings, postgres_server: EmbeddedPostgres,
+                                                     unique: str) -> None:
+    # A database of its own: waiting until everything is embedded waits on the database's whole
+    # queue, which in the shared one may hold rows an earlier test's killed worker still leases.
+    own = make_settings(pg_settings.nats.url, fresh_db(postgres_server, unique))
+    settings = worker_settings(own, name=f"w{unique}", batch_wait=0.02)
     async with Agent.connect("alice", settings=settings) as alice, Agent.connect("bob", settings=settings) as bob:
         board = alice.board(unique)
         await alice.remember("the staging cluster runs out of disk every friday", board=unique,

@@ -29,8 +29,11 @@ from tests.conftest import make_settings
 pytestmark = pytest.mark.asyncio
 
 
-async def test_reindex_fills_new_space_and_swaps_tables(pg_settings: Settings, unique: str) -> None:
-    s = worker_settings(pg_settings, name=f"w{unique}", serve_search=False)
+async def test_reindex_fills_new_space_and_swaps_tables(pg_settings: Settings, postgres_server: EmbeddedPostgres,
+                                                        unique: str) -> None:
+    # A database of its own (the whole queue is waited on; see tests/worker/test_ingest.py's own_db).
+    own = make_settings(pg_settings.nats.url, fresh_db(postgres_server, unique))
+    s = worker_settings(own, name=f"w{unique}", serve_search=False)
     nc = await connect_nats(s.nats, name="reindex")
     js = nc.jetstream()
     await ensure_streams(js, s)
