@@ -30,6 +30,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import TypeVar
 
 from blackboard.protocol.errors import InvalidPayloadError
 from blackboard.protocol.subjects import Header
@@ -58,11 +59,10 @@ __all__ = [
 SCHEME = "bb-sig/1"
 #: An Ed25519 signature's size.
 SIGNATURE_BYTES = 64
-_SIG_CHARS = 86
 _KEY_RE = re.compile(r"U[A-Z2-7]{55}")
 #: Microseconds as decimal digits: no sign, no leading ``+``, at most 19 digits (fits an int64).
 _TIME_RE = re.compile(r"(0|[1-9][0-9]{0,18})")
-_SIG_RE = re.compile(r"[A-Za-z0-9_-]{86}")
+_T = TypeVar("_T")
 _MSG_ID = Header.MSG_ID.value
 _EXPECTED = Header.EXPECTED_LAST_SUBJECT_SEQUENCE.value
 _KV_OP = Header.KV_OPERATION.value
@@ -105,7 +105,6 @@ BATCH_SCHEME = "bb-sig/1 batch"
 #: The longest path a verifier reads (a batch of up to 2**32 records).
 MAX_PATH_STEPS = 32
 _HASH_BYTES = 32
-_HASH_CHARS = 43
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,6 +174,48 @@ def encode_path(path: Path) -> str:
                     for side, sibling in path)
 
 
+#: What was already read and found well formed: keys, signatures (the records of a batch
+#: share theirs) and path steps (the upper steps of a batch's paths are shared). Bounded.
+_READ_KEYS: dict[str, str] = {}
+_READ_SIGS: dict[str, bytes] = {}
+_PATH_STEPS: dict[str, bytes] = {}
+_READ_KEPT = 4096
+_URLSAFE = bytes.maketrans(b"-_", b"+/")
+#: The last character of the unpadded base64 of 32 bytes (258 bits: the last 2 are 0) and of 64
+#: bytes (516 bits: the last 4 are 0), in canonical form.
+_LAST_OF_32 = frozenset("AEIMQUYcgkosw048")
+_LAST_OF_64 = frozenset("AQgw")
+
+
+def _remember(cache: dict[str, _T], text: str, value: _T) -> None:
+    if len(cache) >= _READ_KEPT:
+        cache.clear()
+    cache[text] = value
+
+
+def _b64url(text: str, size: int, last: frozenset[str], what: str) -> bytes:
+    """The ``size`` bytes of their canonical unpadded base64url ``text``.
+
+    Raises:
+        InvalidPayloadError: any other text.
+    """
+    if not isinstance(text, str) or len(text) != (size * 4 + 2) // 3 or text[-1] not in last \
+            or not text.isascii() or "+" in text or "/" in text:
+        raise InvalidPayloadError(f"{what} is not the canonical base64url of {size} bytes")
+    try:
+        raw = binascii.a2b_base64(text.encode("ascii").translate(_URLSAFE) + b"=" * (-len(text) % 4),
+                                  strict_mode=True)
+    except (binascii.Error, ValueError) as exc:
+        raise InvalidPayloadError(f"{what} is not base64url") from exc
+    if len(raw) != size:  # pragma: no cover - the length and the last character admit no other
+        raise InvalidPayloadError(f"{what} is not the canonical base64url of {size} bytes")
+    return raw
+
+
+def _read_signature(sig: str) -> bytes:
+    return _b64url(sig, SIGNATURE_BYTES, _LAST_OF_64, "Bb-Sig")
+
+
 def parse_path(text: str) -> Path:
     """Read a ``Bb-Sig-Path`` header.
 
@@ -188,38 +229,12 @@ def parse_path(text: str) -> Path:
     for step in steps:
         raw = _PATH_STEPS.get(step)
         if raw is None:
-            raw = _read_step(step)
-            if len(_PATH_STEPS) >= _PATH_STEPS_KEPT:
-                _PATH_STEPS.clear()
-            _PATH_STEPS[step] = raw
+            if step[:1] not in ("L", "R"):
+                raise InvalidPayloadError("a Bb-Sig-Path step is L or R and 43 characters of base64url")
+            raw = _b64url(step[1:], _HASH_BYTES, _LAST_OF_32, "a Bb-Sig-Path step")
+            _remember(_PATH_STEPS, step, raw)
         out.append((step[0], raw))
     return tuple(out)
-
-
-#: Steps already read (the upper steps of a batch's paths are shared by many of its records).
-_PATH_STEPS: dict[str, bytes] = {}
-_PATH_STEPS_KEPT = 4096
-_URLSAFE = str.maketrans("-_", "+/")
-
-
-def _read_step(step: str) -> bytes:
-    """One step's sibling hash (its ``L``/``R`` checked too).
-
-    Raises:
-        InvalidPayloadError: not ``L`` or ``R`` and the canonical unpadded base64url of 32 bytes.
-    """
-    if len(step) != 1 + _HASH_CHARS or step[0] not in "LR":
-        raise InvalidPayloadError("a Bb-Sig-Path step is L or R and 43 characters of base64url")
-    text = step[1:]
-    if "+" in text or "/" in text:
-        raise InvalidPayloadError("a Bb-Sig-Path step is not base64url")
-    try:
-        raw = binascii.a2b_base64(text.translate(_URLSAFE) + "=", strict_mode=True)
-    except (binascii.Error, ValueError) as exc:
-        raise InvalidPayloadError("a Bb-Sig-Path step is not base64url") from exc
-    if len(raw) != _HASH_BYTES or base64.urlsafe_b64encode(raw).rstrip(b"=").decode("ascii") != text:
-        raise InvalidPayloadError("a Bb-Sig-Path step is not the canonical base64url of 32 bytes")
-    return raw
 
 
 def _line(value: str | None, what: str) -> str:
@@ -276,18 +291,16 @@ def parse_signature(headers: Mapping[str, str] | None) -> SignatureHeaders | Non
         return None
     if key is None or stamp is None or sig is None:
         raise InvalidPayloadError("a signed message needs Bb-Sig-Key, Bb-Sig-Time and Bb-Sig")
-    if not isinstance(key, str) or not _KEY_RE.fullmatch(key):
-        raise InvalidPayloadError("Bb-Sig-Key is not a user public key")
+    if key not in _READ_KEYS:
+        if not isinstance(key, str) or not _KEY_RE.fullmatch(key):
+            raise InvalidPayloadError("Bb-Sig-Key is not a user public key")
+        _remember(_READ_KEYS, key, key)
     if not isinstance(stamp, str) or not _TIME_RE.fullmatch(stamp):
         raise InvalidPayloadError("Bb-Sig-Time is not decimal microseconds")
-    if not isinstance(sig, str) or not _SIG_RE.fullmatch(sig):
-        raise InvalidPayloadError("Bb-Sig is not 86 characters of base64url")
-    try:
-        raw = base64.urlsafe_b64decode(sig + "==")
-    except (binascii.Error, ValueError) as exc:  # pragma: no cover - the pattern admits only valid text
-        raise InvalidPayloadError("Bb-Sig is not base64url") from exc
-    if len(raw) != SIGNATURE_BYTES or encode_signature(raw) != sig:
-        raise InvalidPayloadError("Bb-Sig is not the canonical base64url of 64 bytes")
+    raw = _READ_SIGS.get(sig)  # (the records of a batch share one)
+    if raw is None:
+        raw = _read_signature(sig)
+        _remember(_READ_SIGS, sig, raw)
     if not headers.get(_MSG_ID):
         raise InvalidPayloadError("a signed message needs a Nats-Msg-Id")
     path = headers.get(_SIG_PATH)

@@ -41,8 +41,10 @@ __all__ = ["KeyLookup", "Signed", "Verifier"]
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _US = timedelta(microseconds=1)
-#: Items per thread-pool task of :meth:`Verifier.verify_many`.
+#: Items per thread-pool task of :meth:`Verifier.verify_many` (at most), and how many records
+#: signed alone a batch needs before their checks go to the pool (fewer: not worth the handover).
 _CHUNK = 256
+_POOLED_MIN = 8
 #: Verdicts kept per stored message: they depend only on the message and on
 #: what never changes about its key once known (its certificate), or on a
 #: revocation (whose news forgets them). ``unknown_key`` is not kept (the
@@ -288,20 +290,25 @@ class Verifier:
         missing = {sig.public_key for _, _, sig in parsed if self.keys.lookup(sig.public_key) is None}
         if missing:
             await asyncio.gather(*(self.keys.ensure(k) for k in missing))
-        pooled = self.threads > 0 and len(parsed) >= 2 * _CHUNK
+        # Signatures of their own (about 55 µs each) go to the pool when there are enough to share
+        # out; records of batches are checked here.
+        pooled = self.threads > 0 and sum(1 for _, _, sig in parsed if sig.path is None) >= _POOLED_MIN
         work: list[tuple[int, Signed, SignatureHeaders, KeyInfo, bytes]] = []
         for i, item, sig in parsed:
             keyed = self._keyed(sig)
             if isinstance(keyed, Verdict):
                 out[i] = keyed
-            elif pooled:
+            elif pooled and sig.path is None:
+                # a signature of its own: its Ed25519 check goes to the pool; a record of a batch
+                # (a few hashes, its root mostly checked already) is cheaper here than handed over
                 work.append((i, item, *keyed))
             else:
                 out[i] = self._finish(item, sig, keyed[1], _valid(item, sig, keyed[2], self._roots))
         if work:
             loop = asyncio.get_running_loop()
             pool = self._executor()
-            chunks = [work[n:n + _CHUNK] for n in range(0, len(work), _CHUNK)]
+            size = min(_CHUNK, -(-len(work) // self.threads))  # at least one chunk per thread
+            chunks = [work[n:n + size] for n in range(0, len(work), size)]
             results = await asyncio.gather(*(loop.run_in_executor(pool, _check_chunk, chunk, self._roots)
                                              for chunk in chunks))
             for chunk, valid in zip(chunks, results, strict=True):
