@@ -30,8 +30,8 @@ from blackboard.protocol.signing import (
     SignatureHeaders,
     Verdict,
     batch_message,
-    fold_path,
     leaf_hash,
+    node_hash,
     parse_signature,
     signing_input,
 )
@@ -95,37 +95,54 @@ def _raw_key(public_key: str) -> bytes | None:
     return raw[1:33] if len(raw) == 35 else None
 
 
-#: Batch roots whose signature was checked, kept (key, root, signature -> valid) up to this many.
-_ROOTS_KEPT = 4096
+#: Nodes and roots of batches whose signature was checked, kept up to this many.
+_ROOTS_KEPT = 65536
 
 
-def _signed_by(data: bytes, sig: SignatureHeaders, key: bytes, roots: dict[bytes, bool] | None) -> bool:
+def _signed_by(data: bytes, sig: SignatureHeaders, key: bytes, roots: dict[bytes, bytes] | None) -> bool:
     """Whether ``sig`` signs the signing input ``data``: directly, or, for a record of a batch,
-    the root its path leads to (each root checked once: ``roots`` keeps the answers)."""
+    the root its path leads to.
+
+    ``roots`` keeps what a batch's first record proved, for its other records: every node of a
+    path that led to a root ``sig`` validly signs maps to ``key + signature``, and a later
+    record of the same batch whose path reaches one of them is under that root (the rest of
+    the way was checked), usually after one or two hashes; a root found invalid maps to b"".
+    """
     if sig.path is None:
-        message = data
-        memo = b""
-    else:
-        root = fold_path(leaf_hash(data), sig.path)
-        message = batch_message(root)
-        memo = key + root + sig.signature
+        try:
+            crypto_sign_open(sig.signature + data, key)
+            return True
+        except (BadSignatureError, CryptoError, ValueError, TypeError):
+            return False
+    signer = key + sig.signature
+    node = leaf_hash(data)
+    trail = [node]
+    for side, sibling in sig.path:
+        node = node_hash(sibling, node) if side == "L" else node_hash(node, sibling)
+        if roots is not None and roots.get(node) == signer:
+            return True  # a node of a tree this signature was found to sign
+        trail.append(node)
+    memo = b"root" + signer + node  # (the answer for this root itself, valid or not)
+    known = None if roots is None else roots.get(memo)
+    if known is None:
+        try:
+            crypto_sign_open(sig.signature + batch_message(node), key)
+            valid = True
+        except (BadSignatureError, CryptoError, ValueError, TypeError):
+            valid = False
         if roots is not None:
-            known = roots.get(memo)
-            if known is not None:
-                return known
-    try:
-        crypto_sign_open(sig.signature + message, key)
-        valid = True
-    except (BadSignatureError, CryptoError, ValueError, TypeError):
-        valid = False
-    if memo and roots is not None:
-        if len(roots) >= _ROOTS_KEPT:
-            roots.clear()
-        roots[memo] = valid
+            if len(roots) >= _ROOTS_KEPT:
+                roots.clear()
+            roots[memo] = signer if valid else b""
+    else:
+        valid = known == signer
+    if valid and roots is not None:
+        for proven in trail:
+            roots[proven] = signer
     return valid
 
 
-def _valid(item: Signed, sig: SignatureHeaders, key: bytes, roots: dict[bytes, bool] | None = None) -> bool:
+def _valid(item: Signed, sig: SignatureHeaders, key: bytes, roots: dict[bytes, bytes] | None = None) -> bool:
     """Whether the signature verifies over the payload as received or, failing that and
     when the payload is not already canonical, over the record's canonical bytes."""
     headers = item.headers or {}
@@ -160,8 +177,8 @@ class Verifier:
         self.stats["cache_hits"] = 0
         self._cache: OrderedDict[tuple[str, int], tuple[Verdict, str]] = OrderedDict()
         self._raw: dict[str, bytes | None] = {}
-        #: The answers for batch roots already checked (see :func:`_signed_by`).
-        self._roots: dict[bytes, bool] = {}
+        #: What batch roots already checked proved (see :func:`_signed_by`).
+        self._roots: dict[bytes, bytes] = {}
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
 
     # -- the cache ---------------------------------------------------------------
@@ -329,7 +346,7 @@ class Verifier:
 
 
 def _check_chunk(chunk: Sequence[tuple[int, Signed, SignatureHeaders, KeyInfo, bytes]],
-                 roots: dict[bytes, bool]) -> list[bool]:
+                 roots: dict[bytes, bytes]) -> list[bool]:
     """The crypto of one chunk (in a pool thread; the only shared state is ``roots``, whose
     single-key reads and writes are atomic)."""
     return [_valid(item, sig, raw, roots) for _, item, sig, _, raw in chunk]
