@@ -194,7 +194,7 @@ def test_signature_example_is_what_the_signer_produces(doc: str) -> None:
     # the signature the Signer makes with that seed (any certificate: the JWT only names the principal)
     account = new_seed("account")
     jwt = encode(user_claims(key, "a1", issued_at=1735787000, pub_allow=[], sub_allow=[]), account)
-    signer = Signer(Credentials(jwt, seed))
+    signer = Signer(Credentials(jwt, seed), deterministic=True)  # RFC 8032's own nonce: reproducible
     assert signer.public_key == key
     signed = dict(headers)
     signer.sign(subject, signed, record, now_us=signed_at)
@@ -338,7 +338,7 @@ def test_batch_signature_example_is_what_the_signer_produces(doc: str) -> None:
     # the Signer signs the batch so: shared key, time and signature, each record its path
     account = new_seed("account")
     jwt = encode(user_claims(key, "a1", issued_at=1735787000, pub_allow=[], sub_allow=[]), account)
-    signer = Signer(Credentials(jwt, seed))
+    signer = Signer(Credentials(jwt, seed), deterministic=True)  # RFC 8032's own nonce: reproducible
     signer.sign_batch(writes, now_us=signed_at)
     for n, (_, headers, _) in enumerate(writes):
         assert headers[Header.SIG_KEY.value] == key and headers[Header.SIG_TIME.value] == str(signed_at)

@@ -459,3 +459,40 @@ async def test_a_batch_verifies_record_by_record_with_one_signature_check(monkey
     signer.sign_batch(single)
     assert Header.SIG_PATH.value not in single[0][1]
     assert await v.verify(Signed(SUBJECT, single[0][1], b"solo", now, "alice")) is Verdict.VERIFIED
+
+
+def test_signatures_made_with_nonces_made_ahead_verify_and_never_share_a_nonce(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The signer's nonces (r, R = r·B) are made ahead in a thread; each signature still
+    verifies with libsodium, every R differs, and a forked child does not use its parent's."""
+    import os
+
+    from nacl.bindings import crypto_sign_open
+
+    import blackboard.security.signer as signer_module
+
+    creds = _creds("alice")
+    signer = Signer(creds)
+    point = base64.b32decode(signer.public_key)[1:33]
+    nonces = signer._nonces
+    signer._signature(b"first")  # (none ready yet: signed as libsodium does; starts the refill)
+    deadline = time.monotonic() + 10
+    while len(nonces._pool) < 32 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(nonces._pool) >= 32
+    seen: set[bytes] = set()
+    for i in range(500):
+        message = bytes([i % 251]) * (i % 300)
+        signature = signer._signature(message)
+        crypto_sign_open(signature + message, point)
+        assert signature[:32] not in seen
+        seen.add(signature[:32])
+    # in a forked child (another pid) the pairs made for the parent are dropped, not used
+    while len(nonces._pool) < 8 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    parents = set(nonces._pool)
+    real_pid = os.getpid()
+    monkeypatch.setattr(signer_module.os, "getpid", lambda: real_pid + 1)
+    child = signer._signature(b"in the child")
+    crypto_sign_open(child + b"in the child", point)
+    assert all(child[:32] != R for _, R in parents)
