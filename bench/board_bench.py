@@ -30,7 +30,9 @@ the SDK in the same run.
   validating the names and keys, the ``Nats-Msg-Id`` header and decoding and
   verifying on reads. Gets cycle over ``--keys`` keys (each revision verified on
   its first read); "get, each read a new revision" reads ``--ops`` revisions
-  once each, so every read is verified;
+  once each, written by the writer's pipeline (signed in batches: one signature
+  check per batch of 32), and "signed alone" the same written by single puts
+  (one signature check per read);
 * the pipelined write path (``async with board.pipeline() as p``) next to raw
   ``js.publish_async`` + ``gather``, with the same bound on pending acks;
 * watch fan-out: one writer at a fixed rate, 20 watchers, delivery latency
@@ -176,10 +178,17 @@ async def plain_put(ctx: Ctx, r: int) -> Op:
     return lambda i: board.put(section, f"k{i % keys}", value)
 
 
-async def _prefill(ctx: Ctx, section: str, keys: int | None = None) -> None:
-    """``keys`` keys (default ``--keys``) written by the writer identity, signed."""
+async def _prefill(ctx: Ctx, section: str, keys: int | None = None, *, alone: bool = False) -> None:
+    """``keys`` keys (default ``--keys``) written by the writer identity, signed: by its
+    pipeline (in batches, one signature for up to 32 writes) or, ``alone``, each by a put
+    of its own (one signature each, as many agents' single writes)."""
+    n = ctx.args.keys if keys is None else keys
+    if alone:
+        for first in range(0, n, 64):
+            await asyncio.gather(*(ctx.writer.put(section, f"k{i}", ctx.value) for i in range(first, min(n, first + 64))))
+        return
     async with ctx.writer.pipeline() as p:
-        for i in range(ctx.args.keys if keys is None else keys):
+        for i in range(n):
             await p.put(section, f"k{i}", ctx.value)
 
 
@@ -218,6 +227,20 @@ async def sdk_get_new(ctx: Ctx, r: int) -> Op:
 async def raw_get_new(ctx: Ctx, r: int) -> Op:
     section, kv = f"new-raw-{r}", ctx.kv
     await _prefill(ctx, section, ctx.args.ops)
+    prefix = f"{BOARD}.{section}.k"
+    return lambda i: kv.get(f"{prefix}{i}")
+
+
+async def sdk_get_alone(ctx: Ctx, r: int) -> Op:
+    """Every get reads a revision never read, each signed alone: one signature check per read."""
+    section = f"alone-sdk-{r}"
+    await _prefill(ctx, section, ctx.args.ops, alone=True)
+    return _get(ctx.board, section, ctx.args.ops)
+
+
+async def raw_get_alone(ctx: Ctx, r: int) -> Op:
+    section, kv = f"alone-raw-{r}", ctx.kv
+    await _prefill(ctx, section, ctx.args.ops, alone=True)
     prefix = f"{BOARD}.{section}.k"
     return lambda i: kv.get(f"{prefix}{i}")
 
@@ -457,15 +480,17 @@ def _report(ctx: Ctx, seq: dict[str, dict[str, list[LatencyStats]]],
                       ratio=cost, note="what signing/verifying costs the SDK")
             summary[name].update(plain_rate=med(plain, "rate"), plain_ratio=plain_ratio, signature_cost=cost)
         if name == "get" and f"new-sdk{suffix}" in seq.get("get-new", {}):
-            new, new_raw = seq["get-new"][f"new-sdk{suffix}"], seq["get-new"][f"new-raw{suffix}"]
-            new_ratio = _ratio_median([x.rate for x in new], [x.rate for x in new_raw])
-            table.add("get, each read a new revision", med(new, "rate"), med(new_raw, "rate"), "/s",
-                      min_ratio=TARGET_SEQ, ratio=new_ratio, note="every read verified (none seen before)")
-            table.add("get, each read a new revision p50", med(new, "p50"), med(new_raw, "p50"), "us")
-            table.add("get, each read a new revision p99", med(new, "p99"), med(new_raw, "p99"), "us")
-            summary["get_new"] = {"sdk_rate": med(new, "rate"), "raw_rate": med(new_raw, "rate"),
-                                  "ratio": new_ratio, "sdk_p50_us": med(new, "p50") * 1e6,
-                                  "raw_p50_us": med(new_raw, "p50") * 1e6}
+            for phase, variant, label, note in (
+                    ("get-new", "new", "get, each read a new revision", "pipelined writes: a check per batch of 32"),
+                    ("get-alone", "alone", "get, new revision signed alone", "single puts: a signature check per read")):
+                first, first_raw = seq[phase][f"{variant}-sdk{suffix}"], seq[phase][f"{variant}-raw{suffix}"]
+                first_ratio = _ratio_median([x.rate for x in first], [x.rate for x in first_raw])
+                table.add(label, med(first, "rate"), med(first_raw, "rate"), "/s", min_ratio=TARGET_SEQ,
+                          ratio=first_ratio, note=note)
+                table.add(f"{label} p50", med(first, "p50"), med(first_raw, "p50"), "us")
+                summary[phase.replace("-", "_")] = {
+                    "sdk_rate": med(first, "rate"), "raw_rate": med(first_raw, "rate"), "ratio": first_ratio,
+                    "sdk_p50_us": med(first, "p50") * 1e6, "raw_p50_us": med(first_raw, "p50") * 1e6}
         if rid_v in seq[name]:
             rid = seq[name][rid_v]
             id_ratio = _ratio_median([x.rate for x in sdk], [x.rate for x in rid])
@@ -575,7 +600,7 @@ async def run(args: argparse.Namespace) -> int:
 
 
 #: Variants measured on the authorized bus only (the open bus has no signatures to turn off).
-_SIGNED_ONLY = frozenset({"plain", "new-sdk", "new-raw"})
+_SIGNED_ONLY = frozenset({"plain", "new-sdk", "new-raw", "alone-sdk", "alone-raw"})
 
 
 def _variants(ctxs: dict[str, Ctx], fns: dict[str, Callable[[Ctx, int], Awaitable[Any]]]
@@ -612,6 +637,7 @@ async def _measure(ctxs: dict[str, Ctx], sync_interval: str) -> int:
         ("put", {"raw": raw_put, "raw+id": raw_put_id, "sdk": sdk_put, "plain": plain_put}),
         ("get", {"raw": raw_get, "sdk": sdk_get, "plain": plain_get}),
         ("get-new", {"new-raw": raw_get_new, "new-sdk": sdk_get_new}),
+        ("get-alone", {"alone-raw": raw_get_alone, "alone-sdk": sdk_get_alone}),
         ("cas", {"raw": raw_cas, "sdk": sdk_cas, "plain": plain_cas}),
     ]
     for name, fns in phases:
@@ -641,7 +667,10 @@ async def _measure(ctxs: dict[str, Ctx], sync_interval: str) -> int:
             for name in ("put", "get", "cas", "pipeline"))
             + ("" if c.bus.open_bus else ", get (new revisions) " + " ".join(
                 f"{s.rate / r.rate:.2f}" for s, r in zip(seq["get-new"]["new-sdk"], seq["get-new"]["new-raw"],
-                                                         strict=True)))
+                                                         strict=True))
+               + ", get (new, signed alone) " + " ".join(
+                f"{s.rate / r.rate:.2f}" for s, r in zip(seq["get-alone"]["alone-sdk"],
+                                                         seq["get-alone"]["alone-raw"], strict=True)))
             + "; fan-out p99 " + " ".join(f"{s.p99 / r.p99:.2f}" for s, r in zip(
                 fan["sdk" + suffix], fan["raw" + suffix], strict=True)))
         misses += [f"{r.name} ({c.bus.label})" for r in table.misses]
