@@ -251,6 +251,9 @@ class WorkerSettings(BaseModel):
     lag_interval: float = Field(10.0, gt=0)
     #: Seconds between polls of the embedding queue when idle.
     embed_poll: float = Field(1.0, gt=0)
+    #: Seconds a batch of the embedding queue stays leased to the worker that took it: a worker
+    #: that dies holding one leaves it to the others after this (longer than a batch's embedding).
+    embed_lease: float = Field(120.0, gt=0)
     #: Items per embedding batch (None: the provider's batch_size).
     embed_batch_size: int | None = Field(None, ge=1)
     #: PostgreSQL's ``maintenance_work_mem`` for the HNSW index builds of

@@ -27,7 +27,13 @@ from nats.js import api
 from blackboard.devstack import EmbeddedNats, EmbeddedPostgres
 from blackboard.protocol import codec
 from blackboard.protocol.subjects import MEMORY_STREAM, Subjects
-from blackboard.settings import NatsSettings, PostgresSettings, SecuritySettings, Settings
+from blackboard.settings import (
+    NatsSettings,
+    PostgresSettings,
+    SecuritySettings,
+    Settings,
+    WorkerSettings,
+)
 from tests._auth import SystemService, TestAuth, make_test_auth, operator_nats, setup_streams
 from tests.fakes.openai_server import OpenAIFake
 
@@ -166,6 +172,9 @@ def make_settings(nats_url: str, pg_dsn: str | None = None, **overrides: object)
         values["security"] = SecuritySettings(authority_dir=auth.authority.directory,
                                               policy_file=auth.authority.policy_file)
     values["nats"] = NatsSettings(**nats_values)
+    # A batch a killed test worker held is embedded by the next test's worker within seconds
+    # (the default, 120 s, outlasts a test's wait for the shared database's embedding queue).
+    values["worker"] = WorkerSettings(embed_lease=5.0)
     if pg_dsn is not None:
         values["postgres"] = PostgresSettings(dsn=pg_dsn)  # type: ignore[arg-type]
     values.update(overrides)

@@ -49,7 +49,6 @@ log = logging.getLogger("blackboard.worker.embedder")
 
 #: Characters of an item's text sent to the model (MiniLM reads 256 tokens).
 MAX_EMBED_CHARS = 2000
-_LEASE_SECONDS = 120.0
 _MAX_ATTEMPTS = 5
 
 
@@ -278,7 +277,7 @@ class Embedder:
     async def _lease(self) -> _Batch | None:
         async with self._pool.connection() as conn:
             async with conn.transaction():
-                cur = await conn.execute(q.CLAIM, {"lease": _LEASE_SECONDS, "n": self._batch})
+                cur = await conn.execute(q.CLAIM, {"lease": self.settings.worker.embed_lease, "n": self._batch})
                 claimed = [_Claimed(t, int(i), e, int(a)) for t, i, e, a in await cur.fetchall()]
             if not claimed:
                 return None

@@ -347,7 +347,11 @@ class Worker:
             if done:
                 return
             if time.monotonic() > deadline:
-                raise TimeoutError(f"worker not caught up after {within:g}s: {lags}")
+                waiting = ""
+                if embedded and self.embedder is not None:
+                    inbox = None if self.inbox is None else await self.inbox.size()
+                    waiting = f"; embedding inbox {inbox}, queue {await self.embedder.backlog()}"
+                raise TimeoutError(f"worker not caught up after {within:g}s: {lags}{waiting}")
             await asyncio.sleep(poll)
 
     async def _report_lag(self, stop: asyncio.Event) -> None:
