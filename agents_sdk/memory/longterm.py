@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from agents_sdk._args import sequence_arg
-from blackboard.client.publisher import RETRYABLE, Ack, Sign
+from blackboard.client.publisher import RETRYABLE, Ack
 from blackboard.client.signing import signing_of
 from blackboard.protocol.errors import InvalidPayloadError, PayloadTooLargeError
 from blackboard.protocol.records import decode_memory, memory_wire
@@ -55,18 +55,8 @@ class LongTermMemory:
         self._agent_id = context.agent_id
         self._publisher = context.publisher
         self._max = context.settings.board.max_value_size
-        self._signer = signing_of(context.nc).signer
-
-    def _sign(self, subject: str, headers: dict[str, str], record: bytes) -> Sign | None:
-        """What the publisher calls before each send to sign ``headers`` afresh (None: unsigned)."""
-        signer = self._signer
-        if signer is None:
-            return None
-
-        def sign() -> None:
-            signer.sign(subject, headers, record)
-
-        return sign
+        #: What the publisher calls before each send to sign a memory's headers afresh.
+        self._sign = signing_of(context.nc).sign_before_send
 
     def _prepare(self, m: MemoryInput) -> tuple[str, str, bytes, dict[str, str]]:
         if not isinstance(m.text, str) or not m.text.strip():

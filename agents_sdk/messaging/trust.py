@@ -61,14 +61,7 @@ class MessageTrust:
     def signer_of(self, subject: str, headers: dict[str, str], record: bytes) -> Sign | None:
         """What the publisher calls before each (re)send to sign ``headers`` afresh (None:
         the connection does not sign)."""
-        signer = self._signer
-        if signer is None:
-            return None
-
-        def sign() -> None:
-            signer.sign(subject, headers, record)
-
-        return sign
+        return self.signing.sign_before_send(subject, headers, record)
 
     async def verdict(self, subject: str, headers: Mapping[str, str] | None, payload: bytes,
                       env: MessageEnvelope, *, stored_at: datetime | None = None,

@@ -234,8 +234,7 @@ class BoardStore:
 
     def _sign(self, prep: _Prepared) -> Sign | None:
         """Signs ``prep``'s headers in place before each send (None: this store does not sign)."""
-        signer = self._signer
-        return None if signer is None else functools.partial(signer.sign, prep.subject, prep.headers, prep.record)
+        return self.signing.sign_before_send(prep.subject, prep.headers, prep.record)
 
     def own_verdict(self, author: str) -> Verdict:
         """The verdict this store's readers give its own write as ``author``: ``unsigned``

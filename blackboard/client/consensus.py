@@ -68,7 +68,7 @@ from nats.aio.msg import Msg
 
 from blackboard.client.board_store import BoardStore
 from blackboard.client.follower import OrderedFollower
-from blackboard.client.publisher import Ack, Publisher, Sign
+from blackboard.client.publisher import Ack, Publisher
 from blackboard.client.signing import signing_of
 from blackboard.consensus.log import (
     ProposalLog,
@@ -199,7 +199,7 @@ class VoteStore:
     def __init__(self, nc: NATS, settings: Settings, *, name: str, board: BoardStore | None = None) -> None:
         self.nc = nc
         self.settings = settings
-        signing = signing_of(nc)
+        signing = self.signing = signing_of(nc)
         self._signer = signing.signer
         self._verifier = signing.verifier
         self.name = name if self._signer is None else self._signer.principal
@@ -226,18 +226,8 @@ class VoteStore:
         if expected is not None:
             headers[Header.EXPECTED_LAST_SUBJECT_SEQUENCE.value] = str(expected)
         return await self._publisher.publish(subject, payload, headers, what=what, map_api_error=conflict,
-                                             stream=VOTE_STREAM, sign=self._sign(subject, headers, payload))
-
-    def _sign(self, subject: str, headers: dict[str, str], record: bytes) -> Sign | None:
-        """What the publisher calls before each send to sign ``headers`` afresh (None: unsigned)."""
-        signer = self._signer
-        if signer is None:
-            return None
-
-        def sign() -> None:
-            signer.sign(subject, headers, record)
-
-        return sign
+                                             stream=VOTE_STREAM,
+                                             sign=self.signing.sign_before_send(subject, headers, payload))
 
     async def close(self) -> None:
         """Release the ack subscription (and the board store's, if it is this store's own)."""

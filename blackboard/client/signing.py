@@ -11,7 +11,8 @@ signs nothing and verifies nothing (every record's verdict is ``unsigned``).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine
+import functools
+from collections.abc import Callable, Coroutine, MutableMapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -48,6 +49,13 @@ class Signing:
     @property
     def verifies(self) -> bool:
         return self.verifier is not None
+
+    def sign_before_send(self, subject: str, headers: MutableMapping[str, str],
+                         record: bytes) -> Callable[[], None] | None:
+        """What a publisher calls right before each (re)send of ``record`` on ``subject``
+        to sign ``headers`` afresh (None: this connection signs nothing)."""
+        signer = self.signer
+        return None if signer is None else functools.partial(signer.sign, subject, headers, record)
 
     @classmethod
     async def start(cls, nc: NATS, settings: Settings, credentials: Credentials | None) -> Signing:

@@ -5,6 +5,7 @@ committers to one outcome per proposal."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
@@ -352,9 +353,9 @@ async def test_a_ballot_of_the_agent_that_does_not_verify_raises(settings: Setti
     two minutes behind), and it is not counted."""
     p = await agent.board(unique).propose("s", "k", ["x"], voters=[agent.id, "other"])
     store = agent.voting.store
-    real = store._signer
-    assert real is not None
-    signer: Signer = real
+    real = store.signing
+    assert real.signer is not None
+    signer: Signer = real.signer
 
     class Late:
         principal = signer.principal
@@ -362,9 +363,9 @@ async def test_a_ballot_of_the_agent_that_does_not_verify_raises(settings: Setti
         def sign(self, subject: str, headers: dict[str, str], record: bytes) -> None:
             signer.sign(subject, headers, record, now_us=now_us() - 120_000_000)
 
-    store._signer = Late()  # type: ignore[assignment]
+    store.signing = dataclasses.replace(real, signer=Late())  # type: ignore[arg-type]
     with pytest.raises(UnverifiedRecordError) as err:
         await p.vote("x")
     assert err.value.verdict == "stale" and err.value.sequence is not None
-    store._signer = real
+    store.signing = real
     assert (await p.counts()).ballots == 0
