@@ -7,6 +7,7 @@ import hashlib
 import re
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import msgpack
 import pytest
@@ -39,6 +40,10 @@ from blackboard.protocol.schemas.__main__ import (
     splice_doc,
 )
 from blackboard.protocol.subjects import Header, decode_key, encode_key
+
+if TYPE_CHECKING:
+    from blackboard.security.signer import Signer
+    from blackboard.security.verifier import Verifier
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "protocol.md"
 
@@ -165,12 +170,38 @@ def _hex(block: str) -> bytes:
     return bytes.fromhex(block.replace("\n", " "))
 
 
+def _example_signer(key: str, seed: str) -> Signer:
+    """The Signer of the worked examples' seed, as principal a1 (any certificate: the JWT only
+    names the principal), signing with RFC 8032's own nonce, so that its signatures reproduce."""
+    from blackboard.security.jwt import Credentials, encode, new_seed, user_claims
+    from blackboard.security.signer import Signer
+
+    jwt = encode(user_claims(key, "a1", issued_at=1735787000, pub_allow=[], sub_allow=[]), new_seed("account"))
+    return Signer(Credentials(jwt, seed), deterministic=True)
+
+
+def _example_verifier(key: str) -> Verifier:
+    """A verifier that knows ``key`` as the certificate of agent a1 (and no other key)."""
+    from blackboard.security.certificates import KeyInfo
+    from blackboard.security.verifier import Verifier
+
+    class _Keys:
+        def lookup(self, public_key: str) -> KeyInfo | None:
+            return KeyInfo(key, "a1", "agent", datetime(2025, 1, 1, tzinfo=UTC)) if public_key == key else None
+
+        def revoked_at(self, public_key: str) -> datetime | None:
+            return None
+
+        async def ensure(self, public_key: str) -> KeyInfo | None:
+            return self.lookup(public_key)
+
+    return Verifier(_Keys(), max_skew=30.0, cache_size=0)
+
+
 def test_signature_example_is_what_the_signer_produces(doc: str) -> None:
     from nacl.signing import VerifyKey
 
     from blackboard.protocol.signing import SCHEME, parse_signature, signing_input
-    from blackboard.security.jwt import Credentials, encode, new_seed, user_claims
-    from blackboard.security.signer import Signer
 
     rows, blocks = _example(doc)
     record_hex, lines, input_hex, signature = blocks
@@ -192,9 +223,7 @@ def test_signature_example_is_what_the_signer_produces(doc: str) -> None:
     assert f"signing input ({len(expected_input)} bytes" in doc
 
     # the signature the Signer makes with that seed (any certificate: the JWT only names the principal)
-    account = new_seed("account")
-    jwt = encode(user_claims(key, "a1", issued_at=1735787000, pub_allow=[], sub_allow=[]), account)
-    signer = Signer(Credentials(jwt, seed), deterministic=True)  # RFC 8032's own nonce: reproducible
+    signer = _example_signer(key, seed)
     assert signer.public_key == key
     signed = dict(headers)
     signer.sign(subject, signed, record, now_us=signed_at)
@@ -210,20 +239,9 @@ def test_signature_example_is_what_the_signer_produces(doc: str) -> None:
     VerifyKey(raw[1:33]).verify(expected_input, parsed.signature)
 
     # a verifier that knows the key (as principal a1) accepts the message as shown, stored on time
-    from blackboard.security.certificates import KeyInfo
-    from blackboard.security.verifier import Signed, Verifier
+    from blackboard.security.verifier import Signed
 
-    class _Keys:
-        def lookup(self, public_key: str) -> KeyInfo | None:
-            return KeyInfo(key, "a1", "agent", datetime(2025, 1, 1, tzinfo=UTC)) if public_key == key else None
-
-        def revoked_at(self, public_key: str) -> datetime | None:
-            return None
-
-        async def ensure(self, public_key: str) -> KeyInfo | None:
-            return self.lookup(public_key)
-
-    verifier = Verifier(_Keys(), max_skew=30.0, cache_size=0)
+    verifier = _example_verifier(key)
     stored = datetime.fromtimestamp(signed_at / 1_000_000, UTC)
     assert verifier.check(Signed(subject, signed, record, stored_at=stored, author="a1")) == "verified"
     assert verifier.check(Signed(subject, signed, record, stored_at=stored, author="a2")) == "wrong_author"
@@ -285,10 +303,7 @@ def test_batch_signature_example_is_what_the_signer_produces(doc: str) -> None:
         parse_signature,
         signing_input,
     )
-    from blackboard.security.certificates import KeyInfo
-    from blackboard.security.jwt import Credentials, encode, new_seed, user_claims
-    from blackboard.security.signer import Signer
-    from blackboard.security.verifier import Signed, Verifier
+    from blackboard.security.verifier import Signed
 
     shared, records, paths, blocks = _batch_example(doc)
     lines0, leaves_block, nodes_block, message_hex, signature = blocks
@@ -336,9 +351,7 @@ def test_batch_signature_example_is_what_the_signer_produces(doc: str) -> None:
         assert fold_path(leaf, parse_path(paths[n])) == root
 
     # the Signer signs the batch so: shared key, time and signature, each record its path
-    account = new_seed("account")
-    jwt = encode(user_claims(key, "a1", issued_at=1735787000, pub_allow=[], sub_allow=[]), account)
-    signer = Signer(Credentials(jwt, seed), deterministic=True)  # RFC 8032's own nonce: reproducible
+    signer = _example_signer(key, seed)
     signer.sign_batch(writes, now_us=signed_at)
     for n, (_, headers, _) in enumerate(writes):
         assert headers[Header.SIG_KEY.value] == key and headers[Header.SIG_TIME.value] == str(signed_at)
@@ -348,17 +361,7 @@ def test_batch_signature_example_is_what_the_signer_produces(doc: str) -> None:
         assert parsed is not None and parsed.path == parse_path(paths[n])
 
     # a verifier that knows the key accepts each record with its own path, and none with another's
-    class _Keys:
-        def lookup(self, public_key: str) -> KeyInfo | None:
-            return KeyInfo(key, "a1", "agent", datetime(2025, 1, 1, tzinfo=UTC)) if public_key == key else None
-
-        def revoked_at(self, public_key: str) -> datetime | None:
-            return None
-
-        async def ensure(self, public_key: str) -> KeyInfo | None:
-            return self.lookup(public_key)
-
-    verifier = Verifier(_Keys(), max_skew=30.0, cache_size=0)
+    verifier = _example_verifier(key)
     stored = datetime.fromtimestamp(signed_at / 1_000_000, UTC)
     for subject, headers, record in writes:
         assert verifier.check(Signed(subject, headers, record, stored_at=stored, author="a1")) == "verified"
