@@ -11,19 +11,16 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import msgpack
 import pytest
-import pytest_asyncio
 from nats.aio.client import Client as NATS
 
 from agents_sdk import Agent
 from agents_sdk.messaging.envelope import encode_envelope, new_envelope
-from blackboard.client.connection import connect_nats
-from blackboard.client.streams import ensure_streams
 from blackboard.protocol.subjects import Subjects
 from blackboard.settings import Settings
 from blackboard.worker.decode import RawMessage
@@ -43,14 +40,6 @@ pytestmark = pytest.mark.asyncio
 
 #: How long a healthy worker needs, at most, to catch up here (a stalled one never does).
 CATCH_UP = 20.0
-
-
-@pytest_asyncio.fixture
-async def nc(pg_settings: Settings) -> AsyncIterator[NATS]:
-    conn = await connect_nats(pg_settings.nats, name="test-containment")
-    await ensure_streams(conn.jetstream(), pg_settings)
-    yield conn
-    await conn.close()
 
 
 def deep_json_envelope(depth: int, **fields: Any) -> bytes:

@@ -11,19 +11,16 @@ dead letters; losing the connection is still retried.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
 import msgpack
 import psycopg
 import pytest
-import pytest_asyncio
 from nats.aio.client import Client as NATS
 from psycopg_pool import PoolTimeout
 
-from blackboard.client.connection import connect_nats
-from blackboard.client.streams import ensure_streams
 from blackboard.protocol.subjects import Subjects
 from blackboard.settings import Settings
 from blackboard.worker.handlers import default_handlers
@@ -57,14 +54,6 @@ CATCH_UP = 20.0
 ])
 def test_only_connection_trouble_and_conflicts_are_retried_as_they_are(exc: Exception, retried: bool) -> None:
     assert is_retryable(exc) is retried
-
-
-@pytest_asyncio.fixture
-async def nc(pg_settings: Settings) -> AsyncIterator[NATS]:
-    conn = await connect_nats(pg_settings.nats, name="test-row-faults")
-    await ensure_streams(conn.jetstream(), pg_settings)
-    yield conn
-    await conn.close()
 
 
 @pytest.mark.asyncio

@@ -12,12 +12,10 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Any
 
 import pytest
-import pytest_asyncio
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 
@@ -52,14 +50,6 @@ from tests._worker_helpers import (
 
 #: How long a healthy worker needs, at most, to catch up here.
 CATCH_UP = 30.0
-
-
-@pytest_asyncio.fixture
-async def nc(pg_settings: Settings) -> AsyncIterator[NATS]:
-    conn = await connect_nats(pg_settings.nats, name="test-signatures")
-    await ensure_streams(conn.jetstream(), pg_settings)
-    yield conn
-    await conn.close()
 
 
 def _settings(settings: Settings, unique: str, **kw: Any) -> Settings:
