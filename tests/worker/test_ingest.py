@@ -4,19 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Any
 
 import msgpack
 import psycopg
 import pytest
-import pytest_asyncio
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 
-from blackboard.client.connection import connect_nats
-from blackboard.client.streams import ensure_streams
 from blackboard.db import migrate, open_pool
 from blackboard.devstack import EmbeddedPostgres
 from blackboard.protocol import codec
@@ -49,14 +45,6 @@ def _dsn(settings: Settings) -> str:
 def _rows(settings: Settings, query: str, *params: Any) -> list[tuple[Any, ...]]:
     with psycopg.connect(_dsn(settings)) as conn:
         return conn.execute(query, params).fetchall()
-
-
-@pytest_asyncio.fixture
-async def nc(pg_settings: Settings) -> AsyncIterator[NATS]:
-    conn = await connect_nats(pg_settings.nats, name="test-ingest")
-    await ensure_streams(conn.jetstream(), pg_settings)
-    yield conn
-    await conn.close()
 
 
 @pytest.fixture
@@ -174,28 +162,29 @@ async def test_garbage_goes_to_dead_letters_and_worker_keeps_going(own_db: Setti
         "mem_subject": (mem, codec.encode({"v": 1, "id": f"{unique}-x", "board": "other", "agent": "eve",
                                            "text": "hi", "created_at": datetime.now(UTC)}), None),
     }
-    seqs: dict[str, int] = {}
+    # (subject, sequence): the entries and the memories are in two streams, whose sequences may meet
+    seqs: dict[str, tuple[str, int]] = {}
     for name, (subject, data, headers) in cases.items():
         ack = await js.publish(subject, data, headers=headers)
-        seqs[name] = ack.seq
+        seqs[name] = (subject, ack.seq)
     good = await put_entry(js, subj, unique, "junk", "ok", "fine")
     good_mem = await remember(js, unique, "eve", f"{unique}-ok", "a good memory")
     async with running_worker(s, provider=HashProvider(), serve_search=False) as w:
         await w.wait_caught_up(30)
-        dead = {int(r[0]): (r[1], r[2]) for r in _rows(
+        dead = {(r[2], int(r[0])): r[1] for r in _rows(
             s, "SELECT seq, reason, subject FROM bb_dead_letters WHERE subject IN (%s, %s)", entry, mem)}
-        for name, seq in seqs.items():
-            assert seq in dead, f"{name} was not dead-lettered"
-        assert "oversized" in dead[seqs["oversized"]][0]
-        assert "not valid" in dead[seqs["utf8"]][0]
-        assert "do not match subject" in dead[seqs["mem_subject"]][0]
+        for name, where in seqs.items():
+            assert where in dead, f"{name} was not dead-lettered"
+        assert "oversized" in dead[seqs["oversized"]]
+        assert "not valid" in dead[seqs["utf8"]]
+        assert "do not match subject" in dead[seqs["mem_subject"]]
         # still running: a later message is stored
         later = await put_entry(js, subj, unique, "junk", "after", "still alive")
         await w.wait_caught_up(30)
         assert w.tasks and all(t.done() is False for t in w.tasks)
     assert {r[0] for r in _rows(s, "SELECT seq FROM bb_entry_revisions WHERE board = %s", unique)} == {good, later}
     assert _rows(s, "SELECT seq FROM bb_memories WHERE board = %s", unique) == [(good_mem,)]
-    raw = _rows(s, "SELECT data FROM bb_dead_letters WHERE seq = %s AND subject = %s", seqs["random"], entry)
+    raw = _rows(s, "SELECT data FROM bb_dead_letters WHERE seq = %s AND subject = %s", seqs["random"][1], entry)
     assert bytes(raw[0][0]) == bytes(range(7, 250, 3))
 
 
