@@ -9,6 +9,7 @@ import pytest
 
 from agents_sdk import (
     Agent,
+    Board,
     Change,
     ConflictError,
     InvalidKeyError,
@@ -331,20 +332,24 @@ async def test_purge_is_a_marker_without_rollup_the_history_stays(settings: Sett
         assert await board.create("s", "k", "again") > change.revision  # a purged key may be re-created
 
 
+async def _until_gone(board: Board, section: str, key: str, within: float, failure: str) -> None:
+    """Wait until the key reads as absent (polled every 0.1 s); fail with ``failure`` after ``within`` s."""
+    for _ in range(round(within / 0.1)):
+        try:
+            await board.get(section, key)
+        except NotFoundError:
+            return
+        await asyncio.sleep(0.1)
+    pytest.fail(failure)
+
+
 async def test_entry_ttl_expires(settings: Settings, unique: str) -> None:
     async with Agent.connect("w", settings=settings) as agent:
         board = agent.board(unique)
         await board.put("s", "ephemeral", "soon gone", ttl=1)
         await board.put("s", "durable", "stays")
         assert (await board.get("s", "ephemeral")).value == "soon gone"
-        for _ in range(60):
-            try:
-                await board.get("s", "ephemeral")
-            except NotFoundError:
-                break
-            await asyncio.sleep(0.1)
-        else:
-            pytest.fail("entry with ttl=1 still there after 6s")
+        await _until_gone(board, "s", "ephemeral", 6.0, "entry with ttl=1 still there after 6s")
         assert (await board.get("s", "durable")).value == "stays"
 
 
@@ -365,14 +370,8 @@ async def test_ttl_expiry_reaches_watches_and_views(settings: Settings, unique: 
             assert view.value("s", "durable") == "stays"
             seen = [await watch.next(timeout=5) for _ in range(3)]
             expired_at = seen[0].entry.stored_at
-        for _ in range(50):  # the server removes it too (on its own expiry timer, around the same moment)
-            try:
-                await board.get("s", "ephemeral")
-            except NotFoundError:
-                break
-            await asyncio.sleep(0.1)
-        else:
-            pytest.fail("the server still serves the expired entry 5 s later")
+        # the server removes it too (on its own expiry timer, around the same moment)
+        await _until_gone(board, "s", "ephemeral", 5.0, "the server still serves the expired entry 5 s later")
     ops = [(c.entry.key, c.entry.operation) for c in seen]
     assert ops == [("ephemeral", Operation.PUT), ("durable", Operation.PUT), ("ephemeral", Operation.PURGE)]
     assert seen[2].entry.revision == rev  # no new revision: the server wrote nothing
