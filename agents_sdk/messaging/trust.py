@@ -23,9 +23,8 @@ from datetime import datetime
 
 from blackboard.client.publisher import Sign
 from blackboard.client.signing import Signing
-from blackboard.protocol.errors import InvalidPayloadError
 from blackboard.protocol.schemas import MessageEnvelope
-from blackboard.protocol.signing import Verdict, parse_signature
+from blackboard.protocol.signing import Verdict
 from blackboard.protocol.subjects import MESSAGE_STREAM
 from blackboard.security.verifier import Signed
 
@@ -82,15 +81,7 @@ class MessageTrust:
 
     def signer_principal(self, headers: Mapping[str, str] | None) -> str | None:
         """The principal of the key that signed a message, when known (for error reports)."""
-        verifier = self._verifier
-        if verifier is None:
-            return None
-        try:
-            sig = parse_signature(headers)
-        except InvalidPayloadError:
-            return None
-        info = None if sig is None else verifier.keys.lookup(sig.public_key)
-        return None if info is None else info.principal
+        return None if self._verifier is None else self._verifier.signer_of(headers)
 
     def shows(self, verdict: Verdict) -> bool:
         """Whether a reader passes on a message of this verdict (else it hides it and counts it)."""

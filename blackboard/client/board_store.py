@@ -396,9 +396,7 @@ class BoardStore:
 
     def _signer_of(self, headers: Mapping[str, str] | None) -> str | None:
         """The principal of a message's signing key, when known."""
-        key = headers.get(_SIG_KEY) if headers else None
-        info = self._verifier.keys.lookup(key) if key and self._verifier is not None else None
-        return None if info is None else info.principal
+        return None if self._verifier is None else self._verifier.signer_of(headers)
 
     async def _read(self, parts: KeyParts, seq: int, subject: str, data: bytes | None,
                     headers: Mapping[str, str] | None, stored_at: datetime | None) -> Entry:

@@ -282,6 +282,16 @@ class Verifier:
             return None
         return sig.public_key
 
+    def signer_of(self, headers: Mapping[str, str] | None) -> str | None:
+        """The principal of a message's signing key, when its certificate is known (for
+        error reports; None: unsigned, malformed, or an unknown key)."""
+        try:
+            sig = parse_signature(headers)
+        except InvalidPayloadError:
+            return None
+        info = None if sig is None else self.keys.lookup(sig.public_key)
+        return None if info is None else info.principal
+
     async def verify(self, item: Signed) -> Verdict:
         """The record's verdict, its signer's certificate fetched first when not known."""
         key = self._signer_key(item)
