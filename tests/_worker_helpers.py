@@ -20,8 +20,10 @@ import dataclasses
 import hashlib
 import os
 import re
+import signal
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
@@ -255,12 +257,52 @@ def spawn_worker(settings: Settings, name: str, **env: str) -> subprocess.Popen[
         "BLACKBOARD_WORKER__ACK_WAIT": "2",
     })
     environ.update({f"BLACKBOARD_{k}": v for k, v in env.items()})
+    environ["PYTHONFAULTHANDLER"] = "1"  # stop_worker's SIGABRT prints every thread's stack
+    log = tempfile.NamedTemporaryFile(prefix=f"bb-worker-{name}-", suffix=".log", delete=False)
     proc = subprocess.Popen([sys.executable, "-m", "blackboard.worker"], env=environ,
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+                            stdout=subprocess.PIPE, stderr=log)
+    log.close()
+    _worker_logs[proc.pid] = log.name
     assert proc.stdout is not None
     line = proc.stdout.readline()  # blocks until "ready" (or EOF if it died)
-    assert line.strip() == b"ready", f"worker did not start: {line!r}"
+    assert line.strip() == b"ready", f"worker did not start: {line!r}\n{_log_tail(proc)}"
     return proc
+
+
+_worker_logs: dict[int, str] = {}
+
+
+def _log_tail(proc: subprocess.Popen[bytes], lines: int = 60) -> str:
+    path = _worker_logs.get(proc.pid)
+    if path is None:
+        return ""
+    with open(path, encoding="utf-8", errors="replace") as f:
+        return "".join(f.readlines()[-lines:])
+
+
+def stop_worker(proc: subprocess.Popen[bytes], timeout: float = 20) -> int:
+    """SIGTERM a :func:`spawn_worker` process and wait for it; returns its exit code.
+
+    A worker that does not stop within ``timeout`` is a defect: it is aborted
+    (its stacks are printed by faulthandler) and the test fails with its log's tail.
+    """
+    proc.terminate()
+    try:
+        code = proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGABRT)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(10)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        raise AssertionError(f"the worker did not stop within {timeout} s of SIGTERM; its log ends:\n"
+                             f"{_log_tail(proc, 200)}") from None
+    path = _worker_logs.pop(proc.pid, None)
+    if path is not None:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+    return code
 
 
 def rows(settings: Settings, query: str, *params: Any) -> list[tuple[Any, ...]]:

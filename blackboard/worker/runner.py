@@ -380,10 +380,20 @@ class Worker:
             busy = work > 0
 
 
+#: How long one step of the way out may take: a close that waits on the network (an
+#: unsubscribe's consumer deletion while a cluster elects a leader, a flush to a dead
+#: server) must not keep a stopping worker alive; what it held is released by the server.
+_CLOSE_TIMEOUT = 5.0
+
+
 async def _quietly(close: Callable[[], Awaitable[object]]) -> None:
-    """Close something on the way out; a failure to close must not hide why we are closing."""
+    """Close something on the way out, for at most :data:`_CLOSE_TIMEOUT` seconds; a failure
+    to close must not hide why we are closing."""
     try:
-        await close()
+        async with asyncio.timeout(_CLOSE_TIMEOUT):
+            await close()
+    except TimeoutError:
+        log.warning("closing %r took more than %.0f s: left behind", close, _CLOSE_TIMEOUT)
     except Exception as exc:
         log.debug("closing %r failed: %r", close, exc)
 

@@ -32,7 +32,7 @@ from blackboard.protocol.subjects import MEMORY_STREAM, MESSAGE_STREAM, VOTE_STR
 from blackboard.settings import NatsSettings, SecuritySettings, Settings
 from tests._auth import TestAuth, raw_connect
 from tests._cluster import COMPOSE_NATS_CONF, NatsCluster, render_node_config
-from tests._worker_helpers import count_rows, spawn_worker, wait_for
+from tests._worker_helpers import count_rows, spawn_worker, stop_worker, wait_for
 from tests.conftest import make_settings
 
 pytestmark = [pytest.mark.slow]
@@ -346,8 +346,7 @@ async def test_leader_crash_loses_no_acknowledged_write(
                        count_rows(pg.dsn, "SELECT count(*) FROM bb_memories WHERE board = %s", unique)
                        >= len(memories), 120, "the worker to store every write")
     finally:
-        worker.terminate()
-        worker.wait(20)
+        stop_worker(worker)
     with psycopg.connect(pg.dsn) as conn:
         revs = conn.execute("SELECT key, seq FROM bb_entry_revisions WHERE board = %s", (unique,)).fetchall()
         ids = [r[0] for r in conn.execute("SELECT id FROM bb_memories WHERE board = %s", (unique,))]

@@ -23,6 +23,7 @@ from tests._worker_helpers import (
     running_worker,
     signed_headers,
     spawn_worker,
+    stop_worker,
     wait_for,
     worker_settings,
 )
@@ -90,8 +91,7 @@ async def test_kill_9_mid_batch_then_restart_loses_and_duplicates_nothing(
         info = await nc.jetstream().consumer_info(Subjects(settings.board.bucket).kv_stream, "w-entries")
         await nc.close()
     finally:
-        proc.terminate()
-        proc.wait(20)
+        stop_worker(proc)
     assert killed_while_publishing
     # The killed worker's batches came back: more deliveries than messages.
     assert info.delivered.consumer_seq > info.delivered.stream_seq
@@ -125,9 +125,9 @@ async def test_two_workers_share_the_load_without_duplicates(
         assert max(waiting) >= 2, waiting
     finally:
         for p in procs:
-            p.terminate()
+            p.terminate()  # both stop at once
         for p in procs:
-            p.wait(20)
+            stop_worker(p)
     _assert_exactly_once(pg.dsn, unique, entries, memories)
 
 

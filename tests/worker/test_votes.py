@@ -35,6 +35,7 @@ from tests._worker_helpers import (
     credentials,
     running_worker,
     spawn_worker,
+    stop_worker,
     worker_settings,
 )
 from tests.conftest import make_settings
@@ -299,8 +300,7 @@ async def test_a_worker_killed_during_a_proposal_is_restarted_and_closes_it_at_t
             await asyncio.sleep(0.1)
         assert row == ("accepted", outcome.revision, "deadline", "accepted")
     finally:
-        proc.terminate()
-        await asyncio.to_thread(proc.wait, 20)
+        await asyncio.to_thread(stop_worker, proc)
         await nc.close()
 
 
