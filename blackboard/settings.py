@@ -22,6 +22,7 @@ MAX_DIMENSIONS = 4000
 __all__ = [
     "MAX_DIMENSIONS",
     "BoardSettings",
+    "CliSettings",
     "DevSettings",
     "EmbeddingSettings",
     "LLMSettings",
@@ -372,6 +373,14 @@ class DevSettings(BaseModel):
     pg_shared_buffers: str | None = None
 
 
+class CliSettings(BaseModel):
+    """The commands for people: ``blackboard get``, ``put``, ``ls``, ... (docs/cli.md)."""
+
+    #: Agent id the commands act as when ``--as`` is not given; its credential is found as
+    #: ``Agent.connect`` finds it. None: the agent whose credential ``nats.creds_file`` holds.
+    agent: str | None = None
+
+
 class SecuritySettings(BaseModel):
     """Identities and rights (docs/security.md)."""
 
@@ -427,6 +436,7 @@ class Settings(BaseSettings):
     messaging: MessagingSettings = MessagingSettings()
     dev: DevSettings = DevSettings()
     security: SecuritySettings = SecuritySettings()
+    cli: CliSettings = CliSettings()
 
     @model_validator(mode="after")
     def _check_windows(self) -> Settings:
