@@ -44,6 +44,7 @@ from blackboard.protocol.errors import (
     PermissionDeniedError,
     SearchError,
 )
+from blackboard.protocol.filters import parse_where
 from blackboard.protocol.limits import MAX_REPLY_DEPTH
 from blackboard.protocol.schemas import WireModel, validate_wire
 from blackboard.protocol.schemas.memory import MemoryKind
@@ -87,6 +88,7 @@ class SearchArgs(TypedDict, total=False):
     since: datetime | None
     until: datetime | None
     metadata: Mapping[str, Any] | None
+    where: Mapping[str, Any] | None
     top_k: int | None
     min_score: float | None
     mode: SearchMode
@@ -119,7 +121,8 @@ def search_filters(filters: SearchFilters | None, args: Mapping[str, Any]) -> Se
 
     Raises:
         TypeError: a keyword that is not a filter.
-        InvalidPayloadError: an invalid value (a board name that is not a token, an unknown kind).
+        InvalidPayloadError: an invalid value (a board name that is not a token, an unknown kind,
+            a ``where`` :func:`~blackboard.protocol.filters.parse_where` refuses).
     """
     update: dict[str, Any] = {}
     for name, value in args.items():
@@ -129,6 +132,8 @@ def search_filters(filters: SearchFilters | None, args: Mapping[str, Any]) -> Se
             raise TypeError(f"unexpected search filter {name!r}")
         if name == "metadata":
             value = mapping_arg(value, name)
+        elif name == "where":
+            value = parse_where(value)
         elif name not in ("author", "since", "until"):
             value = sequence_arg(value, name)
         update[name] = value
@@ -139,7 +144,10 @@ def search_filters(filters: SearchFilters | None, args: Mapping[str, Any]) -> Se
     try:
         if filters is None:
             return SearchFilters(**update)
-        return SearchFilters.model_validate({**filters.model_dump(), **update}) if update else filters
+        if not update:
+            return filters
+        fields = filters.model_dump(exclude={"where"})
+        return SearchFilters.model_validate({**fields, "where": filters.where, **update})
     except ValidationError as exc:
         raise InvalidPayloadError(f"invalid search filters: {exc.errors()[0]['msg']}") from exc
 
@@ -251,7 +259,7 @@ class SearchClient:
                 refused); the keyword filters of :class:`RecallArgs` replace its fields.
             **args: :class:`RecallArgs`: ``board``/``boards``, ``kind``/``kinds``,
                 ``author``, ``tags_any``, ``tags_all``, ``since``, ``until``, ``metadata``,
-                ``top_k``, ``min_score``, ``mode``.
+                ``where`` (comparison filters, docs/search.md "Filters"), ``top_k``, ``min_score``, ``mode``.
 
         Raises:
             SearchError: the service is not running, timed out or failed.
@@ -272,7 +280,7 @@ class SearchClient:
                 refused); the keyword filters of :class:`EntrySearchArgs` replace its fields.
             **args: :class:`EntrySearchArgs`: ``board``/``boards``, ``section``/``sections``,
                 ``author``, ``tags_any``, ``tags_all``, ``since``, ``until``, ``metadata``,
-                ``top_k``, ``min_score``, ``mode``.
+                ``where`` (comparison filters, docs/search.md "Filters"), ``top_k``, ``min_score``, ``mode``.
 
         Raises:
             SearchError: the service is not running, timed out or failed.

@@ -23,10 +23,20 @@ from __future__ import annotations
 
 from datetime import datetime
 from functools import cached_property
-from typing import Any, ClassVar, Literal, Self
+from typing import Annotated, Any, ClassVar, Literal, Self
 
-from pydantic import ConfigDict, Field, model_validator
+from pydantic import (
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    PlainValidator,
+    WithJsonSchema,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
 
+from blackboard.protocol.errors import InvalidPayloadError
+from blackboard.protocol.filters import EMPTY_WHERE, MAX_IN, MAX_PATHS, Where, parse_where
 from blackboard.protocol.schemas._base import Name, Timestamp, WireModel
 from blackboard.protocol.schemas.memory import MemoryKind
 from blackboard.protocol.signing import Verdict
@@ -58,6 +68,35 @@ _VERDICT = ("The record's signature as the worker found it at ingest: verified, 
 SearchTarget = Literal["memory", "entry"]
 
 
+def _where_json(where: Where) -> dict[str, Any]:
+    return where.to_json()
+
+
+def _parse_where(obj: Any) -> Where:
+    try:
+        return parse_where(obj)
+    except InvalidPayloadError as exc:  # pydantic would prefix "Value error, "
+        raise PydanticCustomError("where", exc.reason.removeprefix("where: ")) from exc
+
+
+#: ``where`` on the wire: an object of dotted path -> condition (see :mod:`blackboard.protocol.filters`);
+#: in Python the parsed :class:`~blackboard.protocol.filters.Where` (parsed once, as the request is
+#: validated; a mapping or a ``Where`` is accepted).
+WhereField = Annotated[
+    Where,
+    PlainValidator(_parse_where),
+    PlainSerializer(_where_json, return_type=dict[str, Any]),
+    WithJsonSchema({
+        "type": "object", "maxProperties": MAX_PATHS,
+        "propertyNames": {"pattern": r"^(metadata|value)(\.[^.]+){0,8}$", "maxLength": 256},
+        "additionalProperties": {
+            "description": "A JSON value (equality) or an object of operators, ANDed: $eq, $ne (any JSON "
+                           "value), $gt, $gte, $lt, $lte (a number or a string), $in, $nin (a list of at "
+                           f"most {MAX_IN} JSON scalars), $exists (a boolean)."},
+    }),
+]
+
+
 class _Scope(WireModel):
     """The filters of every search target, declared once (:class:`SearchFilters` and both
     search requests inherit them)."""
@@ -69,6 +108,9 @@ class _Scope(WireModel):
     since: Timestamp | None = Field(None, description="Created (memories) / updated (entries) at or after.")
     until: Timestamp | None = Field(None, description="... and before this instant.")
     metadata: dict[str, Any] = Field(default_factory=dict, description="JSON containment (@>) on metadata.")
+    where: WhereField = Field(EMPTY_WHERE, json_schema_extra={"default": {}}, description=(
+        "Comparison filters: dotted path (metadata.<...>, or value.<...> for entries) -> condition, "
+        "ANDed (docs/search.md, 'Filters')."))
 
 
 class _Kinds(WireModel):
@@ -90,7 +132,7 @@ class SearchFilters(_Sections, _Kinds, _Scope):
 
     Raises:
         pydantic.ValidationError: a wrong type, an invalid board or section name, an
-            unknown field.
+            unknown field, a ``where`` :func:`~blackboard.protocol.filters.parse_where` refuses.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -120,13 +162,16 @@ class _SearchRequest(_Scope, _Query):
 
         Raises:
             ValueError: ``filters`` sets the other target's filter (``sections`` for
-                memories, ``kinds`` for entries); pydantic's ``ValidationError`` (a
+                memories, ``kinds`` for entries, a ``where`` path on ``value.`` for memories); pydantic's ``ValidationError`` (a
                 ``ValueError``) for an invalid query or option.
         """
-        fields = filters.model_dump(exclude={cls._foreign})
+        fields = filters.model_dump(exclude={cls._foreign, "where"})
         if getattr(filters, cls._foreign):
             raise ValueError(f"{cls._foreign} do not filter {cls.target} searches")
-        return cls(query=query, mode=mode, top_k=top_k, min_score=min_score, **fields)
+        if cls.target == "memory" and filters.where.reads_value:
+            raise ValueError(_no_value(filters.where))
+        # (the parsed where as it is: parse_where passes a Where through)
+        return cls(query=query, mode=mode, top_k=top_k, min_score=min_score, where=filters.where, **fields)
 
     @cached_property
     def filters(self) -> SearchFilters:
@@ -139,10 +184,22 @@ class _SearchRequest(_Scope, _Query):
 
 
 class MemorySearchRequest(_Kinds, _SearchRequest):
-    """``bb.search.<principal>.memories``: search long-term memories."""
+    """``bb.search.<principal>.memories``: search long-term memories (a ``where`` path on
+    ``value.`` is refused: memories have no value)."""
 
     target: ClassVar[SearchTarget] = "memory"
     _foreign: ClassVar[str] = "sections"
+
+    @model_validator(mode="after")
+    def _no_value_paths(self) -> Self:
+        if self.where.reads_value:
+            raise ValueError(_no_value(self.where))
+        return self
+
+
+def _no_value(where: Where) -> str:
+    path = next(p.path for p in where.paths if p.root == "value")
+    return f"where: path {path[:64]!r}: memories have no value (only metadata.<...> paths)"
 
 
 class EntrySearchRequest(_Sections, _SearchRequest):
