@@ -7,6 +7,8 @@
 ``blackboard reindex``  re-embed everything with the configured model
 ``blackboard ingest``   load text/markdown files as knowledge memories
 ``blackboard auth``     identities: init, add, list, revoke, show, render, publish (docs/security.md)
+``blackboard get|put|ls|history|watch|search|recall|send|inbox|status``
+                        the board, messages and the deployment for people (docs/cli.md)
 
 Every option can also come from the environment (``BLACKBOARD_*``, see
 ``docs/configuration.md``); command-line flags win.
@@ -30,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
+from blackboard.apps.people import add_people_commands
 from blackboard.protocol.errors import BlackboardError, ConfigurationError, TransportError
 from blackboard.settings import Settings, describe_errors
 
@@ -647,6 +650,7 @@ def _parser() -> argparse.ArgumentParser:
                                     "setup`, and after a revocation that could not be published. Idempotent.")
     _add_conn_flags(a, pg=False)
     p.set_defaults(func=_auth)
+    add_people_commands(sub)  # get, put, ls, history, watch, search, recall, send, inbox, status
     return parser
 
 

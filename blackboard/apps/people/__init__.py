@@ -1,0 +1,6 @@
+"""The commands for people: ``blackboard get / put / ls / history / watch / search / recall /
+send / inbox / status`` (docs/cli.md), acting as an agent identity."""
+
+from blackboard.apps.people.parsers import PEOPLE_COMMANDS, add_people_commands
+
+__all__ = ["PEOPLE_COMMANDS", "add_people_commands"]
