@@ -7,6 +7,7 @@
 ``blackboard reindex``  re-embed everything with the configured model
 ``blackboard ingest``   load text/markdown files as knowledge memories
 ``blackboard auth``     identities: init, add, list, revoke, show, render, publish (docs/security.md)
+``blackboard mcp``      the MCP server for MCP hosts: stdio, or HTTP with per-client tokens (docs/mcp.md)
 ``blackboard get|put|ls|history|watch|search|recall|send|inbox|status``
                         the board, messages and the deployment for people (docs/cli.md)
 
@@ -536,6 +537,19 @@ async def _auth(args: argparse.Namespace) -> int:
     raise ConfigurationError(f"unknown auth command {cmd!r}")
 
 
+# --------------------------------------------------------------------------- mcp
+async def _mcp(args: argparse.Namespace) -> int:
+    """``blackboard mcp ...``: its own parser (blackboard/apps/mcp/cli.py), loaded only here, so the
+    other commands neither load nor need the ``mcp`` extra."""
+    import importlib.util
+
+    if importlib.util.find_spec("mcp") is None or importlib.util.find_spec("uvicorn") is None:
+        raise ConfigurationError("the MCP server needs the mcp extra: pip install 'blackboard[mcp]'")
+    from blackboard.apps.mcp.cli import run
+
+    return await run(args.mcp_args)
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="blackboard",
@@ -650,6 +664,12 @@ def _parser() -> argparse.ArgumentParser:
                                     "setup`, and after a revocation that could not be published. Idempotent.")
     _add_conn_flags(a, pg=False)
     p.set_defaults(func=_auth)
+
+    # Everything after `mcp` goes to its own parser (`blackboard mcp --help` is that parser's).
+    p = sub.add_parser("mcp", help="the MCP server for MCP hosts: --stdio --as AGENT, or --http with tokens",
+                       add_help=False, prefix_chars="\0")
+    p.add_argument("mcp_args", nargs=argparse.REMAINDER)
+    p.set_defaults(func=_mcp)
     add_people_commands(sub)  # get, put, ls, history, watch, search, recall, send, inbox, status
     return parser
 
