@@ -13,14 +13,24 @@ Contract (used by the HTTP transport and the ``blackboard mcp`` command):
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any, Protocol
 
 from mcp.server.auth.provider import TokenVerifier
 from mcp.server.auth.settings import AuthSettings
 from mcp.server.context import ServerRequestContext
 from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver.resources import ResourceSecurity
+from mcp.types import (
+    SubscribeRequestParams,
+    SubscriptionsListenRequestParams,
+    UnsubscribeRequestParams,
+)
 
 from agents_sdk import Agent
+from blackboard.apps.mcp.resources import Subscriptions, register_resources
+from blackboard.apps.mcp.tools import register_tools
 from blackboard.settings import Settings
 
 __all__ = ["AgentSource", "BlackboardMCP", "SingleAgent", "create_server"]
@@ -51,14 +61,52 @@ class SingleAgent:
         return self.agent
 
 
+INSTRUCTIONS = """\
+A shared blackboard for agents. You act as one agent identity; what you may read and write is
+that identity's permissions. Boards hold entries addressed board/section/key, each a JSON value with a
+revision. Read with board_get / board_entries / board_search; write with board_put, or safely with
+board_update(expected_revision=<the revision you read>) - a ConflictError tells the current revision:
+read again and retry. Coordinate with task_claim / task_release, messages (message_send, inbox_read then
+inbox_ack, message_reply) and votes (vote_propose, vote_cast, vote_outcome). Long-term memory:
+memory_remember and memory_recall. Resources: blackboard://{board}, blackboard://{board}/{section},
+blackboard://{board}/{section}/{key} (JSON; subscribe to be told of changes)."""
+
+
 class BlackboardMCP(MCPServer[Any]):
     """The blackboard MCP server (an ``MCPServer``); build it with :func:`create_server`."""
 
     def __init__(self, source: AgentSource, settings: Settings, *, name: str = "blackboard",
                  token_verifier: TokenVerifier | None = None, auth: AuthSettings | None = None) -> None:
-        super().__init__(name, token_verifier=token_verifier, auth=auth)
+        # Resource parameters are board names and keys, never file paths: no path checks on them.
+        security = ResourceSecurity(reject_path_traversal=False, reject_absolute_paths=False)
+        super().__init__(name, instructions=INSTRUCTIONS, version=_version(), token_verifier=token_verifier,
+                         auth=auth, resource_security=security, lifespan=_lifespan)
         self.source = source
         self.blackboard_settings = settings
+        self.subscriptions = Subscriptions(source)
+        register_tools(self, source)
+        register_resources(self, source)
+        # Resource subscriptions: served here (each a watch as the subscriber's identity)
+        # for both eras, instead of the SDK's shared in-process bus.
+        low = self._lowlevel_server
+        low.add_request_handler("subscriptions/listen", SubscriptionsListenRequestParams, self.subscriptions.listen)
+        low.add_request_handler("resources/subscribe", SubscribeRequestParams, self.subscriptions.subscribe)
+        low.add_request_handler("resources/unsubscribe", UnsubscribeRequestParams, self.subscriptions.unsubscribe)
+
+
+@asynccontextmanager
+async def _lifespan(server: MCPServer[Any]) -> AsyncIterator[dict[str, Any]]:
+    """Stop the ``resources/subscribe`` watches when the server (over stdio: the connection) ends."""
+    try:
+        yield {}
+    finally:
+        if isinstance(server, BlackboardMCP):
+            await server.subscriptions.close()
+
+
+def _version() -> str:
+    from blackboard import __version__
+    return __version__
 
 
 def create_server(source: AgentSource, settings: Settings, *, name: str = "blackboard",
