@@ -1,0 +1,613 @@
+"""The board side of :class:`~agents_sdk.langgraph.BlackboardSaver`: every read and write of
+checkpoints, writes, values and the index, on the agent's event loop (the saver's async
+and sync methods call these). Layout: :mod:`agents_sdk.langgraph._checkpoint_layout`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import heapq
+import random
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator, Mapping, Sequence
+from typing import Any, cast
+
+from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.base import (
+    ChannelVersions,
+    Checkpoint,
+    CheckpointMetadata,
+    CheckpointTuple,
+    get_serializable_checkpoint_metadata,
+)
+from langgraph.checkpoint.serde.base import SerializerProtocol
+
+from agents_sdk.agent import Agent
+from agents_sdk.board import Board
+from agents_sdk.langgraph._checkpoint_layout import (
+    FORMAT,
+    THREADS_SECTION,
+    Descending,
+    NewestFirst,
+    Page,
+    StoredWrite,
+    ThreadSections,
+    blob_key,
+    head_key,
+    merge_writes,
+    ns_token,
+    page_key,
+    parse_page_key,
+    record_key,
+    thread_id_of,
+    write_index,
+    writes_key,
+)
+from agents_sdk.objects import OBJECT_REF_KEY, ObjectRef, object_name
+from blackboard.protocol.entries import Entry
+from blackboard.protocol.errors import (
+    ConflictError,
+    InvalidKeyError,
+    InvalidPayloadError,
+    NotFoundError,
+    PayloadTooLargeError,
+)
+
+__all__ = ["CheckpointBoard", "thread_of"]
+
+#: Compare-and-set attempts of one index append before giving up.
+_APPEND_RETRIES = 100
+#: A stored write's bytes besides its value (ids, channel, task path), as counted for the budget.
+_WRITE_OVERHEAD = 512
+
+_MISSING: Any = object()
+_Item = tuple[str, str, str, str | None]  # thread id, namespace, checkpoint id, run id
+
+
+def _configurable(config: Any) -> Mapping[str, Any]:
+    configurable = config.get("configurable") if isinstance(config, Mapping) else None
+    if not isinstance(configurable, Mapping):
+        raise InvalidKeyError(repr(config)[:64], "a checkpoint config needs a 'configurable' mapping")
+    return configurable
+
+
+def thread_of(config: Any) -> tuple[str, str | None, str | None]:
+    """``(thread_id, checkpoint_ns or None, checkpoint_id or None)`` of a config.
+
+    Raises:
+        InvalidKeyError: no thread id, or a namespace or checkpoint id that is not a string.
+    """
+    conf = _configurable(config)
+    if "thread_id" not in conf:
+        raise InvalidKeyError(repr(config)[:64], "a checkpoint config needs configurable.thread_id")
+    ns = conf.get("checkpoint_ns")
+    if ns is not None and not isinstance(ns, str):
+        raise InvalidKeyError(repr(ns)[:64], "checkpoint_ns must be a string")
+    checkpoint_id = conf.get("checkpoint_id")
+    if checkpoint_id is not None and not isinstance(checkpoint_id, str):
+        raise InvalidKeyError(repr(checkpoint_id)[:64], "checkpoint_id must be a string")
+    return thread_id_of(conf["thread_id"]), ns, checkpoint_id or None
+
+
+def _config(thread_id: str, ns: str, checkpoint_id: str) -> RunnableConfig:
+    return {"configurable": {"thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": checkpoint_id}}
+
+
+def _object_names(value: Any) -> Iterator[str]:
+    """The object names a stored value references."""
+    if isinstance(value, Mapping):
+        ref = value.get("o")
+        if isinstance(ref, Mapping) and isinstance(ref.get("name"), str):
+            yield ref["name"]
+        for v in value.values():
+            yield from _object_names(v)
+    elif isinstance(value, list):
+        for v in value:
+            yield from _object_names(v)
+
+
+class CheckpointBoard:
+    """Checkpoints of LangGraph threads on one board, through one agent (async, on its loop).
+
+    Args:
+        agent: the connected agent.
+        board: the board.
+        serde: the saver's serializer.
+        inline_limit: serialised values larger than this go to the object store.
+        budget: the bytes a checkpoint's writes may take in one entry.
+    """
+
+    def __init__(self, agent: Agent, board: Board, serde: SerializerProtocol, inline_limit: int,
+                 budget: int) -> None:
+        self.agent = agent
+        self.board = board
+        self.serde = serde
+        self.inline_limit = inline_limit
+        self.budget = budget
+        self._registered: set[str] = set()
+
+    # ------------------------------------------------------------ values
+    async def _get(self, section: str, key: str) -> Entry | None:
+        try:
+            return await self.board.get(section, key)
+        except NotFoundError:
+            return None
+
+    async def _payload(self, th: ThreadSections, section: str, key: str, typed: tuple[str, Any], *,
+                       to_object: bool = False) -> dict[str, Any]:
+        """A serialised value as stored: inline, or in the object store when large."""
+        kind, data = typed
+        data = b"" if data is None else bytes(data)
+        if len(data) <= self.inline_limit and not to_object:
+            return {"t": kind, "d": data}
+        name = object_name(self.board.name, section, key, hashlib.sha256(data).hexdigest())
+        ref = await self.agent.objects.put(name, data, content_type="application/x-langgraph-" + kind)
+        await self.board.put(th.objects, name, {"v": FORMAT, "thread": th.thread_id, "section": section,
+                                                "key": key})
+        return {"t": kind, "o": ref.to_value()[OBJECT_REF_KEY]}
+
+    async def _load(self, payload: Any, what: str) -> Any:
+        if not isinstance(payload, Mapping) or not isinstance(payload.get("t"), str):
+            raise InvalidPayloadError(f"{what}: not a stored value")
+        if "o" in payload:
+            ref = ObjectRef.from_value({OBJECT_REF_KEY: payload["o"]})
+            assert ref is not None
+            data = await self.agent.objects.fetch(ref)
+        elif isinstance(payload.get("d"), bytes):
+            data = payload["d"]
+        else:
+            raise InvalidPayloadError(f"{what}: a stored value holds no bytes")
+        return self.serde.loads_typed((payload["t"], data))
+
+    def _record(self, entry: Entry, thread_id: str, ns: str, checkpoint_id: str | None) -> Mapping[str, Any]:
+        value = entry.value
+        if (not isinstance(value, Mapping) or value.get("thread") != thread_id or value.get("ns") != ns
+                or not isinstance(value.get("id"), str) or (checkpoint_id is not None and value["id"] != checkpoint_id)):
+            raise InvalidPayloadError(f"{entry.section}/{entry.key} is not the checkpoint record it should be "
+                                      f"(thread {thread_id!r}, namespace {ns!r}, id {checkpoint_id!r})")
+        return value
+
+    # ------------------------------------------------------------ put
+    async def _register(self, th: ThreadSections) -> None:
+        if th.token in self._registered:
+            return
+        try:
+            await self.board.create(THREADS_SECTION, th.token, {"v": FORMAT, "thread": th.thread_id})
+        except ConflictError:
+            pass
+        self._registered.add(th.token)
+
+    async def put(self, config: RunnableConfig, checkpoint: Checkpoint, metadata: CheckpointMetadata,
+                   new_versions: ChannelVersions) -> RunnableConfig:
+        thread_id, ns, parent_id = thread_of(config)
+        ns = ns or ""
+        if not isinstance(checkpoint, Mapping) or not isinstance(checkpoint.get("id"), str) or not checkpoint["id"]:
+            raise InvalidPayloadError("a checkpoint needs a non-empty string 'id'")
+        checkpoint_id = checkpoint["id"]
+        th = ThreadSections.of(thread_id)
+        await self._register(th)
+        stripped = {k: v for k, v in checkpoint.items() if k != "channel_values"}
+        values = checkpoint.get("channel_values") or {}
+        async with self.board.pipeline() as pipe:
+            for channel, version in new_versions.items():
+                key = blob_key(ns, channel, version)
+                typed = self.serde.dumps_typed(values[channel]) if channel in values else ("empty", b"")
+                stored = await self._payload(th, th.blobs, key, typed)
+                await pipe.put(th.blobs, key, {"v": FORMAT, "thread": thread_id, "ns": ns, "channel": channel,
+                                               "version": version, "value": stored})
+        meta = get_serializable_checkpoint_metadata(config, metadata)
+        run_id = meta.get("run_id")
+        run_id = str(run_id) if run_id is not None else None
+        key = record_key(ns, checkpoint_id)
+        record = {"v": FORMAT, "thread": thread_id, "ns": ns, "id": checkpoint_id, "parent": parent_id,
+                  "run_id": run_id,
+                  "checkpoint": await self._payload(th, th.checkpoints, key, self.serde.dumps_typed(stripped)),
+                  "metadata": await self._payload(th, th.checkpoints, key, self.serde.dumps_typed(meta))}
+        await self.board.put(th.checkpoints, key, record)
+        await self._append(th, ns, checkpoint_id, run_id)
+        return _config(thread_id, ns, checkpoint_id)
+
+    async def _page(self, th: ThreadSections, ns: str, number: int) -> tuple[Page, int] | None:
+        entry = await self._get(th.index, page_key(ns, number))
+        if entry is None:
+            return None
+        return Page.from_value(entry.value, thread_id=th.thread_id, checkpoint_ns=ns, number=number), entry.revision
+
+    async def _head(self, th: ThreadSections, ns: str) -> tuple[int, int | None]:
+        """The newest page number and the head's revision (0 and None: no head yet)."""
+        entry = await self._get(th.index, head_key(ns))
+        if entry is None:
+            return 0, None
+        page = entry.value.get("page") if isinstance(entry.value, Mapping) else None
+        if not isinstance(page, int) or page < 0:
+            raise InvalidPayloadError(f"malformed index head {th.index}/{head_key(ns)}")
+        return page, entry.revision
+
+    async def _floor_below(self, th: ThreadSections, ns: str, number: int) -> str | None:
+        for q in range(number - 1, -1, -1):
+            found = await self._page(th, ns, q)
+            if found is not None:
+                return found[0].top()
+        return None
+
+    async def _append(self, th: ThreadSections, ns: str, checkpoint_id: str, run_id: str | None) -> None:
+        """Add a checkpoint id to the namespace's newest index page, by compare-and-set."""
+        last: ConflictError | None = None
+        for attempt in range(_APPEND_RETRIES):
+            number, head_rev = await self._head(th, ns)
+            found = await self._page(th, ns, number)
+            try:
+                if found is None:
+                    page = Page(th.thread_id, ns, number, await self._floor_below(th, ns, number),
+                                [(checkpoint_id, run_id)])
+                    await self.board.create(th.index, page_key(ns, number), page.to_value())
+                    return
+                page, rev = found
+                if page.holds(checkpoint_id):
+                    return
+                if not page.full:
+                    page.ids.append((checkpoint_id, run_id))
+                    await self.board.update(th.index, page_key(ns, number), page.to_value(), expected_revision=rev)
+                    return
+                head = {"v": FORMAT, "thread": th.thread_id, "ns": ns, "page": number + 1}
+                if head_rev is None:
+                    await self.board.create(th.index, head_key(ns), head)
+                else:
+                    await self.board.update(th.index, head_key(ns), head, expected_revision=head_rev)
+            except ConflictError as exc:
+                last = exc
+                await asyncio.sleep(random.uniform(0, min(0.001 * (attempt + 1), 0.05)))
+        assert last is not None
+        raise last
+
+    async def put_writes(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str,
+                          task_path: str) -> None:
+        thread_id, ns, checkpoint_id = thread_of(config)
+        ns = ns or ""
+        if checkpoint_id is None:
+            raise InvalidKeyError(repr(config)[:64], "put_writes needs the config of a checkpoint (checkpoint_id)")
+        if not isinstance(task_id, str) or not isinstance(task_path, str):
+            raise InvalidKeyError(repr(task_id)[:64], "task_id and task_path must be strings")
+        th = ThreadSections.of(thread_id)
+        key = writes_key(ns, checkpoint_id)
+        new: list[StoredWrite] = []
+        for position, (channel, value) in enumerate(writes):
+            if not isinstance(channel, str):
+                raise InvalidKeyError(repr(channel)[:64], "a write's channel must be a string")
+            payload = await self._payload(th, th.writes, key, self.serde.dumps_typed(value))
+            new.append(StoredWrite(task_id, write_index(channel, position), channel, task_path, payload))
+
+        async def merge(current: Any) -> dict[str, Any]:
+            existing: list[StoredWrite] = [] if current is None else [StoredWrite.from_value(w) for w in current.get("writes", ())]
+            merged = merge_writes(existing, new)
+            if _size(merged) > self.budget:
+                for i, w in enumerate(new):  # this task's values move to the object store
+                    if "d" in w.value:
+                        moved = await self._payload(th, th.writes, key, (w.value["t"], w.value["d"]), to_object=True)
+                        new[i] = StoredWrite(w.task_id, w.idx, w.channel, w.task_path, moved)
+                merged = merge_writes(existing, new)
+                if _size(merged) > self.budget:
+                    raise PayloadTooLargeError(_size(merged), self.budget)
+            return {"v": FORMAT, "thread": thread_id, "ns": ns, "id": checkpoint_id,
+                    "writes": [w.to_value() for w in merged]}
+
+        await self.board.modify(th.writes, key, merge)
+
+    # ------------------------------------------------------------ get / list
+    async def _load_tuple(self, th: ThreadSections, ns: str, record: Mapping[str, Any]) -> CheckpointTuple:
+        checkpoint_id = record["id"]
+        what = f"checkpoint {checkpoint_id!r} of thread {th.thread_id!r}"
+        checkpoint = await self._load(record.get("checkpoint"), what)
+        metadata = await self._load(record.get("metadata"), what)
+        versions = checkpoint.get("channel_versions") or {}
+
+        async def value(channel: str, version: Any) -> tuple[str, Any]:
+            entry = await self._get(th.blobs, blob_key(ns, channel, version))
+            if entry is None or not isinstance(entry.value, Mapping):
+                return channel, _MISSING
+            stored = entry.value.get("value")
+            if isinstance(stored, Mapping) and stored.get("t") == "empty":
+                return channel, _MISSING
+            return channel, await self._load(stored, f"channel {channel!r} of {what}")
+
+        loaded, writes = await asyncio.gather(asyncio.gather(*(value(c, v) for c, v in versions.items())),
+                                              self._pending_writes(th, ns, checkpoint_id))
+        parent = record.get("parent")
+        full = cast(Checkpoint, {**checkpoint, "channel_values": {c: v for c, v in loaded if v is not _MISSING}})
+        return CheckpointTuple(
+            config=_config(th.thread_id, ns, checkpoint_id),
+            checkpoint=full,
+            metadata=metadata,
+            parent_config=_config(th.thread_id, ns, parent) if isinstance(parent, str) and parent else None,
+            pending_writes=writes,
+        )
+
+    async def _pending_writes(self, th: ThreadSections, ns: str, checkpoint_id: str) -> list[tuple[str, str, Any]]:
+        entry = await self._get(th.writes, writes_key(ns, checkpoint_id))
+        if entry is None:
+            return []
+        if not isinstance(entry.value, Mapping) or entry.value.get("id") != checkpoint_id:
+            raise InvalidPayloadError(f"{entry.section}/{entry.key} is not the writes of checkpoint {checkpoint_id!r}")
+        stored = sorted((StoredWrite.from_value(w) for w in entry.value.get("writes", ())), key=StoredWrite.sort_key)
+        return [(w.task_id, w.channel, await self._load(w.value, f"a write of checkpoint {checkpoint_id!r}"))
+                for w in stored]
+
+    async def _record_of(self, th: ThreadSections, ns: str, checkpoint_id: str) -> Mapping[str, Any] | None:
+        entry = await self._get(th.checkpoints, record_key(ns, checkpoint_id))
+        return None if entry is None else self._record(entry, th.thread_id, ns, checkpoint_id)
+
+    async def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        thread_id, ns, checkpoint_id = thread_of(config)
+        ns = ns or ""
+        th = ThreadSections.of(thread_id)
+        if checkpoint_id is not None:
+            record = await self._record_of(th, ns, checkpoint_id)
+            return None if record is None else await self._load_tuple(th, ns, record)
+        async for _, _, newest, _ in self._newest_first(th, ns, None):
+            record = await self._record_of(th, ns, newest)
+            if record is not None:
+                return await self._load_tuple(th, ns, record)
+        return None
+
+    async def _newest_first(self, th: ThreadSections, ns: str, before: str | None) -> AsyncIterator[_Item]:
+        """The namespace's checkpoint ids from its index, newest first."""
+        newest, _ = await self._head(th, ns)
+        order = NewestFirst(before)
+        for number in range(newest, -1, -1):
+            found = await self._page(th, ns, number)
+            order.add(None if found is None else found[0])
+            for checkpoint_id, run_id in order.ready():
+                yield th.thread_id, ns, checkpoint_id, run_id
+        for checkpoint_id, run_id in order.rest():
+            yield th.thread_id, ns, checkpoint_id, run_id
+
+    async def _namespaces(self, th: ThreadSections) -> list[str]:
+        """The namespaces of a thread (those with an index)."""
+        lowest: dict[str, int] = {}
+        for key in await self.board.keys(th.index):
+            parsed = parse_page_key(key)
+            if parsed is not None:
+                token, number = parsed
+                lowest[token] = min(number, lowest.get(token, number))
+        names: list[str] = []
+        for token, number in lowest.items():
+            key = f"p-{token}-{number}"
+            entry = await self._get(th.index, key)
+            ns = entry.value.get("ns") if entry is not None and isinstance(entry.value, Mapping) else None
+            if isinstance(ns, str) and page_key(ns, number) == key:
+                names.append(ns)
+        return sorted(names)
+
+    async def _threads(self) -> list[ThreadSections]:
+        threads: list[ThreadSections] = []
+        for token in await self.board.keys(THREADS_SECTION):
+            entry = await self._get(THREADS_SECTION, token)
+            thread_id = entry.value.get("thread") if entry is not None and isinstance(entry.value, Mapping) else None
+            if isinstance(thread_id, str) and ThreadSections.of(thread_id).token == token:
+                threads.append(ThreadSections.of(thread_id))
+        return threads
+
+    async def list_tuples(self, config: RunnableConfig | None, filter: Mapping[str, Any] | None,
+                          before: RunnableConfig | None, limit: int | None) -> AsyncGenerator[CheckpointTuple, None]:
+        if limit is not None and limit <= 0:
+            return
+        before_id = thread_of(before)[2] if before is not None else None
+        if config is None:
+            threads, ns_wanted, exact = await self._threads(), None, None
+        else:
+            thread_id, ns_wanted, exact = thread_of(config)
+            threads = [ThreadSections.of(thread_id)]
+        streams: list[AsyncIterator[_Item]] = []
+        for th in threads:
+            for ns in [ns_wanted] if ns_wanted is not None else await self._namespaces(th):
+                if exact is not None:
+                    streams.append(_one(th.thread_id, ns, exact, before_id))
+                else:
+                    streams.append(self._newest_first(th, ns, before_id))
+        by_token = {th.thread_id: th for th in threads}
+        count = 0
+        async for thread_id, ns, checkpoint_id, _ in _merge(streams):
+            th = by_token[thread_id]
+            record = await self._record_of(th, ns, checkpoint_id)
+            if record is None:
+                continue
+            if filter:
+                metadata = await self._load(record.get("metadata"), f"checkpoint {checkpoint_id!r}")
+                if not all(metadata.get(k) == v for k, v in filter.items()):
+                    continue
+            yield await self._load_tuple(th, ns, record)
+            count += 1
+            if limit is not None and count >= limit:
+                return
+
+    # ------------------------------------------------------------ delete / copy / prune
+    async def _purge(self, section: str, keys: Sequence[str]) -> None:
+        if not keys:
+            return
+        async with self.board.pipeline() as pipe:
+            for key in keys:
+                await pipe.delete(section, key, purge=True)
+
+    async def _delete_objects(self, th: ThreadSections, *, unless_used: bool) -> None:
+        """Delete the objects registered for a thread (with ``unless_used``: only those no
+        entry references any more)."""
+        gone: list[str] = []
+        for name in await self.board.keys(th.objects):
+            if unless_used:
+                entry = await self._get(th.objects, name)
+                ref = entry.value if entry is not None and isinstance(entry.value, Mapping) else {}
+                section, key = ref.get("section"), ref.get("key")
+                if isinstance(section, str) and isinstance(key, str):
+                    user = await self._get(section, key)
+                    if user is not None and name in set(_object_names(user.value)):
+                        continue
+            try:
+                await self.agent.objects.delete(name)
+            except NotFoundError:
+                pass
+            gone.append(name)
+        await self._purge(th.objects, gone)
+
+    async def delete_thread(self, thread_id: str) -> None:
+        th = ThreadSections.of(thread_id)
+        await self._delete_objects(th, unless_used=False)
+        for section in (th.index, th.checkpoints, th.writes, th.blobs):
+            await self._purge(section, await self.board.keys(section))
+        await self._purge(THREADS_SECTION, [th.token] if await self._get(THREADS_SECTION, th.token) else [])
+        self._registered.discard(th.token)
+
+    async def _all_ids(self, th: ThreadSections, ns: str) -> list[tuple[str, str | None]]:
+        return [(checkpoint_id, run_id) async for _, _, checkpoint_id, run_id in self._newest_first(th, ns, None)]
+
+    async def _sweep_blobs(self, th: ThreadSections, ns: str) -> None:
+        """Delete the namespace's channel values that no remaining checkpoint uses."""
+        used: set[str] = set()
+        for checkpoint_id, _ in await self._all_ids(th, ns):
+            record = await self._record_of(th, ns, checkpoint_id)
+            if record is not None:
+                checkpoint = await self._load(record.get("checkpoint"), f"checkpoint {checkpoint_id!r}")
+                used.update(blob_key(ns, c, v) for c, v in (checkpoint.get("channel_versions") or {}).items())
+        prefix = ns_token(ns) + "-"
+        await self._purge(th.blobs, [k for k in await self.board.keys(th.blobs)
+                                     if k.startswith(prefix) and k not in used])
+
+    async def _drop(self, th: ThreadSections, ns: str, checkpoint_ids: Sequence[str]) -> None:
+        await self._purge(th.checkpoints, [record_key(ns, i) for i in checkpoint_ids])
+        await self._purge(th.writes, [writes_key(ns, i) for i in checkpoint_ids])
+
+    async def delete_for_runs(self, run_ids: set[str]) -> None:
+        if not run_ids:
+            return
+        for th in await self._threads():
+            touched = False
+            for ns in await self._namespaces(th):
+                newest, _ = await self._head(th, ns)
+                for number in range(newest + 1):
+                    found = await self._page(th, ns, number)
+                    if found is None:
+                        continue
+                    page = found[0]
+                    doomed = [i for i, r in page.ids if r in run_ids]
+                    if not doomed:
+                        continue
+                    touched = True
+                    await self._drop(th, ns, doomed)
+
+                    await self.board.modify(th.index, page_key(ns, number),
+                                            _without(th.thread_id, ns, number, set(doomed)))
+                if touched:
+                    await self._sweep_blobs(th, ns)
+            if touched:
+                await self._delete_objects(th, unless_used=True)
+
+    async def copy_thread(self, source: str, target: str) -> None:
+        src, dst = ThreadSections.of(source), ThreadSections.of(target)
+        if src.token == dst.token:
+            return
+        namespaces = await self._namespaces(src)
+        if not namespaces:
+            return
+        await self._register(dst)
+        merge_index = bool(await self.board.keys(dst.index))
+        for from_section, to_section in ((src.blobs, dst.blobs), (src.writes, dst.writes),
+                                         (src.checkpoints, dst.checkpoints)):
+            for key in await self.board.keys(from_section):
+                entry = await self._get(from_section, key)
+                if entry is None or not isinstance(entry.value, Mapping):
+                    continue
+                value = await self._relocate(dst, to_section, key, entry.value)
+                await self.board.put(to_section, key, {**value, "thread": target})
+        for ns in namespaces:
+            if merge_index:
+                for checkpoint_id, run_id in reversed(await self._all_ids(src, ns)):
+                    await self._append(dst, ns, checkpoint_id, run_id)
+                continue
+            newest, _ = await self._head(src, ns)
+            for number in range(newest + 1):
+                found = await self._page(src, ns, number)
+                if found is not None:
+                    page = found[0]
+                    page.thread_id = target
+                    await self.board.put(dst.index, page_key(ns, number), page.to_value())
+            if newest:
+                await self.board.put(dst.index, head_key(ns), {"v": FORMAT, "thread": target, "ns": ns,
+                                                               "page": newest})
+
+    async def _relocate(self, dst: ThreadSections, section: str, key: str, value: Any) -> Any:
+        """A stored value for another thread: objects it references are stored again under
+        the target's names (deleting one thread leaves the other's intact)."""
+        if isinstance(value, Mapping):
+            if isinstance(value.get("t"), str) and isinstance(value.get("o"), Mapping):
+                ref = ObjectRef.from_value({OBJECT_REF_KEY: value["o"]})
+                assert ref is not None
+                data = await self.agent.objects.fetch(ref)
+                return await self._payload(dst, section, key, (value["t"], data), to_object=True)
+            return {k: await self._relocate(dst, section, key, v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [await self._relocate(dst, section, key, v) for v in value]
+        return value
+
+    async def prune(self, thread_ids: Sequence[str], strategy: str) -> None:
+        for thread_id in thread_ids:
+            if strategy == "delete":
+                await self.delete_thread(thread_id)
+                continue
+            th = ThreadSections.of(thread_id)
+            for ns in await self._namespaces(th):
+                ids = await self._all_ids(th, ns)
+                kept = None
+                for checkpoint_id, run_id in ids:
+                    if await self._record_of(th, ns, checkpoint_id) is not None:
+                        kept = (checkpoint_id, run_id)
+                        break
+                if kept is not None:
+                    record = await self._record_of(th, ns, kept[0])
+                    assert record is not None
+                    metadata = await self._load(record.get("metadata"), f"checkpoint {kept[0]!r}")
+                    if "counters_since_delta_snapshot" in metadata or "delta_writes_versioned" in metadata:
+                        raise NotImplementedError(f"keep_latest can't prune thread {thread_id!r}: its graph uses "
+                                                  "a DeltaChannel, whose state needs the older checkpoints")
+                await self._drop(th, ns, [i for i, _ in ids if kept is None or i != kept[0]])
+                newest, _ = await self._head(th, ns)
+                await self._purge(th.index, [page_key(ns, n) for n in range(1, newest + 1)] +
+                                  ([head_key(ns)] if newest else []))
+                if kept is None:
+                    await self._purge(th.index, [page_key(ns, 0)])
+                else:
+                    await self.board.put(th.index, page_key(ns, 0), Page(thread_id, ns, 0, None, [kept]).to_value())
+                await self._sweep_blobs(th, ns)
+            await self._delete_objects(th, unless_used=True)
+
+
+def _size(writes: Sequence[StoredWrite]) -> int:
+    """What a checkpoint's writes take in an entry, roughly (inline values and overhead)."""
+    return sum(len(w.value.get("d") or b"") + _WRITE_OVERHEAD for w in writes)
+
+
+async def _one(thread_id: str, ns: str, checkpoint_id: str, before: str | None) -> AsyncIterator[_Item]:
+    if before is None or checkpoint_id < before:
+        yield thread_id, ns, checkpoint_id, None
+
+
+async def _merge(streams: Sequence[AsyncIterator[_Item]]) -> AsyncIterator[_Item]:
+    """Several newest-first streams as one, newest first."""
+    heap: list[tuple[Descending, int, _Item]] = []
+    for i, stream in enumerate(streams):
+        item = await anext(stream, None)
+        if item is not None:
+            heapq.heappush(heap, (Descending(item[2]), i, item))
+    while heap:
+        _, i, item = heapq.heappop(heap)
+        yield item
+        following = await anext(streams[i], None)
+        if following is not None:
+            heapq.heappush(heap, (Descending(following[2]), i, following))
+
+
+def _without(thread_id: str, ns: str, number: int, doomed: set[str]) -> Callable[[Any], dict[str, Any]]:
+    """An index page's ``modify`` function dropping the ``doomed`` ids."""
+    def without(current: Any) -> dict[str, Any]:
+        kept = Page.from_value(current, thread_id=thread_id, checkpoint_ns=ns, number=number)
+        kept.ids = [(i, r) for i, r in kept.ids if i not in doomed]
+        return kept.to_value()
+    return without
