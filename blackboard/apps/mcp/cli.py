@@ -157,12 +157,8 @@ async def run(argv: Sequence[str]) -> int:
 
 async def _stdio(args: argparse.Namespace) -> int:
     from blackboard.apps.mcp.stdio import run_stdio
-    from blackboard.protocol.subjects import validate_name
 
-    try:
-        validate_name(args.agent, "agent id (--as)")
-    except InvalidKeyError as exc:
-        raise ConfigurationError(str(exc)) from None
+    _check_agent_id(args.agent, "agent id (--as)")
     await run_stdio(_settings(args), args.agent)
     return 0
 
@@ -188,6 +184,20 @@ async def _http(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_agent_id(agent_id: str, what: str) -> None:
+    """A malformed agent id is a usage error (exit 2).
+
+    Raises:
+        ConfigurationError: not a valid agent id.
+    """
+    from blackboard.protocol.subjects import validate_name
+
+    try:
+        validate_name(agent_id, what)
+    except InvalidKeyError as exc:
+        raise ConfigurationError(str(exc)) from None
+
+
 def _warn_missing_credentials(settings: Settings, names: Sequence[str]) -> None:
     """Say which identities of the token file have no credential here (their calls would fail)."""
     from blackboard.protocol.errors import AuthenticationError
@@ -208,6 +218,7 @@ def _token(args: argparse.Namespace) -> int:
     path = _tokens_path(args, settings)
     tokens = TokenFile(path)
     if args.token_command == "add":
+        _check_agent_id(args.agent, "agent id")
         if not args.no_check:
             from blackboard.security.credentials import find_credentials
 

@@ -167,6 +167,16 @@ class TokenFile:
         write_private(self.path, json.dumps(body, indent=2) + "\n")
         self._cache_key = None
 
+    def ensure(self) -> None:
+        """Make the file, holding no token (mode 0600), if it does not exist.
+
+        Raises:
+            ConfigurationError: the file exists but is invalid or others may write it.
+        """
+        with self._locked() as records:
+            if not self.exists:
+                self._write(records)
+
     def add(self, agent_id: str) -> tuple[str, TokenRecord]:
         """Make a new token for ``agent_id`` and store its hash (the file is made, mode 0600, if
         it does not exist). The token is returned and never stored: show it once.
