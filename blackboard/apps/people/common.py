@@ -8,11 +8,13 @@ import argparse
 import json
 import sys
 from collections.abc import Awaitable, Callable, Mapping
+from contextlib import AbstractAsyncContextManager
 from typing import Any, TextIO
 
 import nats.errors
 from pydantic import ValidationError
 
+from agents_sdk import Agent
 from blackboard.protocol.errors import (
     AuthenticationError,
     BlackboardError,
@@ -37,6 +39,7 @@ __all__ = [
     "EXIT_OK",
     "EXIT_USAGE",
     "acting_agent",
+    "connect_agent",
     "exit_code",
     "json_object",
     "load_settings",
@@ -92,7 +95,8 @@ async def run_command(args: argparse.Namespace, fn: Callable[[argparse.Namespace
 
 
 def load_settings(args: argparse.Namespace) -> Settings:
-    """The environment's settings (``BLACKBOARD_*``) with ``--nats-url`` over them.
+    """The environment's settings (``BLACKBOARD_*``) with ``--nats-url`` (and ``--postgres-dsn``)
+    over them.
 
     Raises:
         ConfigurationError: a setting is invalid (each named, with its variable).
@@ -100,6 +104,8 @@ def load_settings(args: argparse.Namespace) -> Settings:
     given: dict[str, Any] = {}
     if getattr(args, "nats_url", None):
         given["nats"] = {"url": args.nats_url}
+    if getattr(args, "postgres_dsn", None):
+        given["postgres"] = {"dsn": args.postgres_dsn}
     try:
         return Settings(**given)
     except ValidationError as exc:
@@ -125,6 +131,18 @@ def acting_agent(args: argparse.Namespace, settings: Settings) -> str:
             return found.principal
     raise ConfigurationError("no agent to act as: give --as NAME, or set BLACKBOARD_CLI__AGENT "
                              "(cli.agent), or point BLACKBOARD_NATS__CREDS_FILE at an agent's credential")
+
+
+def connect_agent(args: argparse.Namespace) -> AbstractAsyncContextManager[Agent]:
+    """``Agent.connect`` as the acting agent (:func:`acting_agent`) with the command's settings;
+    use as ``async with connect_agent(args) as agent``.
+
+    Raises:
+        ConfigurationError, InvalidKeyError: see :func:`load_settings`, :func:`acting_agent`.
+        AuthenticationError, NotConnectedError: see ``Agent.connect`` (on entering).
+    """
+    settings = load_settings(args)
+    return Agent.connect(acting_agent(args, settings), settings=settings)
 
 
 def read_value(text: str, *, what: str, plain: bool = False, stdin: TextIO | None = None) -> Any:

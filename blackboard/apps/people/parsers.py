@@ -172,4 +172,8 @@ def add_people_commands(sub: Any) -> None:
                        epilog=_EPILOG, parents=[status_common])
     p.add_argument("--wait", type=float, default=0.5, metavar="S",
                    help="seconds to collect the search services' answers (default 0.5)")
+    p.add_argument("--db", action="store_true",
+                   help="also read PostgreSQL (postgres.dsn): every dead letter, by stream and reason, and "
+                        "the embedding queue")
+    p.add_argument("--postgres-dsn", help="PostgreSQL DSN for --db (env BLACKBOARD_POSTGRES__DSN)")
     p.set_defaults(func=_lazy("status", "status"))
