@@ -30,7 +30,7 @@ __all__ = [
     "AckResult", "BoardsResult", "ClaimResult", "DeleteResult", "EntriesResult", "EntryOut", "HistoryResult",
     "InboxResult", "KeysResult", "MemoryHits", "MessageOut", "OutcomeResult", "ProposeResult", "ReleaseResult",
     "RememberResult", "ReplyResult", "SearchHits", "SectionsResult", "SentResult", "ToolFailure", "VoteResult",
-    "WriteResult", "entry_out", "error_result", "guarded", "message_out",
+    "WriteResult", "entry_out", "error_result", "guarded", "message_out", "validation_message",
 ]
 
 log = logging.getLogger("blackboard.apps.mcp")
@@ -134,7 +134,8 @@ class MessageOut(BaseModel):
     topic: str | None = None
     correlation_id: str | None = Field(default=None, description="The id of the message this one answers.")
     created_at: datetime
-    delivered: int = Field(description="Times delivered (above 1: read before and not acknowledged).")
+    delivered: int = Field(description="Times delivered since the inbox was last rewound to its first "
+                                       "unacknowledged message.")
 
 
 def message_out(msg: Message) -> MessageOut:
@@ -207,7 +208,7 @@ def error_result(exc: BaseException) -> CallToolResult:
     hint = ""
     if isinstance(exc, ConflictError):
         details.update(key=exc.key, expected_revision=exc.expected_revision, current_revision=exc.current_revision)
-        hint = (f" The key is at revision {exc.current_revision}: read it again (board_get) and retry with "
+        hint = (f". The key is at revision {exc.current_revision}: read it again (board_get) and retry with "
                 f"expected_revision={exc.current_revision}.")
     elif isinstance(exc, ProposalNotFoundError | ProposalClosedError):
         details["proposal_id"] = exc.proposal_id
@@ -216,9 +217,14 @@ def error_result(exc: BaseException) -> CallToolResult:
     elif isinstance(exc, RemoteError):
         details.update(to=exc.to, type=exc.type, remote_error=exc.error)
     elif isinstance(exc, ValidationError):
-        details["message"] = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'value'}: {e['msg']}" for e in exc.errors())
+        details["message"] = validation_message(exc)
     text = f"{details['error']}: {details['message']}{hint}"
     return CallToolResult(content=[TextContent(type="text", text=text)], structured_content=details, is_error=True)
+
+
+def validation_message(exc: ValidationError) -> str:
+    """``exc``'s errors in one line: ``field: problem; ...`` (no input echoed back)."""
+    return "; ".join(f"{'.'.join(map(str, e['loc'])) or 'arguments'}: {e['msg']}" for e in exc.errors())
 
 
 def guarded(fn: _F) -> _F:

@@ -20,16 +20,22 @@ from typing import Any, Protocol
 from mcp.server.auth.provider import TokenVerifier
 from mcp.server.auth.settings import AuthSettings
 from mcp.server.context import ServerRequestContext
-from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
 from mcp.server.mcpserver.resources import ResourceSecurity
 from mcp.types import (
+    CallToolResult,
+    InputRequiredResult,
     SubscribeRequestParams,
     SubscriptionsListenRequestParams,
+    TextContent,
     UnsubscribeRequestParams,
 )
+from pydantic import ValidationError
 
 from agents_sdk import Agent
 from blackboard.apps.mcp.resources import Subscriptions, register_resources
+from blackboard.apps.mcp.results import validation_message
 from blackboard.apps.mcp.tools import register_tools
 from blackboard.settings import Settings
 
@@ -92,6 +98,19 @@ class BlackboardMCP(MCPServer[Any]):
         low.add_request_handler("subscriptions/listen", SubscriptionsListenRequestParams, self.subscriptions.listen)
         low.add_request_handler("resources/subscribe", SubscribeRequestParams, self.subscriptions.subscribe)
         low.add_request_handler("resources/unsubscribe", UnsubscribeRequestParams, self.subscriptions.unsubscribe)
+
+
+    async def call_tool(self, name: str, arguments: dict[str, Any],
+                        context: Context[Any, Any] | None = None) -> CallToolResult | InputRequiredResult:
+        """Call a tool; arguments that do not fit its schema are a tool error naming each field."""
+        try:
+            return await super().call_tool(name, arguments, context)
+        except ToolError as exc:
+            if not isinstance(exc.__cause__, ValidationError):
+                raise
+            text = f"invalid arguments for {name}: {validation_message(exc.__cause__)}"
+            return CallToolResult(content=[TextContent(type="text", text=text)], is_error=True,
+                                  structured_content={"error": "InvalidArguments", "message": text})
 
 
 @asynccontextmanager
