@@ -103,19 +103,27 @@ async def _initialized(streams: Any) -> AsyncIterator[ClientSession]:
 
 
 @contextlib.asynccontextmanager
-async def stdio_session(settings: Settings, agent_id: str, errlog: Path) -> AsyncIterator[ClientSession]:
-    """A session with ``blackboard mcp --stdio --as agent_id`` (a subprocess; its stderr to ``errlog``)."""
-    params = StdioServerParameters(command=sys.executable, args=["-m", "blackboard", "mcp", "--stdio", "--as", agent_id],
-                                   env=settings_env(settings), cwd=str(REPO))
+async def stdio_process_session(params: StdioServerParameters, errlog: Path) -> AsyncIterator[ClientSession]:
+    """A session with the server process ``params`` starts (its stderr appended to ``errlog``)."""
     with errlog.open("a", encoding="utf-8") as err:
         async with stdio_client(params, errlog=err) as streams, _initialized(streams) as session:
             yield session
 
 
+def stdio_session(settings: Settings, agent_id: str, errlog: Path) -> contextlib.AbstractAsyncContextManager[ClientSession]:
+    """A session with ``blackboard mcp --stdio --as agent_id`` (a subprocess; its stderr to ``errlog``)."""
+    params = StdioServerParameters(command=sys.executable, args=["-m", "blackboard", "mcp", "--stdio", "--as", agent_id],
+                                   env=settings_env(settings), cwd=str(REPO))
+    return stdio_process_session(params, errlog)
+
+
 @contextlib.asynccontextmanager
-async def http_session(url: str, token: str | None) -> AsyncIterator[ClientSession]:
-    """A session with the HTTP server at ``url``, sending ``token`` (None: no Authorization header)."""
-    headers = {"Authorization": f"Bearer {token}"} if token is not None else {}
+async def http_session(url: str, token: str | None, *, headers: dict[str, str] | None = None,
+                       ) -> AsyncIterator[ClientSession]:
+    """A session with the HTTP server at ``url``, sending ``token`` (None: no Authorization
+    header) or the given ``headers``."""
+    if headers is None:
+        headers = {"Authorization": f"Bearer {token}"} if token is not None else {}
     async with (httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(30, read=300)) as client,
                 streamable_http_client(url, http_client=client) as streams,
                 _initialized(streams) as session):
