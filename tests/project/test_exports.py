@@ -99,3 +99,14 @@ def test_search_package_exports() -> None:
     assert set(blackboard.search.__all__) == SEARCH
     for name in blackboard.search.__all__:
         assert hasattr(blackboard.search, name), name
+
+
+MCP = {"AgentSource", "BlackboardMCP", "SingleAgent", "create_server", "run_stdio"}
+
+
+def test_mcp_package_exports() -> None:
+    import blackboard.apps.mcp
+
+    assert set(blackboard.apps.mcp.__all__) == MCP
+    for name in blackboard.apps.mcp.__all__:
+        assert hasattr(blackboard.apps.mcp, name), name
