@@ -24,13 +24,13 @@ from langgraph.store.base import (
 from langgraph.store.memory import InMemoryStore
 
 from agents_sdk import Agent
+from agents_sdk.langgraph import BlackboardStore
 from agents_sdk.langgraph._bridge import LoopBridge
 from blackboard.devstack import EmbeddedPostgres
 from blackboard.protocol.errors import PermissionDeniedError
 from blackboard.settings import Settings
 from tests._worker_helpers import HashProvider, StartWorker, fresh_db
 from tests.conftest import make_settings
-from tests.langgraph._store_import import BlackboardStore
 
 
 def _rows(items: list[Any]) -> list[tuple[tuple[str, ...], str, dict[str, Any]]]:
@@ -386,8 +386,8 @@ async def test_a_reader_reads_but_cannot_write(settings: Settings, unique: str) 
 
 _WRITER = """
 import json, sys
+from agents_sdk.langgraph import BlackboardStore
 from blackboard.settings import Settings
-from tests.langgraph._store_import import BlackboardStore
 
 agent, board, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
 with BlackboardStore.connect_sync(agent, settings=Settings(), board=board) as store:

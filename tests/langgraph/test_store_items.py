@@ -12,7 +12,6 @@ from hypothesis import strategies as st
 from langgraph.store.base import MatchCondition
 from langgraph.store.memory import _does_match
 
-import tests.langgraph._store_import  # noqa: F401  (the package, before its checkpointer exists)
 from agents_sdk.langgraph._items import (
     item_metadata,
     item_of,
