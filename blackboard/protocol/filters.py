@@ -33,6 +33,7 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any, Final, Literal, cast, get_args
 
 from blackboard.protocol.errors import InvalidPayloadError
@@ -333,6 +334,8 @@ def _holds(c: Condition, node: Any) -> bool:
             return False
     elif isinstance(node, bool) or not isinstance(node, int | float):
         return False
+    else:
+        node, operand = _comparable(node, operand)
     if op == "$gt":
         return bool(node > operand)
     if op == "$gte":
@@ -350,7 +353,10 @@ def _json_eq(a: Any, b: Any) -> bool:
     if isinstance(a, bool) or isinstance(b, bool):
         return isinstance(a, bool) and isinstance(b, bool) and a is b
     if isinstance(a, int | float):
-        return isinstance(b, int | float) and a == b
+        if not isinstance(b, int | float):
+            return False
+        a, b = _comparable(a, b)
+        return bool(a == b)
     if isinstance(a, str):
         return isinstance(b, str) and a == b
     if isinstance(a, list | tuple):
@@ -360,6 +366,24 @@ def _json_eq(a: Any, b: Any) -> bool:
         return (isinstance(b, Mapping) and len(a) == len(b)
                 and all(k in b and _json_eq(v, b[k]) for k, v in a.items()))
     return False
+
+
+#: Below this magnitude a float's shortest decimal (its JSON text) lies on the same side of
+#: every integer as the float itself.
+_EXACT_FLOAT: Final = 2.0**53
+
+
+def _comparable(a: int | float, b: int | float) -> tuple[Any, Any]:
+    """Two JSON numbers as PostgreSQL compares them: by the decimal value of their JSON text
+    (a float's shortest repr). Python's int/float comparison agrees but for an int against a
+    float beyond 2**53 (``1e300`` is not ``10**300`` in binary): those compare as decimals."""
+    if type(a) is type(b) or (abs(a) < _EXACT_FLOAT and abs(b) < _EXACT_FLOAT):
+        return a, b
+    return _decimal(a), _decimal(b)
+
+
+def _decimal(x: int | float) -> Decimal:
+    return Decimal(repr(x)) if isinstance(x, float) else Decimal(x)
 
 
 def _json_safe(value: Any, depth: int) -> bool:
