@@ -124,7 +124,8 @@ class CheckpointBoard:
         self.serde = serde
         self.inline_limit = inline_limit
         self.budget = budget
-        self._registered: set[str] = set()
+        #: The newest index page last seen per (thread token, namespace): read with the head.
+        self._newest_page: dict[tuple[str, str], int] = {}
 
     # ------------------------------------------------------------ values
     async def _get(self, section: str, key: str) -> Entry | None:
@@ -169,13 +170,11 @@ class CheckpointBoard:
 
     # ------------------------------------------------------------ put
     async def _register(self, th: ThreadSections) -> None:
-        if th.token in self._registered:
-            return
+        """Enter the thread in the registry (``list(None)`` and ``delete_for_runs`` walk it)."""
         try:
             await self.board.create(THREADS_SECTION, th.token, {"v": FORMAT, "thread": th.thread_id})
         except ConflictError:
             pass
-        self._registered.add(th.token)
 
     async def put(self, config: RunnableConfig, checkpoint: Checkpoint, metadata: CheckpointMetadata,
                    new_versions: ChannelVersions) -> RunnableConfig:
@@ -185,25 +184,31 @@ class CheckpointBoard:
             raise InvalidPayloadError("a checkpoint needs a non-empty string 'id'")
         checkpoint_id = checkpoint["id"]
         th = ThreadSections.of(thread_id)
-        await self._register(th)
         stripped = {k: v for k, v in checkpoint.items() if k != "channel_values"}
         values = checkpoint.get("channel_values") or {}
-        async with self.board.pipeline() as pipe:
-            for channel, version in new_versions.items():
-                key = blob_key(ns, channel, version)
-                typed = self.serde.dumps_typed(values[channel]) if channel in values else ("empty", b"")
-                stored = await self._payload(th, th.blobs, key, typed)
-                await pipe.put(th.blobs, key, {"v": FORMAT, "thread": thread_id, "ns": ns, "channel": channel,
-                                               "version": version, "value": stored})
+
+        async def values_written() -> None:
+            async with self.board.pipeline() as pipe:
+                for channel, version in new_versions.items():
+                    key = blob_key(ns, channel, version)
+                    typed = self.serde.dumps_typed(values[channel]) if channel in values else ("empty", b"")
+                    stored = await self._payload(th, th.blobs, key, typed)
+                    await pipe.put(th.blobs, key, {"v": FORMAT, "thread": thread_id, "ns": ns, "channel": channel,
+                                                   "version": version, "value": stored})
+
+        async def record_written() -> None:
+            key = record_key(ns, checkpoint_id)
+            record = {"v": FORMAT, "thread": thread_id, "ns": ns, "id": checkpoint_id, "parent": parent_id,
+                      "run_id": run_id,
+                      "checkpoint": await self._payload(th, th.checkpoints, key, self.serde.dumps_typed(stripped)),
+                      "metadata": await self._payload(th, th.checkpoints, key, self.serde.dumps_typed(meta))}
+            await self.board.put(th.checkpoints, key, record)
+
         meta = get_serializable_checkpoint_metadata(config, metadata)
-        run_id = meta.get("run_id")
-        run_id = str(run_id) if run_id is not None else None
-        key = record_key(ns, checkpoint_id)
-        record = {"v": FORMAT, "thread": thread_id, "ns": ns, "id": checkpoint_id, "parent": parent_id,
-                  "run_id": run_id,
-                  "checkpoint": await self._payload(th, th.checkpoints, key, self.serde.dumps_typed(stripped)),
-                  "metadata": await self._payload(th, th.checkpoints, key, self.serde.dumps_typed(meta))}
-        await self.board.put(th.checkpoints, key, record)
+        run_id = str(meta["run_id"]) if meta.get("run_id") is not None else None
+        # The record is found by id only once put returns, and through the index only once
+        # appended: both after the values it names are on the board.
+        await asyncio.gather(values_written(), record_written())
         await self._append(th, ns, checkpoint_id, run_id)
         return _config(thread_id, ns, checkpoint_id)
 
@@ -234,10 +239,15 @@ class CheckpointBoard:
         """Add a checkpoint id to the namespace's newest index page, by compare-and-set."""
         last: ConflictError | None = None
         for attempt in range(_APPEND_RETRIES):
-            number, head_rev = await self._head(th, ns)
-            found = await self._page(th, ns, number)
+            hint = self._newest_page.get((th.token, ns), 0)
+            (number, head_rev), found = await asyncio.gather(self._head(th, ns), self._page(th, ns, hint))
+            if number != hint:
+                found = await self._page(th, ns, number)
+                self._newest_page[(th.token, ns)] = number
             try:
                 if found is None:
+                    if number == 0:
+                        await self._register(th)
                     page = Page(th.thread_id, ns, number, await self._floor_below(th, ns, number),
                                 [(checkpoint_id, run_id)])
                     await self.board.create(th.index, page_key(ns, number), page.to_value())
@@ -454,7 +464,6 @@ class CheckpointBoard:
         for section in (th.index, th.checkpoints, th.writes, th.blobs):
             await self._purge(section, await self.board.keys(section))
         await self._purge(THREADS_SECTION, [th.token] if await self._get(THREADS_SECTION, th.token) else [])
-        self._registered.discard(th.token)
 
     async def _all_ids(self, th: ThreadSections, ns: str) -> list[tuple[str, str | None]]:
         return [(checkpoint_id, run_id) async for _, _, checkpoint_id, run_id in self._newest_first(th, ns, None)]
