@@ -238,9 +238,6 @@ def guarded(fn: _F) -> _F:
         except (BlackboardError, ToolFailure, ValidationError) as exc:
             log.info("tool %s: %s: %s", fn.__name__, type(exc).__name__, exc)
             return error_result(exc)
-        except (ValueError, TypeError) as exc:  # the SDK's own argument checks
-            log.info("tool %s refused its arguments: %s", fn.__name__, exc)
-            return error_result(exc)
 
     return cast(_F, call)
 
