@@ -110,3 +110,11 @@ def test_mcp_package_exports() -> None:
     assert set(blackboard.apps.mcp.__all__) == MCP
     for name in blackboard.apps.mcp.__all__:
         assert hasattr(blackboard.apps.mcp, name), name
+
+
+def test_langgraph_package_exports() -> None:
+    import agents_sdk.langgraph
+
+    assert set(agents_sdk.langgraph.__all__) == {"BlackboardSaver", "BlackboardStore"}
+    for name in agents_sdk.langgraph.__all__:
+        assert hasattr(agents_sdk.langgraph, name), name
