@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -390,7 +391,7 @@ async def test_status_as_the_operator_and_as_an_agent(cli: Any, unique: str, pg_
     assert report["identity"] == {"principal": "alice", "view": "agent"}
     assert "streams" not in report and "consumers" not in report
     assert report["worker"]["worker"] == f"w{unique}" and report["lag"] == 0
-    assert report["inbox"].get("name") == "inbox-alice" or "error" in report["inbox"]
+    assert report["inbox"]["name"] == "inbox-alice" and isinstance(report["inbox"]["exists"], bool)
     code, out, _ = await acli(cli, "status", "--as", "alice")
     assert code == 0 and "agent view" in out and "STREAMS" not in out
 
@@ -417,13 +418,24 @@ def test_the_blackboard_command_runs_them(env: dict[str, str], unique: str) -> N
 
     done = run("put", unique, "s", "k", "-", "--json", stdin='{"a": 1}')
     assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout)["revision"] > 0
+    revision = json.loads(done.stdout)["revision"]
     done = run("get", unique, "s", "k", "--json")
     assert done.returncode == 0 and json.loads(done.stdout)["value"] == {"a": 1}
     done = run("get", unique, "s", "nope")
     assert done.returncode == 3 and "Traceback" not in done.stderr
     assert done.stderr.strip().startswith("blackboard get: error: ")
-    done = run("put", unique, "s", "k", "2", "--expect-revision", "1")
+    done = run("put", unique, "s", "k", "2", "--expect-revision", str(revision + 1))
     assert done.returncode == 4 and "conflict" in done.stderr
     done = run("get", "--help")
     assert done.returncode == 0 and "Exit codes" in done.stdout and "--as NAME" in done.stdout
+    # watch runs until Ctrl-C: then exit 130, quietly.
+    proc = subprocess.Popen([sys.executable, "-m", "blackboard", "watch", unique], env=proc_env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert proc.stderr is not None
+        assert proc.stderr.readline().startswith(f"watching {unique}")  # the watch is up
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130 and "Traceback" not in err, err

@@ -26,6 +26,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import nats.errors
+import nats.js.errors
 from nats.aio.client import Client as NATS
 from nats.js import api
 from nats.micro.service import ServiceVerb, control_subject
@@ -156,7 +157,13 @@ async def _services(nc: NATS, wait: float) -> list[dict[str, Any]]:
 
 
 async def _inbox(nc: NATS, agent: str, timeout: float) -> dict[str, Any]:
-    return _consumer(await nc.jetstream(timeout=timeout).consumer_info(MESSAGE_STREAM, Subjects.inbox_consumer(agent)))
+    """The agent's inbox consumer (``exists``: false until its first read makes it)."""
+    name = Subjects.inbox_consumer(agent)
+    try:
+        info = await nc.jetstream(timeout=timeout).consumer_info(MESSAGE_STREAM, name)
+    except nats.js.errors.NotFoundError:
+        return {"stream": MESSAGE_STREAM, "name": name, "exists": False}
+    return {**_consumer(info), "exists": True}
 
 
 async def _database(settings: Settings) -> dict[str, Any]:
@@ -169,7 +176,7 @@ async def _database(settings: Settings) -> dict[str, Any]:
     try:
         async with conn.cursor(row_factory=dict_row) as cur:
             await cur.execute(DEAD_LETTERS_BY_STREAM)
-            by_stream = [{**row, "newest": row["newest"]} for row in await cur.fetchall()]
+            by_stream = list(await cur.fetchall())
             await cur.execute(DEAD_LETTERS_BY_REASON)
             by_reason = list(await cur.fetchall())
             await cur.execute(EMBED_QUEUE)
@@ -287,8 +294,13 @@ def render(report: dict[str, Any]) -> str:
     if "inbox" in report:
         inbox = report["inbox"]
         lines += ["", "INBOX"]
-        lines.append(f"  error: {_error(inbox)}" if _error(inbox) else
-                     f"  {inbox['name']}: {inbox['pending']} waiting, {inbox['ack_pending']} delivered, not acknowledged")
+        if _error(inbox):
+            lines.append(f"  error: {_error(inbox)}")
+        elif not inbox["exists"]:
+            lines.append(f"  {inbox['name']}: none yet (the agent's first read of its inbox makes it)")
+        else:
+            lines.append(f"  {inbox['name']}: {inbox['pending']} waiting, {inbox['ack_pending']} delivered and "
+                         "not acknowledged")
     lines += ["", "WORKER"]
     worker = report["worker"]
     if _error(worker):
