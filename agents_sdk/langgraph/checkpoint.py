@@ -108,9 +108,29 @@ class BlackboardSaver(BaseCheckpointSaver[str]):
         self.inline_limit = inline_limit
         self._bridge = bridge
         self._owns_agent = False
+        self._owns_loop = False
         self._store = CheckpointBoard(agent, self.board, self.serde, inline_limit, budget)
 
     # ------------------------------------------------------------ lifecycle
+    @classmethod
+    async def connect(cls, agent_id: str, *, settings: Settings | None = None, board: str = DEFAULT_BOARD,
+                      serde: SerializerProtocol | None = None,
+                      inline_limit: int = DEFAULT_INLINE_LIMIT) -> BlackboardSaver:
+        """Connect agent ``agent_id`` and build a saver on it, which owns it: :meth:`aclose`
+        (or ``async with``) closes it.
+
+        Raises:
+            The errors of :meth:`agents_sdk.Agent.connect` (AuthenticationError, NotConnectedError...).
+        """
+        agent = await Agent.connect(agent_id, settings=settings)
+        try:
+            saver = cls(agent, board=board, serde=serde, inline_limit=inline_limit)
+        except BaseException:
+            await agent.close()
+            raise
+        saver._owns_agent = True
+        return saver
+
     @classmethod
     def connect_sync(cls, agent_id: str, *, settings: Settings | None = None, board: str = DEFAULT_BOARD,
                      serde: SerializerProtocol | None = None,
@@ -133,7 +153,7 @@ class BlackboardSaver(BaseCheckpointSaver[str]):
         except BaseException:
             bridge.close()
             raise
-        saver._owns_agent = True
+        saver._owns_agent = saver._owns_loop = True
         return saver
 
     def close(self) -> None:
@@ -144,6 +164,23 @@ class BlackboardSaver(BaseCheckpointSaver[str]):
                 self._bridge.run(self.agent.close(), method="close")
             finally:
                 self._bridge.close()
+
+    async def aclose(self) -> None:
+        """Close the agent :meth:`connect` (or :meth:`connect_sync`, from another loop) opened;
+        a no-op for a saver built on an agent of the caller's."""
+        if not self._owns_agent:
+            return
+        if self._owns_loop:
+            await asyncio.to_thread(self.close)
+            return
+        self._owns_agent = False
+        await self.agent.close()
+
+    async def __aenter__(self) -> BlackboardSaver:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
 
     def __enter__(self) -> BlackboardSaver:
         return self

@@ -143,6 +143,17 @@ async def test_sync_methods_on_the_agents_loop_say_which_async_method_to_await(a
         await asyncio.to_thread(BlackboardSaver, agent, board=unique)
 
 
+@pytest.mark.asyncio
+async def test_connect_builds_a_saver_that_owns_its_agent(settings: Settings, unique: str) -> None:
+    async with await BlackboardSaver.connect(f"{unique}-owner", settings=settings, board=unique) as saver:
+        await _chain(saver, "t", 1)
+        agent = saver.agent
+        assert not agent.nc.is_closed
+    assert agent.nc.is_closed
+    with pytest.raises(InvalidKeyError):
+        await BlackboardSaver.connect(f"{unique}-owner", settings=settings, board="no such board!")
+
+
 def test_async_methods_hop_onto_the_agents_loop_from_another_loop(settings: Settings, unique: str) -> None:
     with BlackboardSaver.connect_sync(f"{unique}-sync", settings=settings, board=unique) as saver:
         async def run() -> list[str]:
