@@ -118,3 +118,11 @@ def test_langgraph_package_exports() -> None:
     assert set(agents_sdk.langgraph.__all__) == {"BlackboardSaver", "BlackboardStore"}
     for name in agents_sdk.langgraph.__all__:
         assert hasattr(agents_sdk.langgraph, name), name
+
+
+def test_people_commands_package_exports() -> None:
+    import blackboard.apps.people
+
+    assert set(blackboard.apps.people.__all__) == {"PEOPLE_COMMANDS", "add_people_commands"}
+    for name in blackboard.apps.people.__all__:
+        assert hasattr(blackboard.apps.people, name), name
