@@ -216,3 +216,34 @@ async def test_subscription_over_each_transport(mcp_transport: str, settings: Se
         assert await _updated(updates) == uri
         read = await session.read_resource(uri)
         assert _json(read)["value"] == {"done": True}
+
+
+@contextlib.asynccontextmanager
+async def _modern_client(transport: str, settings: Settings, agent_id: str,
+                         http: HttpServer | None) -> AsyncIterator[Client]:
+    """A 2026-07-28 ``mcp.Client`` (the SDK's default negotiation) over ``transport``."""
+    if transport == "stdio":
+        params = StdioServerParameters(command=sys.executable,
+                                       args=["-m", "blackboard", "mcp", "--stdio", "--as", agent_id],
+                                       env=settings_env(settings), cwd=str(REPO))
+        async with Client(params) as client:
+            yield client
+        return
+    assert http is not None
+    token, _ = http.tokens.add(agent_id)
+    async with (httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"},
+                                   timeout=httpx2.Timeout(30, read=300)) as http_client,
+                Client(streamable_http_client(http.url, http_client=http_client)) as client):
+        yield client
+
+
+async def test_listen_stream_over_each_transport(mcp_transport: str, settings: Settings, unique: str,
+                                                 http_server: HttpServer | None) -> None:
+    uri = resource_uri(unique, "tasks")
+    async with (Agent.connect(f"other-{unique}", settings=settings) as other,
+                _modern_client(mcp_transport, settings, f"agent-{unique}", http_server) as client):
+        assert client.protocol_version == "2026-07-28"
+        async with client.listen(resource_subscriptions=[uri]) as sub:
+            await other.board(unique).put("tasks", "t1", {"done": True})
+            assert (await _next_event(sub)).uri == uri
+        assert _json(await client.read_resource(uri))["entries"][0]["value"] == {"done": True}
