@@ -298,3 +298,23 @@ async def test_search_memory_votes_and_boards_with_a_worker(mcp_connect: McpConn
         assert got["value"] == "postgres"
         text, details = await fails(session, "vote_outcome", **b, proposal_id=f"none-{unique}")
         assert details["error"] == "ProposalNotFoundError", text
+
+
+async def test_tools_over_the_2026_protocol(settings: Settings, unique: str) -> None:
+    """The SDK client's default (2026-07-28, in process): the same results and tool errors."""
+    from mcp import Client
+
+    from blackboard.apps.mcp import SingleAgent, create_server
+
+    async with (Agent.connect(f"agent-{unique}", settings=settings) as agent,
+                Client(create_server(SingleAgent(agent), settings)) as client):
+        assert client.protocol_version == "2026-07-28"
+        put = await client.call_tool("board_put", {"board": unique, "section": "s", "key": "k", "value": [1]})
+        assert not put.is_error and put.structured_content is not None
+        rev = put.structured_content["revision"]
+        stale = await client.call_tool("board_update", {"board": unique, "section": "s", "key": "k", "value": [2],
+                                                        "expected_revision": rev + 1})
+        assert stale.is_error and stale.structured_content is not None
+        assert stale.structured_content["current_revision"] == rev
+        bad = await client.call_tool("board_get", {"board": unique})
+        assert bad.is_error and "section: Field required" in str(bad.content)
