@@ -30,7 +30,9 @@ from pydantic import (
     Field,
     PlainSerializer,
     PlainValidator,
+    SerializerFunctionWrapHandler,
     WithJsonSchema,
+    model_serializer,
     model_validator,
 )
 from pydantic_core import PydanticCustomError
@@ -111,6 +113,14 @@ class _Scope(WireModel):
     where: WhereField = Field(EMPTY_WHERE, json_schema_extra={"default": {}}, description=(
         "Comparison filters: dotted path (metadata.<...>, or value.<...> for entries) -> condition, "
         "ANDed (docs/search.md, 'Filters')."))
+
+    @model_serializer(mode="wrap")
+    def _without_empty_where(self, handler: SerializerFunctionWrapHandler) -> Any:
+        # An empty where is left out: a request without one encodes as it did before it existed.
+        out = handler(self)
+        if not self.where and isinstance(out, dict):
+            out.pop("where", None)
+        return out
 
 
 class _Kinds(WireModel):
