@@ -175,7 +175,12 @@ def test_no_identity_and_no_credential_are_told(cli: Any, unique: str, monkeypat
 def test_permission_refused_is_exit_5(cli: Any, unique: str) -> None:
     cli("put", unique, "s", "k", "1", "--as", "alice")
     line = one_error(cli("put", unique, "s", "k", "2", "--as", f"reader-{unique}"), "put", 5)
-    assert "permission" in line.lower() or "denied" in line.lower() or "refused" in line.lower()
+    assert "permission denied" in line and f"reader-{unique}" in line
+    assert cli("ls", unique, "s", "--as", f"reader-{unique}")[1].split() == ["k"]  # a reader reads
+    outsider = f"outsider-{unique}"  # no right on any board
+    for argv in (("get", unique, "s", "k"), ("ls", unique), ("ls", unique, "s", "-l"), ("history", unique, "s", "k"),
+                 ("watch", unique, "--current", "--count", "1")):
+        one_error(cli(*argv, "--as", outsider), argv[0], 5)
 
 
 # ------------------------------------------------------------------------ ls
