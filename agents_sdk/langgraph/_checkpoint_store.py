@@ -346,18 +346,30 @@ class CheckpointBoard:
         entry = await self._get(th.checkpoints, record_key(ns, checkpoint_id))
         return None if entry is None else self._record(entry, th.thread_id, ns, checkpoint_id)
 
-    async def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+    async def _record_entry(self, config: RunnableConfig) -> tuple[ThreadSections, str, Entry] | None:
+        """The record entry of the config's checkpoint (by id, else the namespace's newest)."""
         thread_id, ns, checkpoint_id = thread_of(config)
         ns = ns or ""
         th = ThreadSections.of(thread_id)
-        if checkpoint_id is not None:
-            record = await self._record_of(th, ns, checkpoint_id)
-            return None if record is None else await self._load_tuple(th, ns, record)
-        async for _, _, newest, _ in self._newest_first(th, ns, None):
-            record = await self._record_of(th, ns, newest)
-            if record is not None:
-                return await self._load_tuple(th, ns, record)
+        candidates: AsyncIterator[_Item] = (_one(thread_id, ns, checkpoint_id, None) if checkpoint_id is not None
+                                            else self._newest_first(th, ns, None))
+        async for _, _, candidate, _ in candidates:
+            entry = await self._get(th.checkpoints, record_key(ns, candidate))
+            if entry is not None:
+                self._record(entry, thread_id, ns, candidate)
+                return th, ns, entry
         return None
+
+    async def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        found = await self._record_entry(config)
+        if found is None:
+            return None
+        th, ns, entry = found
+        return await self._load_tuple(th, ns, entry.value)
+
+    async def author(self, config: RunnableConfig) -> str | None:
+        found = await self._record_entry(config)
+        return None if found is None else found[2].author
 
     async def _newest_first(self, th: ThreadSections, ns: str, before: str | None) -> AsyncIterator[_Item]:
         """The namespace's checkpoint ids from its index, newest first."""

@@ -206,6 +206,15 @@ class BlackboardSaver(BaseCheckpointSaver[str]):
         """
         return await self._on_loop(self._store.get_tuple(config))
 
+    async def aget_author(self, config: RunnableConfig) -> str | None:
+        """The agent that wrote the config's checkpoint (its id, else the namespace's newest):
+        the record's author, whose signature the read verified. None when there is none.
+
+        Raises:
+            InvalidKeyError: a config without a thread id.
+        """
+        return await self._on_loop(self._store.author(config))
+
     async def alist(self, config: RunnableConfig | None, *, filter: dict[str, Any] | None = None,
                     before: RunnableConfig | None = None, limit: int | None = None) -> AsyncIterator[CheckpointTuple]:
         """Checkpoints newest first (by checkpoint id): of the config's thread (and namespace,
@@ -281,6 +290,10 @@ class BlackboardSaver(BaseCheckpointSaver[str]):
     def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         """:meth:`aget_tuple`, from sync code (not on the agent's loop: RuntimeError)."""
         return self._bridge.run(self._store.get_tuple(config), method="get_tuple")
+
+    def get_author(self, config: RunnableConfig) -> str | None:
+        """:meth:`aget_author`, from sync code."""
+        return self._bridge.run(self._store.author(config), method="get_author")
 
     def list(self, config: RunnableConfig | None, *, filter: dict[str, Any] | None = None,
              before: RunnableConfig | None = None, limit: int | None = None) -> Iterator[CheckpointTuple]:

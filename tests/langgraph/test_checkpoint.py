@@ -372,12 +372,11 @@ async def test_a_graph_interrupted_in_one_saver_is_resumed_by_another(agent: Age
         history = [s async for s in second.aget_state_history(config)]
     assert [s.metadata["step"] for s in history if s.metadata] == [3, 2, 1, 0, -1]
     # each identity signed what it wrote
-    board = agent.board(unique)
-    sections = ThreadSections.of("review-1")
-    newest = history[0].config["configurable"]["checkpoint_id"]
-    oldest = history[-1].config["configurable"]["checkpoint_id"]
-    assert (await board.get(sections.checkpoints, record_key("", newest))).author == f"{unique}-reviewer"
-    assert (await board.get(sections.checkpoints, record_key("", oldest))).author == f"{unique}-saver"
+    saver = BlackboardSaver(agent, board=unique)
+    assert [await saver.aget_author(s.config) for s in history] == [f"{unique}-reviewer"] * 2 + [f"{unique}-saver"] * 3
+    assert await saver.aget_author(config) == f"{unique}-reviewer"  # the newest
+    assert await saver.aget_author({"configurable": {"thread_id": "nobody"}}) is None
+    assert await asyncio.to_thread(saver.get_author, history[-1].config) == f"{unique}-saver"
 
 
 def _child_env(nats_url: str, auth: TestAuth) -> dict[str, str]:
