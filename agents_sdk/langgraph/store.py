@@ -107,6 +107,10 @@ class BlackboardStore(BaseStore):
             they are always omitted; ``sweep_interval_minutes`` is not needed.
         search_mode: how a search with a query ranks: ``semantic`` (cosine similarity, as
             LangGraph's stores), ``hybrid`` or ``keyword``.
+        fill_unranked: when a search with a query ranks fewer items than asked for, list the
+            namespace's items on the board and add those it did not rank, unscored (LangGraph's
+            in-memory store does; its Postgres store does not). The listing reads the section of
+            the namespace's first label: turn it off when that section is large.
         bridge: the loop the sync methods run on (default: the running loop).
 
     Raises:
@@ -117,7 +121,8 @@ class BlackboardStore(BaseStore):
     supports_ttl: bool = True
 
     def __init__(self, agent: Agent, *, board: str = "langgraph", ttl: TTLConfig | None = None,
-                 search_mode: SearchMode = "semantic", bridge: LoopBridge | None = None) -> None:
+                 search_mode: SearchMode = "semantic", fill_unranked: bool = True,
+                 bridge: LoopBridge | None = None) -> None:
         if bridge is None:
             try:
                 bridge = LoopBridge.current()
@@ -128,6 +133,7 @@ class BlackboardStore(BaseStore):
         self.board: Board = agent.board(board)
         self.ttl_config = ttl
         self.search_mode: SearchMode = search_mode
+        self.fill_unranked = fill_unranked
         self._bridge = bridge
         self._owns_agent = False
         self._known: OrderedDict[Location, _Known] = OrderedDict()
@@ -135,7 +141,8 @@ class BlackboardStore(BaseStore):
     # ----------------------------------------------------------- lifecycle
     @classmethod
     async def connect(cls, agent_id: str, *, settings: Settings | None = None, board: str = "langgraph",
-                      ttl: TTLConfig | None = None, search_mode: SearchMode = "semantic") -> Self:
+                      ttl: TTLConfig | None = None, search_mode: SearchMode = "semantic",
+                      fill_unranked: bool = True) -> Self:
         """Connect an agent and build a store on it (the store owns the agent:
         :meth:`aclose` closes it); ``async with await BlackboardStore.connect(...)`` works too.
 
@@ -143,13 +150,14 @@ class BlackboardStore(BaseStore):
             what :meth:`agents_sdk.Agent.connect` raises.
         """
         agent = await Agent.connect(agent_id, settings=settings)
-        store = cls(agent, board=board, ttl=ttl, search_mode=search_mode)
+        store = cls(agent, board=board, ttl=ttl, search_mode=search_mode, fill_unranked=fill_unranked)
         store._owns_agent = True
         return store
 
     @classmethod
     def connect_sync(cls, agent_id: str, *, settings: Settings | None = None, board: str = "langgraph",
-                     ttl: TTLConfig | None = None, search_mode: SearchMode = "semantic") -> Self:
+                     ttl: TTLConfig | None = None, search_mode: SearchMode = "semantic",
+                     fill_unranked: bool = True) -> Self:
         """Connect an agent on an event loop of its own (a daemon thread) and build a store on
         it, for programs without an event loop; :meth:`close` (or ``with``) closes both.
 
@@ -166,7 +174,8 @@ class BlackboardStore(BaseStore):
         except BaseException:
             bridge.close()
             raise
-        store = cls(agent, board=board, ttl=ttl, search_mode=search_mode, bridge=bridge)
+        store = cls(agent, board=board, ttl=ttl, search_mode=search_mode, fill_unranked=fill_unranked,
+                    bridge=bridge)
         store._owns_agent = True
         return store
 
@@ -301,7 +310,7 @@ class BlackboardStore(BaseStore):
                     record = item_of(hit.section, hit.key, hit.revision, hit.value, hit.metadata)
                     if record is not None and record.item.namespace[:len(prefix)] == prefix:
                         ranked.append((_Found(record, Location(hit.section, hit.key), hit.updated_at), hit.score))
-            if len(ranked) < want:
+            if len(ranked) < want and self.fill_unranked:
                 # Fewer ranked items than asked for: the others follow, unscored, as in
                 # LangGraph's in-memory store (not indexed, or not embedded yet). The board's
                 # current items also replace the search's (which may be a little behind).

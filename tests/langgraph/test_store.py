@@ -275,6 +275,14 @@ async def test_search_by_query(pg_settings: Settings, postgres_server: EmbeddedP
         await store.adelete(("u1", "memories"), "m4")
         assert "m4" not in {i.key for i in await store.asearch(("u1",), query="peanuts sick", limit=10)}
 
+        # without the fill, a query returns what the search ranked only (as AsyncPostgresStore)
+        await store.aput(("u1", "memories"), "m5", {"text": "peanuts again"}, index=False)
+        await worker.wait_caught_up(60, embedded=True)
+        assert "m5" in {i.key for i in await store.asearch(("u1",), query="peanuts", limit=10)}
+        ranked_only = BlackboardStore(agent, board=unique, fill_unranked=False)
+        only = await ranked_only.asearch(("u1",), query="peanuts", limit=10)
+        assert {i.key for i in only} == {"m1", "m2", "m3"} and all(i.score is not None for i in only)
+
 
 async def _expiries(store: BlackboardStore, ns: tuple[str, ...], keys: list[str], start: float,
                     within: float = 20) -> dict[str, float]:
