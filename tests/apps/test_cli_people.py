@@ -433,6 +433,15 @@ def test_the_blackboard_command_runs_them(env: dict[str, str], unique: str) -> N
     assert done.returncode == 4 and "conflict" in done.stderr
     done = run("get", "--help")
     assert done.returncode == 0 and "Exit codes" in done.stdout and "--as NAME" in done.stdout
+    # A reader that goes away (| head) ends the command quietly.
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        done = subprocess.run([sys.executable, "-m", "blackboard", "get", unique, "s", "k"], env=proc_env,
+                              stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=60)
+    finally:
+        os.close(write_end)
+    assert done.returncode == 0 and done.stderr == "", done.stderr
     # watch runs until Ctrl-C: then exit 130, quietly.
     proc = subprocess.Popen([sys.executable, "-m", "blackboard", "watch", unique], env=proc_env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)

@@ -5,7 +5,9 @@ read and how a failure becomes one line and an exit code (docs/cli.md, "Exit cod
 from __future__ import annotations
 
 import argparse
+import io
 import json
+import os
 import sys
 from collections.abc import Awaitable, Callable, Mapping
 from contextlib import AbstractAsyncContextManager
@@ -85,13 +87,26 @@ _TOLD: tuple[type[BaseException], ...] = (BlackboardError, nats.errors.Error, OS
 
 async def run_command(args: argparse.Namespace, fn: Callable[[argparse.Namespace], Awaitable[int]]) -> int:
     """Run one command; a failure is one line on stderr (``blackboard <command>: error: ...``)
-    and its exit code (:func:`exit_code`), never a traceback."""
+    and its exit code (:func:`exit_code`), never a traceback. Output to a pipe whose reader
+    has gone (``| head``) ends the command quietly (exit 0)."""
     try:
         return await fn(args)
+    except BrokenPipeError:  # the reader went away (``| head``): stop quietly, as a filter does
+        _silence_stdout()
+        return EXIT_OK
     except _TOLD as exc:
         text = " ".join(str(exc).split()) or type(exc).__name__
         print(f"blackboard {args.command}: error: {text}", file=sys.stderr, flush=True)
         return exit_code(exc)
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null, so that flushing it at exit raises no BrokenPipeError again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, io.UnsupportedOperation):  # no file descriptor (a captured stdout)
+        pass
 
 
 def load_settings(args: argparse.Namespace) -> Settings:
