@@ -119,6 +119,38 @@ async def test_every_operation_sync_from_another_thread(settings: Settings, uniq
             store.batch([GetOp(("notes",), "b")])
 
 
+@pytest.mark.asyncio
+async def test_a_graph_uses_the_store_sync_and_async(settings: Settings, unique: str) -> None:
+    from typing import TypedDict
+
+    from langgraph.graph import END, START, StateGraph
+    from langgraph.store.base import BaseStore
+
+    class State(TypedDict):
+        user: str
+        seen: int
+
+    def remember(state: State, *, store: BaseStore) -> dict[str, int]:  # a sync node: the sync API
+        store.put(("visits", state["user"]), f"v{state['seen']}", {"n": state["seen"]})
+        return {"seen": len(store.search(("visits", state["user"]), limit=100))}
+
+    async def aremember(state: State, *, store: BaseStore) -> dict[str, int]:
+        await store.aput(("visits", state["user"]), f"v{state['seen']}", {"n": state["seen"]})
+        return {"seen": len(await store.asearch(("visits", state["user"]), limit=100))}
+
+    async with Agent.connect(f"a{unique}", settings=settings) as agent:
+        store = BlackboardStore(agent, board=unique)
+        for node in (remember, aremember):
+            graph = StateGraph(State).add_node("n", node).add_edge(START, "n").add_edge("n", END).compile(store=store)
+            user = node.__name__
+            assert (await graph.ainvoke({"user": user, "seen": 0}))["seen"] == 1  # a sync node: in a thread
+            if node is remember:  # the sync runner, from a thread of its own
+                assert (await asyncio.to_thread(graph.invoke, {"user": user, "seen": 1}))["seen"] == 2
+            else:
+                assert (await graph.ainvoke({"user": user, "seen": 1}))["seen"] == 2
+        assert await store.alist_namespaces(prefix=("visits",)) == [("visits", "aremember"), ("visits", "remember")]
+
+
 def test_connect_sync_without_an_event_loop(settings: Settings, unique: str) -> None:
     with BlackboardStore.connect_sync(f"a{unique}", settings=settings, board=unique) as store:
         store.put(("mem", "u1"), "likes", {"food": "pizza"})
