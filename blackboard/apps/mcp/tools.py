@@ -49,6 +49,8 @@ from blackboard.apps.mcp.results import (
 )
 from blackboard.protocol.errors import ConflictError, NotFoundError, OutcomeTimeoutError
 from blackboard.protocol.filters import matches, parse_where
+from blackboard.protocol.schemas.memory import MemoryKind
+from blackboard.protocol.schemas.vote import Policy
 
 if TYPE_CHECKING:
     from blackboard.apps.mcp.server import AgentSource, BlackboardMCP
@@ -306,7 +308,7 @@ def register_tools(server: BlackboardMCP, source: AgentSource) -> None:
     async def memory_recall(ctx: Context[Any, Any],
                             query: Annotated[str, Field(description="What to recall, in words.", min_length=1)],
                             board: Annotated[str | None, Field(description="Only memories of this board.")] = None,
-                            kind: Annotated[Literal["episodic", "semantic", "procedural"] | None,
+                            kind: Annotated[MemoryKind | None,
                                             Field(description="Only this kind of memory.")] = None,
                             tags_any: Tags = None, tags_all: Tags = None,
                             author: Annotated[str | None, Field(description="Only memories of this agent.")] = None,
@@ -327,9 +329,10 @@ def register_tools(server: BlackboardMCP, source: AgentSource) -> None:
     @tool("memory_remember", _WRITE, "Store a long-term memory")
     async def memory_remember(ctx: Context[Any, Any],
                               text: Annotated[str, Field(description="The memory, in words.", min_length=1)],
-                              kind: Annotated[Literal["episodic", "semantic", "procedural"], Field(
-                                  description="'episodic' (what happened), 'semantic' (a fact) or "
-                                              "'procedural' (how to do something).")] = "episodic",
+                              kind: Annotated[MemoryKind, Field(
+                                  description="'episodic' (what happened), 'semantic' (a fact), 'procedural' "
+                                              "(how to do something), 'knowledge' (reference material) or "
+                                              "'summary' (a digest of other memories).")] = "episodic",
                               board: Annotated[str | None, Field(description="Scope it to this board "
                                                                              "(default 'default').")] = None,
                               tags: Tags = None, metadata: Metadata = None,
@@ -419,9 +422,14 @@ def register_tools(server: BlackboardMCP, source: AgentSource) -> None:
                                description="The values to choose from (distinct JSON values).",
                                min_length=1, max_length=100)],
                            question: Annotated[str, Field(description="What is being decided.")] = "",
-                           policy: Annotated[Literal["majority", "unanimous"], Field(
-                               description="'majority' (more than half of the ballots) or 'unanimous'.")]
-                           = "majority",
+                           policy: Annotated[Literal["majority", "unanimous", "threshold"], Field(
+                               description="'majority' (more than half of the ballots), 'unanimous', or "
+                                           "'threshold' (at least `threshold` of the ballots).")] = "majority",
+                           threshold: Annotated[float | None, Field(description="For 'threshold': the share "
+                                                                                "a candidate needs, e.g. 0.66.",
+                                                                    gt=0, le=1)] = None,
+                           quorum: Annotated[int | None, Field(description="Fewest ballots for a decision "
+                                                                           "(default 1).", ge=1)] = None,
                            voters: Annotated[list[str] | None, Field(description="Agent ids allowed to vote "
                                                                                  "(default: anyone; then a "
                                                                                  "deadline is required).")] = None,
@@ -434,7 +442,8 @@ def register_tools(server: BlackboardMCP, source: AgentSource) -> None:
         "sqlite"], "voters": ["ana", "bo", "cy"], "question": "Which database?"}.
         """
         agent = await agent_of(ctx)
-        handle = await agent.board(board).propose(section, key, candidates, policy=policy, voters=voters,
+        rule = Policy(kind=policy, threshold=threshold, quorum=quorum)
+        handle = await agent.board(board).propose(section, key, candidates, policy=rule, voters=voters,
                                                   deadline=deadline, question=question)
         return ProposeResult(proposal_id=handle.id, board=board, section=section, key=key)
 

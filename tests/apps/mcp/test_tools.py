@@ -140,6 +140,12 @@ async def test_bad_arguments_are_clear_tool_errors(mcp_session: ClientSession, u
     assert details["error"] == "InvalidPayloadError" and "owner" in text
     text, _ = await fails(mcp_session, "vote_outcome", board=unique, proposal_id="p", wait=3600)
     assert "wait" in text
+    text, _ = await fails(mcp_session, "vote_propose", board=unique, section="d", key="k", candidates=[1, 2],
+                          voters=["a"], policy="threshold")
+    assert "a threshold policy needs a threshold" in text
+    text, details = await fails(mcp_session, "vote_propose", board=unique, section="d", key="k", candidates=[1, 1],
+                                voters=["a"])
+    assert details["error"] == "InvalidPayloadError", text
     text, details = await fails(mcp_session, "inbox_ack", ids=["never-read"])
     assert "never-read" in text and details["error"] == "ToolFailure"
     text, details = await fails(mcp_session, "message_reply", message_id="never-read", body=1)
