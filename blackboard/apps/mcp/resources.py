@@ -189,6 +189,9 @@ class Subscriptions:
             try:
                 await _watch(agent, address, changed, started)
             except BlackboardError as exc:
+                if started.is_set():  # the watch broke later: end the stream (the client re-listens)
+                    log.warning("listen stream: the watch of %s ended: %s", uri, exc)
+                    raise
                 failure.append(exc)
                 started.set()
 
@@ -250,6 +253,8 @@ class Subscriptions:
             try:
                 await _watch(agent, address, changed, ready)
             except BlackboardError as exc:
+                if ready.is_set():  # the watch broke later: the client may subscribe again
+                    log.warning("resources/subscribe: the watch of %s ended: %s", uri, exc)
                 failure.append(exc)
             finally:
                 ready.set()
