@@ -178,8 +178,9 @@ class Agent:
         ``"semantic"`` or ``"keyword"``. Filters (:class:`~agents_sdk.search.RecallArgs`,
         and/or one :class:`SearchFilters` value as ``filters``, whose fields the
         keywords replace): ``board``/``boards``, ``kind``/``kinds``,
-        ``tags_any``/``tags_all``, ``author``, a time range (``since``/``until``)
-        and ``metadata`` containment; ``min_score`` drops weak hits. Each hit
+        ``tags_any``/``tags_all``, ``author``, a time range (``since``/``until``),
+        ``metadata`` containment and ``where`` comparisons (``{"metadata.confidence": {"$gt": 0.8}}``,
+        docs/search.md "Filters"); ``min_score`` drops weak hits. Each hit
         carries its score and provenance (memory id, agent, board). A memory is
         found once a worker has embedded it.
 

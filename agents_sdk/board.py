@@ -252,6 +252,19 @@ class Board:
         """The sections holding a live key, sorted."""
         return await self._store.sections(self.name)
 
+    async def entries(self, section: str | None = None, *, where: Mapping[str, Any] | None = None) -> list[Entry]:
+        """The board's live entries (or one section's), sorted by (section, key); with ``where``,
+        those whose metadata and value it matches: the comparison filters of :meth:`search`
+        (``{"value.status": {"$in": ["open", "blocked"]}}``, docs/search.md "Filters"), applied
+        here to the current values read from JetStream (no worker needed). An entry whose latest
+        revision does not verify is absent.
+
+        Raises:
+            InvalidKeyError: an invalid section name.
+            InvalidPayloadError: an invalid ``where`` (the message names the path and operator).
+        """
+        return await self._store.entries(self.name, section, where=where)
+
     async def attach(self, section: str, key: str, data: bytes, *, content_type: str,
                      tags: Sequence[str] = (), metadata: Mapping[str, Any] | None = None) -> int:
         """Store a large binary in the object store and write an entry referencing it.
@@ -277,7 +290,7 @@ class Board:
 
         Takes the filters of :meth:`agents_sdk.search.SearchClient.search_entries`
         (:class:`~agents_sdk.search.EntrySearchArgs`: ``section``/``sections``,
-        ``tags_any``, ``tags_all``, ``author``, ``since``, ``until``, ``metadata``,
+        ``tags_any``, ``tags_all``, ``author``, ``since``, ``until``, ``metadata``, ``where``,
         ``top_k``, ``min_score``, ``mode``; ``boards`` adds other boards), and/or
         one :class:`SearchFilters` value as ``filters``. Entries are found once
         the worker has stored (and, for semantic search, embedded) them.

@@ -72,6 +72,7 @@ from blackboard.protocol.errors import (
     TransportError,
     UnverifiedRecordError,
 )
+from blackboard.protocol.filters import Where, matches, parse_where
 from blackboard.protocol.schemas import EntryEnvelope
 from blackboard.protocol.signing import Verdict
 from blackboard.protocol.subjects import Header, KeyParts, Subjects, parse_ttl, validate_name
@@ -602,6 +603,36 @@ class BoardStore:
     async def keys(self, board: str, section: str) -> list[str]:
         """Live keys of a section, sorted."""
         return sorted(p.key for p in await self._scan_keys(self.subjects.entry_filter(board, section)))
+
+    async def entries(self, board: str, section: str | None = None, *,
+                      where: Mapping[str, Any] | Where | None = None) -> list[Entry]:
+        """The live entries of a board (or of one of its sections), sorted by (section, key); with
+        ``where``, only those it matches (:func:`~blackboard.protocol.filters.matches` on each
+        entry's metadata and value: the search's semantics, docs/search.md "Filters").
+
+        Reads each key's latest revision once (a consumer from the current values, stopped when
+        caught up, as :meth:`keys`); a revision that does not verify reads as the key's absence
+        (``security.unverified = "hide"``).
+
+        Raises:
+            InvalidKeyError: an invalid board or section name.
+            InvalidPayloadError: ``where`` is invalid (:func:`~blackboard.protocol.filters.parse_where`).
+            NotConnectedError, OperationTimeoutError, TransportError: the read failed.
+        """
+        validate_name(board, "board")
+        if section is not None:
+            validate_name(section, "section")
+        w = parse_where(where)
+        latest: dict[tuple[str, str], Entry] = {}
+        async with Watch(self, self.subjects.entry_filter(board, section), start="current",
+                         stop_when_caught_up=True, hidden="remove") as watch:
+            async for change in watch:
+                e = change.entry
+                if e.operation is Operation.PUT:
+                    latest[(e.section, e.key)] = e
+                else:
+                    latest.pop((e.section, e.key), None)
+        return [e for _, e in sorted(latest.items()) if not w or matches(w, metadata=e.metadata, value=e.value)]
 
     async def sections(self, board: str) -> list[str]:
         """Sections of a board that hold at least one live key, sorted."""
