@@ -328,29 +328,10 @@ class BlackboardStore(BaseStore):
 
     async def _list(self, section: str | None, prefix: tuple[str, ...], where: Mapping[str, Any]) -> list[_Found]:
         """The items under ``prefix`` that pass ``where``, from the KV, in insertion order."""
-        entries = await self._entries(section, where)
+        entries = await self.board.entries(section, where=where or None)
         found = [f for f in map(self._found, entries)
                  if f is not None and f.record.item.namespace[:len(prefix)] == prefix]
         return listing_order(found, lambda f: f.record.item)
-
-    async def _entries(self, section: str | None, where: Mapping[str, Any]) -> list[Entry]:
-        """The board's (or a section's) live entries that pass ``where``."""
-        entries = getattr(self.board, "entries", None)
-        if entries is not None:
-            found: list[Entry] = await entries(section, where=where or None)
-            return found
-        # TEMPORARY until Board.entries lands (package F)
-        from blackboard.protocol.filters import matches
-        out: list[Entry] = []
-        for s in [section] if section is not None else await self.board.sections():
-            for k in await self.board.keys(s):
-                try:
-                    e = await self.board.get(s, k)
-                except NotFoundError:
-                    continue
-                if matches(where, metadata=e.metadata, value=e.value):
-                    out.append(e)
-        return out
 
     # ------------------------------------------------------ list namespaces
     async def _list_namespaces(self, op: ListNamespacesOp) -> list[tuple[str, ...]]:
@@ -359,7 +340,7 @@ class BlackboardStore(BaseStore):
         for cond in conditions:
             if cond.match_type == "prefix" and cond.path and cond.path[0] != "*":
                 section = section_of(cond.path[0])
-        namespaces = {f.record.item.namespace for f in map(self._found, await self._entries(section, {}))
+        namespaces = {f.record.item.namespace for f in map(self._found, await self.board.entries(section))
                       if f is not None}
         matching = [ns for ns in namespaces if namespace_matches(ns, conditions)]
         if op.max_depth is not None:
