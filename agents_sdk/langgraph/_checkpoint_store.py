@@ -57,6 +57,9 @@ __all__ = ["CheckpointBoard", "thread_of"]
 
 #: Compare-and-set attempts of one index append before giving up.
 _APPEND_RETRIES = 100
+#: Checkpoints a listing reads at once: first (or the limit, if smaller), then doubling up to the most.
+_FIRST_BATCH = 4
+_MAX_BATCH = 32
 #: A stored write's bytes besides its value (ids, channel, task path), as counted for the budget.
 _WRITE_OVERHEAD = 512
 
@@ -372,11 +375,14 @@ class CheckpointBoard:
         return None if found is None else found[2].author
 
     async def _newest_first(self, th: ThreadSections, ns: str, before: str | None) -> AsyncIterator[_Item]:
-        """The namespace's checkpoint ids from its index, newest first."""
-        newest, _ = await self._head(th, ns)
+        """The namespace's checkpoint ids from its index, newest first (the head and the newest
+        page last seen are read at once: one round trip for a thread of one page)."""
+        hint = self._newest_page.get((th.token, ns), 0)
+        (newest, _), hinted = await asyncio.gather(self._head(th, ns), self._page(th, ns, hint))
+        self._newest_page[(th.token, ns)] = newest
         order = NewestFirst(before)
         for number in range(newest, -1, -1):
-            found = await self._page(th, ns, number)
+            found = hinted if number == hint else await self._page(th, ns, number)
             order.add(None if found is None else found[0])
             for checkpoint_id, run_id in order.ready():
                 yield th.thread_id, ns, checkpoint_id, run_id
@@ -427,20 +433,32 @@ class CheckpointBoard:
                 else:
                     streams.append(self._newest_first(th, ns, before_id))
         by_token = {th.thread_id: th for th in threads}
-        count = 0
-        async for thread_id, ns, checkpoint_id, _ in _merge(streams):
-            th = by_token[thread_id]
-            record = await self._record_of(th, ns, checkpoint_id)
-            if record is None:
-                continue
-            if filter:
-                metadata = await self._load(record.get("metadata"), f"checkpoint {checkpoint_id!r}")
-                if not all(metadata.get(k) == v for k, v in filter.items()):
-                    continue
-            yield await self._load_tuple(th, ns, record)
-            count += 1
-            if limit is not None and count >= limit:
+        wanted = limit
+        batch: list[_Item] = []
+        size = min(limit or _FIRST_BATCH, _FIRST_BATCH)
+        merged = _merge(streams)
+        while wanted is None or wanted > 0:
+            # The next few checkpoints are read at once (records, then values and writes).
+            batch = [item async for item in _take(merged, size)]
+            if not batch:
                 return
+            size = min(size * 2, _MAX_BATCH)
+            kept = await asyncio.gather(*(self._listed(by_token[t], ns, i, filter) for t, ns, i, _ in batch))
+            chosen = [(by_token[t], ns, record) for (t, ns, _, _), record in zip(batch, kept, strict=True)
+                      if record is not None][:wanted]
+            for tup in await asyncio.gather(*(self._load_tuple(th, ns, record) for th, ns, record in chosen)):
+                yield tup
+            if wanted is not None:
+                wanted -= len(chosen)
+
+    async def _listed(self, th: ThreadSections, ns: str, checkpoint_id: str,
+                      filter: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
+        """A checkpoint's record if it exists and its metadata holds every filter item."""
+        record = await self._record_of(th, ns, checkpoint_id)
+        if record is None or not filter:
+            return record
+        metadata = await self._load(record.get("metadata"), f"checkpoint {checkpoint_id!r}")
+        return record if all(metadata.get(k) == v for k, v in filter.items()) else None
 
     # ------------------------------------------------------------ delete / copy / prune
     async def _purge(self, section: str, keys: Sequence[str]) -> None:
@@ -608,6 +626,14 @@ def _size(writes: Sequence[StoredWrite]) -> int:
 async def _one(thread_id: str, ns: str, checkpoint_id: str, before: str | None) -> AsyncIterator[_Item]:
     if before is None or checkpoint_id < before:
         yield thread_id, ns, checkpoint_id, None
+
+
+async def _take(stream: AsyncIterator[_Item], n: int) -> AsyncIterator[_Item]:
+    for _ in range(n):
+        item = await anext(stream, None)
+        if item is None:
+            return
+        yield item
 
 
 async def _merge(streams: Sequence[AsyncIterator[_Item]]) -> AsyncIterator[_Item]:
