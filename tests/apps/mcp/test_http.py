@@ -110,6 +110,26 @@ async def test_an_identitys_refusal_is_not_bypassed(mcp_http_connect: McpConnect
 
 
 @pytest.mark.asyncio
+async def test_a_request_without_an_identity_gets_no_agent(settings: Settings) -> None:
+    """The HTTP source answers a request its bearer token did not authenticate with an error,
+    never with some agent (over HTTP every request is authenticated first; this is the second lock)."""
+    from types import SimpleNamespace
+
+    from starlette.requests import Request
+
+    from blackboard.apps.mcp.http import TokenAgents
+    from blackboard.protocol.errors import AuthenticationError
+
+    agents = TokenAgents(settings)
+    anonymous = Request({"type": "http", "method": "POST", "path": "/mcp", "headers": []})
+    for request in (None, anonymous):
+        with pytest.raises(AuthenticationError, match="no authenticated identity"):
+            await agents.agent_for(SimpleNamespace(request=request))  # type: ignore[arg-type]
+    assert agents.connected == []
+    await agents.aclose()
+
+
+@pytest.mark.asyncio
 async def test_a_session_serves_only_the_identity_that_opened_it(mcp_http: HttpServer, unique: str) -> None:
     token_a, _ = mcp_http.tokens.add(f"alice-{unique}")
     token_b, _ = mcp_http.tokens.add(f"bob-{unique}")
