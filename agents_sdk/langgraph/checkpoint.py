@@ -193,6 +193,9 @@ class BlackboardSaver(BaseCheckpointSaver[str]):
         loop = self._bridge.loop
         if asyncio.get_running_loop() is loop:
             return await coro
+        if loop.is_closed() or not loop.is_running():  # the future would never complete
+            coro.close()
+            raise RuntimeError("the saver's agent runs on an event loop that is not running (closed?)")
         return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, loop))
 
     # ------------------------------------------------------------ async API

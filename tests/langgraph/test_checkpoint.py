@@ -164,6 +164,8 @@ def test_async_methods_hop_onto_the_agents_loop_from_another_loop(settings: Sett
             return ids
 
         assert len(asyncio.run(run())) == 3
+    with pytest.raises(RuntimeError, match="not running"):  # closed: an error, not a wait forever
+        asyncio.run(saver.aget_tuple(_cfg("t")))
 
 
 # ------------------------------------------------------------------ the index
