@@ -431,3 +431,32 @@ async def test_an_error_write_survives_for_the_next_attempt(agent: Agent, unique
     assert tup is not None and tup.pending_writes is not None
     [(task, channel, error)] = tup.pending_writes
     assert (task, channel) == ("task", ERROR) and "second" in str(error)
+
+
+@pytest.mark.asyncio
+async def test_a_graph_with_parallel_tasks_and_a_subgraph_runs_as_on_the_in_memory_saver(
+        agent: Agent, unique: str) -> None:
+    from langgraph.checkpoint.memory import InMemorySaver
+
+    from tests.langgraph._fanout_graph import fanout_graph
+
+    async def run(saver: Any) -> tuple[Any, list[Any], Any]:
+        config = {"configurable": {"thread_id": "fan"}}
+        graph = fanout_graph(saver)
+        first = await graph.ainvoke({"items": ["a", "b", "c", "d"]}, config)
+        interrupted = (await graph.aget_state(config, subgraphs=True)).tasks
+        done = await graph.ainvoke(Command(resume="ok"), config)
+        history = [(s.metadata or {}).get("step") for s in [h async for h in graph.aget_state_history(config)]]
+        return (first["__interrupt__"][0].value, done), history, [(t.name, t.state is not None) for t in interrupted]
+
+    ours = await run(BlackboardSaver(agent, board=unique))
+    reference = await run(InMemorySaver())
+    assert ours == reference
+    (question, done), _, _ = ours
+    assert question == {"done": ["A", "B", "C", "D"]}
+    assert done["verdict"] == "ok" and set(done["done"]) == {"A", "B", "C", "D"}
+    # the subgraph's checkpoints live in a namespace of their own
+    saver = BlackboardSaver(agent, board=unique)
+    namespaces = {t.config["configurable"]["checkpoint_ns"].split(":")[0]
+                  async for t in saver.alist({"configurable": {"thread_id": "fan"}})}
+    assert namespaces == {"", "review"}
