@@ -42,6 +42,7 @@ async def test_conformance_suite_passes_for_every_declared_capability(settings: 
         detected = DetectedCapabilities.from_instance(BlackboardSaver(agent, board=unique)).detected
 
     declared = sorted(c.value for c in detected)
+    report.print_report()
     print(f"declared capabilities: {declared}; skipped: {SKIPPED or 'none'}")
     print({name: (r.tests_passed, r.tests_failed) for name, r in report.results.items()})
     assert declared == sorted(c.value for c in ALL_CAPABILITIES), "a capability is not implemented"
