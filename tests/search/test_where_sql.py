@@ -94,7 +94,7 @@ def _selected(conn: psycopg.Connection[Any], where: Any, rows: list[tuple[dict[s
     return [r[0] for r in conn.execute(sql, [docs, *params]).fetchall()]
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(case=_case())
 def test_sql_and_matches_agree(conn: psycopg.Connection[Any],
                                case: tuple[dict[str, Any], list[tuple[dict[str, Any], Any]]]) -> None:
