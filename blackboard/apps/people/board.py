@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from agents_sdk import Agent, Board
@@ -21,7 +21,7 @@ from blackboard.apps.people.output import (
 from blackboard.client.board_store import WatchStart
 from blackboard.protocol.entries import Entry
 from blackboard.protocol.errors import InvalidPayloadError, NotFoundError
-from blackboard.protocol.filters import matches, parse_where
+from blackboard.protocol.filters import parse_where
 
 __all__ = ["get", "history", "ls", "put", "watch"]
 
@@ -106,26 +106,6 @@ async def put(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _entries(board: Board, section: str | None, where: Mapping[str, Any] | None) -> list[Entry]:
-    """The live entries of the board or a section, sorted by (section, key), that pass ``where``."""
-    entries_of = getattr(board, "entries", None)  # Board.entries (issue 21, package F)
-    if entries_of is not None:
-        found: list[Entry] = await entries_of(section, where=where)
-        return found
-    parsed = parse_where(where)
-    sections = [section] if section is not None else await board.sections()
-    out = []
-    for s in sections:
-        for key in await board.keys(s):
-            try:
-                entry = await board.get(s, key)
-            except NotFoundError:
-                continue
-            if matches(parsed, metadata=entry.metadata, value=entry.value):
-                out.append(entry)
-    return out
-
-
 async def _must_exist(board: Board, section: str | None) -> None:
     """Raise NotFoundError when the board (or the section) holds no live key."""
     if section is None:
@@ -155,7 +135,7 @@ async def ls(args: argparse.Namespace) -> int:
     async with connect_agent(args) as agent:
         board = agent.board(args.board)
         if args.long or where is not None:
-            entries = await _entries(board, args.section, where)
+            entries = await board.entries(args.section, where=where)
             if not entries:
                 await _must_exist(board, args.section)
             if args.json:
