@@ -56,7 +56,7 @@ from blackboard.protocol.errors import (
 __all__ = ["CheckpointBoard", "thread_of"]
 
 #: Compare-and-set attempts of one index append before giving up.
-_APPEND_RETRIES = 100
+_APPEND_RETRIES = 1000
 #: Checkpoints a listing reads at once: first (or the limit, if smaller), then doubling up to the most.
 _FIRST_BATCH = 4
 _MAX_BATCH = 32
