@@ -55,7 +55,7 @@ from blackboard.protocol.errors import (
 
 __all__ = ["CheckpointBoard", "thread_of"]
 
-#: Compare-and-set attempts of one index append before giving up.
+#: Compare-and-set attempts of one index append (or merge of writes) before giving up.
 _APPEND_RETRIES = 1000
 #: Checkpoints a listing reads at once: first (or the limit, if smaller), then doubling up to the most.
 _FIRST_BATCH = 4
@@ -304,7 +304,7 @@ class CheckpointBoard:
             return {"v": FORMAT, "thread": thread_id, "ns": ns, "id": checkpoint_id,
                     "writes": [w.to_value() for w in merged]}
 
-        await self.board.modify(th.writes, key, merge)
+        await self.board.modify(th.writes, key, merge, retries=_APPEND_RETRIES)
 
     # ------------------------------------------------------------ get / list
     async def _load_tuple(self, th: ThreadSections, ns: str, record: Mapping[str, Any]) -> CheckpointTuple:

@@ -217,10 +217,10 @@ async def test_concurrent_writers_lose_no_checkpoint_and_no_write(agent: Agent, 
 
         target = _cfg("busy", "", checkpoints[0]["id"])
         await asyncio.gather(*(savers[i % 2].aput_writes(target, [("out", i), ("log", f"task {i}")], f"task-{i:02d}")
-                               for i in range(16)))
+                               for i in range(32)))
         tup = await savers[1].aget_tuple(target)
     assert tup is not None and tup.pending_writes is not None
-    assert [(t, c) for t, c, _ in tup.pending_writes] == [(f"task-{i:02d}", c) for i in range(16) for c in ("out", "log")]
+    assert [(t, c) for t, c, _ in tup.pending_writes] == [(f"task-{i:02d}", c) for i in range(32) for c in ("out", "log")]
 
 
 # ------------------------------------------------------------------ values
