@@ -460,3 +460,55 @@ async def test_a_graph_with_parallel_tasks_and_a_subgraph_runs_as_on_the_in_memo
     namespaces = {t.config["configurable"]["checkpoint_ns"].split(":")[0]
                   async for t in saver.alist({"configurable": {"thread_id": "fan"}})}
     assert namespaces == {"", "review"}
+
+
+@pytest.mark.asyncio
+async def test_copy_into_a_thread_with_checkpoints_joins_its_index(agent: Agent, unique: str) -> None:
+    saver = BlackboardSaver(agent, board=unique)
+    source = await _chain(saver, "src", PAGE_SIZE + 3)
+    own = await _chain(saver, "dst", 2)
+    await saver.acopy_thread("src", "dst")
+    assert await _ids(saver, _cfg("dst")) == sorted(source + own, reverse=True)
+    assert await _ids(saver, _cfg("src")) == source[::-1]
+
+
+@pytest.mark.asyncio
+async def test_delete_for_runs_frees_the_values_only_those_checkpoints_used(agent: Agent, unique: str) -> None:
+    saver = BlackboardSaver(agent, board=unique)
+    kept = await saver.aput(_cfg("t"), _checkpoint({"shared": 1, "mine": "k"}),
+                            generate_metadata(run_id="keep"), {"shared": 1, "mine": 1})
+    cp = generate_checkpoint(channel_values={"shared": 1, "mine": "d"}, channel_versions={"shared": 1, "mine": 2})
+    doomed = await saver.aput(kept, cp, generate_metadata(run_id="drop"), {"mine": 2})
+    await saver.aput_writes(doomed, [("mine", "w")], "task")
+    blobs = ThreadSections.of("t").blobs
+    board = agent.board(unique)
+    assert len(await board.keys(blobs)) == 3
+    await saver.adelete_for_runs(["drop"])
+    assert await _ids(saver, _cfg("t")) == [kept["configurable"]["checkpoint_id"]]
+    assert await saver.aget_tuple(doomed) is None
+    assert len(await board.keys(blobs)) == 2  # "mine" at version 2 was only the dropped one's
+    tup = await saver.aget_tuple(_cfg("t"))
+    assert tup is not None and tup.checkpoint["channel_values"] == {"shared": 1, "mine": "k"}
+
+
+@pytest.mark.asyncio
+async def test_a_missing_index_page_costs_its_ids_not_the_thread(agent: Agent, unique: str) -> None:
+    saver = BlackboardSaver(agent, board=unique)
+    ids = await _chain(saver, "gap", 2 * PAGE_SIZE + 5)
+    await agent.board(unique).purge(ThreadSections.of("gap").index, page_key("", 1))  # as if never written
+    assert await _ids(saver, _cfg("gap")) == (ids[:PAGE_SIZE] + ids[2 * PAGE_SIZE:])[::-1]
+    more = await _chain(saver, "gap", 1)
+    assert (await _ids(saver, _cfg("gap"), limit=1)) == more
+
+
+def test_langgraphs_sync_runner_uses_a_saver_built_in_async_code(settings: Settings, unique: str) -> None:
+    async def main() -> dict[str, Any]:
+        async with Agent.connect(f"{unique}-async", settings=settings) as agent:
+            graph = review_graph(BlackboardSaver(agent, board=unique))
+            config = {"configurable": {"thread_id": "sync-runner"}}
+            await asyncio.to_thread(graph.invoke, {"log": []}, config)  # LangGraph's sync runner, in a thread
+            result: dict[str, Any] = await asyncio.to_thread(graph.invoke, Command(resume="fine"), config)
+            return result
+
+    result = asyncio.run(main())
+    assert result["answer"] == "fine" and len(result["log"]) == 3
