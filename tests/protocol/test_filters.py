@@ -194,3 +194,20 @@ def test_ordered_comparisons_are_consistent(doc: dict[str, Any], path: str, x: A
     assert matches({path: {"$gte": x}}, metadata=doc) is (gt or eq)
     assert matches({path: {"$lte": x}}, metadata=doc) is (lt or eq)
     assert not (gt and lt)
+
+
+def test_a_request_with_where_is_schema_version_2_and_one_without_stays_1() -> None:
+    from blackboard.protocol import codec
+    from blackboard.protocol.schemas.search import EntrySearchRequest, MemorySearchRequest, SearchFilters
+
+    with_where = MemorySearchRequest.of("q", SearchFilters(where={"metadata.score": {"$gt": 0.8}}))
+    without = EntrySearchRequest.of("q", SearchFilters())
+    # As the SDK encodes a request (agents_sdk/search.py).
+    wire = codec.decode(codec.encode(with_where.model_dump(exclude_none=True)))
+    assert wire["v"] == 2 and wire["where"] == {"metadata.score": {"$gt": 0.8}}
+    assert codec.decode(codec.encode(without.model_dump(exclude_none=True)))["v"] == 1
+    # The service reads both versions, and where under either.
+    assert MemorySearchRequest.model_validate(wire).where == with_where.where
+    assert MemorySearchRequest.model_validate({**wire, "v": 1}).where == with_where.where
+    with pytest.raises(ValueError, match="v"):
+        MemorySearchRequest.model_validate({**wire, "v": 3})

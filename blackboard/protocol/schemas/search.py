@@ -117,9 +117,14 @@ class _Scope(WireModel):
     @model_serializer(mode="wrap")
     def _without_empty_where(self, handler: SerializerFunctionWrapHandler) -> Any:
         # An empty where is left out: a request without one encodes as it did before it existed.
+        # A request with one is schema version 2: a service from before where refuses v 2
+        # (its v is Literal[1]) rather than skip the unknown field and widen the search.
         out = handler(self)
-        if not self.where and isinstance(out, dict):
-            out.pop("where", None)
+        if isinstance(out, dict):
+            if not self.where:
+                out.pop("where", None)
+            elif "v" in out:
+                out["v"] = 2
         return out
 
 
@@ -149,7 +154,8 @@ class SearchFilters(_Sections, _Kinds, _Scope):
 
 
 class _Query(WireModel):
-    v: Literal[1] = Field(1, description="Schema version.")
+    v: Literal[1, 2] = Field(1, description="Schema version: 2 when the request carries a where (a service "
+                             "that predates where refuses it), else 1.")
     query: str = Field(min_length=1, max_length=10_000, description="What to look for, in words.")
     mode: SearchMode = "hybrid"
     top_k: int = Field(10, ge=1, le=1000)
