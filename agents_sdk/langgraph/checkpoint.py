@@ -37,8 +37,8 @@ from langgraph.checkpoint.serde.base import SerializerProtocol
 from agents_sdk.agent import Agent
 from agents_sdk.board import Board
 from agents_sdk.langgraph._bridge import LoopBridge
+from agents_sdk.langgraph._checkpoint_admin import CheckpointBoard
 from agents_sdk.langgraph._checkpoint_layout import thread_id_of
-from agents_sdk.langgraph._checkpoint_store import CheckpointBoard
 from blackboard.protocol.errors import InvalidPayloadError
 from blackboard.settings import Settings
 
