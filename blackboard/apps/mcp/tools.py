@@ -18,7 +18,7 @@ from mcp.server.mcpserver import Context
 from mcp.types import ToolAnnotations
 from pydantic import Field
 
-from agents_sdk import Agent
+from agents_sdk import Agent, Entry
 from agents_sdk.messaging.inbox import Message
 from agents_sdk.search import EntrySearchArgs, RecallArgs
 from blackboard.apps.mcp.results import (
@@ -48,7 +48,7 @@ from blackboard.apps.mcp.results import (
     message_out,
 )
 from blackboard.protocol.errors import ConflictError, NotFoundError, OutcomeTimeoutError
-from blackboard.protocol.filters import matches, parse_where
+from blackboard.protocol.filters import parse_where
 from blackboard.protocol.schemas.memory import MemoryKind
 from blackboard.protocol.schemas.vote import Policy
 
@@ -530,20 +530,12 @@ def register_tools(server: BlackboardMCP, source: AgentSource) -> None:
         return ReleaseResult(board=board, section=section, key=key, released=True)
 
 
-async def list_entries(agent: Agent, board: str, section: str | None, where: dict[str, Any] | None) -> list[Any]:
-    """The live entries of a board or section, sorted by (section, key), filtered by ``where``."""
-    b = agent.board(board)
-    listing = getattr(b, "entries", None)
-    if listing is not None:  # Board.entries (comparison filters, issue 21)
-        return list(await listing(section, where=where))
-    sections = [section] if section is not None else await b.sections()
-    out = []
-    for s in sections:
-        for k in await b.keys(s):
-            try:
-                e = await b.get(s, k)
-            except NotFoundError:
-                continue
-            if where is None or matches(where, metadata=e.metadata, value=e.value):
-                out.append(e)
-    return out
+async def list_entries(agent: Agent, board: str, section: str | None,
+                       where: dict[str, Any] | None) -> list[Entry]:
+    """The live entries of a board or section, sorted by (section, key), filtered by ``where``
+    (``Board.entries``: read from JetStream, no worker needed).
+
+    Raises:
+        InvalidKeyError, InvalidPayloadError: a bad section name or ``where``.
+    """
+    return await agent.board(board).entries(section, where=where)
