@@ -6,7 +6,7 @@ Needs the ``langgraph`` extra: ``pip install 'blackboard[langgraph]'``.
 """
 
 try:
-    import langgraph.checkpoint.base  # noqa: F401
+    import langgraph.checkpoint.base
     import langgraph.store.base  # noqa: F401
 except ImportError as exc:  # pragma: no cover - depends on the installation
     raise ImportError("agents_sdk.langgraph needs LangGraph: pip install 'blackboard[langgraph]'") from exc

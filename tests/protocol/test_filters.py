@@ -198,7 +198,11 @@ def test_ordered_comparisons_are_consistent(doc: dict[str, Any], path: str, x: A
 
 def test_a_request_with_where_is_schema_version_2_and_one_without_stays_1() -> None:
     from blackboard.protocol import codec
-    from blackboard.protocol.schemas.search import EntrySearchRequest, MemorySearchRequest, SearchFilters
+    from blackboard.protocol.schemas.search import (
+        EntrySearchRequest,
+        MemorySearchRequest,
+        SearchFilters,
+    )
 
     with_where = MemorySearchRequest.of("q", SearchFilters(where={"metadata.score": {"$gt": 0.8}}))
     without = EntrySearchRequest.of("q", SearchFilters())
