@@ -17,6 +17,7 @@ limits, so a writer cannot send what its readers would refuse.
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Mapping
 from datetime import datetime
@@ -36,7 +37,7 @@ from blackboard.protocol.limits import (
 )
 from blackboard.protocol.subjects import Header
 
-__all__ = ["Encoding", "decode", "encode", "encoding_of", "headers_for"]
+__all__ = ["Encoding", "decode", "encode", "encoding_of", "headers_for", "is_json_safe", "is_storable_text"]
 
 Encoding = Literal["msgpack", "json"]
 
@@ -169,3 +170,35 @@ def encoding_of(headers: Mapping[str, str] | None, data: bytes | None = None) ->
 def headers_for(encoding: Encoding) -> dict[str, str]:
     """Headers announcing ``encoding`` (none for the msgpack default)."""
     return dict(_JSON_HEADERS) if encoding == "json" else {}
+
+
+def is_storable_text(s: str) -> bool:
+    """Whether PostgreSQL ``text`` and ``jsonb`` can hold ``s`` (no NUL, valid UTF-8)."""
+    if "\x00" in s:
+        return False
+    if s.isascii():
+        return True
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def is_json_safe(value: Any, _depth: int = 0) -> bool:
+    """Whether ``value`` can be stored as PostgreSQL ``jsonb`` unchanged (the worker stores
+    any other entry value as msgpack, its jsonb column null; ``where`` reads it so)."""
+    if _depth > 200:
+        return False
+    if value is None or isinstance(value, bool | int):
+        return True
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if isinstance(value, str):
+        return is_storable_text(value)
+    if isinstance(value, list):
+        return all(is_json_safe(v, _depth + 1) for v in value)
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and is_storable_text(k) and is_json_safe(v, _depth + 1)
+                   for k, v in value.items())
+    return False

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any, Final, Literal, cast, get_args
 
+from blackboard.protocol.codec import is_json_safe, is_storable_text
 from blackboard.protocol.errors import InvalidPayloadError
 
 __all__ = [
@@ -154,7 +155,7 @@ def _parse_path(path: Any, cond: Any) -> PathFilter:
         raise InvalidPayloadError(f"where: path {shown!r} is more than {MAX_PATH_DEPTH} levels deep")
     if any(not k for k in keys):
         raise InvalidPayloadError(f"where: path {shown!r} has an empty segment")
-    if not _text_ok(path):
+    if not is_storable_text(path):
         raise InvalidPayloadError(f"where: path {shown!r} holds NUL or text that is not UTF-8")
     if isinstance(cond, Mapping) and any(isinstance(k, str) and k.startswith("$") for k in cond):
         if not all(isinstance(k, str) and k.startswith("$") for k in cond):
@@ -206,19 +207,6 @@ def _type_name(value: Any) -> str:
     return type(value).__name__
 
 
-def _text_ok(s: str) -> bool:
-    """Whether PostgreSQL text and jsonb can hold ``s`` (no NUL, valid UTF-8)."""
-    if "\x00" in s:
-        return False
-    if s.isascii():
-        return True
-    try:
-        s.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
 def _check_json(path: str, op: str, value: Any, depth: int) -> None:
     """Refuse an operand that is not JSON PostgreSQL can store (bytes, NaN, NUL, deep)."""
     if value is None or isinstance(value, bool | int):
@@ -228,7 +216,7 @@ def _check_json(path: str, op: str, value: Any, depth: int) -> None:
             raise InvalidPayloadError(f"where: {op} on {path!r} takes finite numbers, not {value!r}")
         return
     if isinstance(value, str):
-        if not _text_ok(value):
+        if not is_storable_text(value):
             raise InvalidPayloadError(f"where: {op} on {path!r} takes text without NUL, in UTF-8")
         return
     if depth >= _MAX_OPERAND_DEPTH:
@@ -240,7 +228,7 @@ def _check_json(path: str, op: str, value: Any, depth: int) -> None:
         return
     if isinstance(value, Mapping):
         for k, v in value.items():
-            if not isinstance(k, str) or not _text_ok(k):
+            if not isinstance(k, str) or not is_storable_text(k):
                 raise InvalidPayloadError(f"where: the operand of {op} on {path!r} has a key that is not text")
             _check_json(path, op, v, depth + 1)
         return
@@ -272,7 +260,7 @@ def matches(where: Where | Mapping[str, Any], *, metadata: Mapping[str, Any] | N
             node = _walk(meta, p.keys)
         else:
             if doc_value is _MISSING:
-                doc_value = value if _json_safe(value, 0) else None
+                doc_value = value if is_json_safe(value) else None
             node = _walk(doc_value, p.keys)
         for c in p.conditions:
             if not _holds(c, node):
@@ -384,21 +372,3 @@ def _comparable(a: int | float, b: int | float) -> tuple[Any, Any]:
 
 def _decimal(x: int | float) -> Decimal:
     return Decimal(repr(x)) if isinstance(x, float) else Decimal(x)
-
-
-def _json_safe(value: Any, depth: int) -> bool:
-    """Whether PostgreSQL stores ``value`` as jsonb unchanged (the worker stores any other
-    entry value as msgpack, and its jsonb column holds null)."""
-    if depth > 200:
-        return False
-    if value is None or isinstance(value, bool | int):
-        return True
-    if isinstance(value, str):
-        return _text_ok(value)
-    if isinstance(value, float):
-        return math.isfinite(value)
-    if isinstance(value, list):
-        return all(_json_safe(v, depth + 1) for v in value)
-    if isinstance(value, dict):
-        return all(isinstance(k, str) and _text_ok(k) and _json_safe(v, depth + 1) for k, v in value.items())
-    return False

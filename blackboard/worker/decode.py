@@ -12,7 +12,6 @@ non-string keys) are caught here, before they could fail a whole batch.
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -21,6 +20,7 @@ from typing import Any
 import orjson
 
 from blackboard.protocol import codec, records
+from blackboard.protocol.codec import is_json_safe, is_storable_text
 from blackboard.protocol.errors import InvalidKeyError, InvalidPayloadError
 from blackboard.protocol.schemas import EntryEnvelope, MemoryForget, MemoryRecord
 from blackboard.protocol.subjects import Header, KeyParts, Subjects, parse_ttl, validate_name
@@ -34,7 +34,6 @@ __all__ = [
     "decode_entry",
     "decode_memory",
     "entry_search_text",
-    "is_json_safe",
     "memory_search_text",
     "parse_ack_reply",
     "parse_ttl",
@@ -194,37 +193,8 @@ class ForgetRow:
     verdict: str = "unsigned"
 
 
-def _text_ok(s: str) -> bool:
-    if "\x00" in s:
-        return False
-    if s.isascii():
-        return True
-    try:
-        s.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
-def is_json_safe(value: Any, _depth: int = 0) -> bool:
-    """Whether ``value`` can be stored as PostgreSQL ``jsonb`` unchanged."""
-    if _depth > 200:
-        return False
-    if value is None or isinstance(value, bool | int):
-        return True
-    if isinstance(value, float):
-        return math.isfinite(value)
-    if isinstance(value, str):
-        return _text_ok(value)
-    if isinstance(value, list):
-        return all(is_json_safe(v, _depth + 1) for v in value)
-    if isinstance(value, dict):
-        return all(isinstance(k, str) and _text_ok(k) and is_json_safe(v, _depth + 1) for k, v in value.items())
-    return False
-
-
 def _check_text(value: str | None, what: str) -> None:
-    if value is not None and not _text_ok(value):
+    if value is not None and not is_storable_text(value):
         raise InvalidPayloadError(f"{what} holds text PostgreSQL cannot store (NUL or invalid UTF-8)")
 
 
@@ -288,7 +258,7 @@ def _strings(value: Any, out: list[str], budget: list[int], depth: int = 0) -> N
 
 def _clean(text: str, limit: int) -> str:
     text = text[:limit]
-    if not _text_ok(text):
+    if not is_storable_text(text):
         text = text.replace("\x00", " ").encode("utf-8", "replace").decode("utf-8")
     return text
 

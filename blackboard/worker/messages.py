@@ -18,12 +18,13 @@ from psycopg.types.json import Jsonb
 
 from blackboard.db import messages_sql as q
 from blackboard.protocol import codec
+from blackboard.protocol.codec import is_json_safe
 from blackboard.protocol.errors import InvalidKeyError, InvalidPayloadError
 from blackboard.protocol.schemas import MessageEnvelope, validate_wire
 from blackboard.protocol.subjects import MESSAGE_STREAM, Subjects
 from blackboard.security.verifier import Signed
 from blackboard.settings import Settings
-from blackboard.worker.decode import RawMessage, entry_search_text, is_json_safe
+from blackboard.worker.decode import RawMessage, entry_search_text
 from blackboard.worker.stream_handler import Conn, StreamHandler
 
 __all__ = [
