@@ -10,6 +10,7 @@ import asyncio
 import hashlib
 import heapq
 import random
+from collections import OrderedDict
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from typing import Any, cast
 
@@ -57,6 +58,8 @@ __all__ = ["CheckpointStore", "thread_of"]
 
 #: Compare-and-set attempts of one index append (or merge of writes) before giving up.
 _APPEND_RETRIES = 1000
+#: Index pages remembered for the next put of their thread (the threads this saver writes at once).
+_WRITTEN_PAGES = 1024
 #: Checkpoints a listing reads at once: first (or the limit, if smaller), then doubling up to the most.
 _FIRST_BATCH = 4
 _MAX_BATCH = 32
@@ -118,6 +121,11 @@ class CheckpointStore:
         self.budget = budget
         #: The newest index page last seen per (thread token, namespace): read with the head.
         self._newest_page: dict[tuple[str, str], int] = {}
+        #: The index page this saver last wrote per (thread token, namespace), with its
+        #: revision: the next put appends to it by compare-and-set without reading it
+        #: again (one round trip instead of two); a conflict means another writer (or a
+        #: delete) came in between, and the put reads the index as it is.
+        self._written_pages: OrderedDict[tuple[str, str], tuple[Page, int]] = OrderedDict()
 
     # ------------------------------------------------------------ values
     async def _get(self, section: str, key: str) -> Entry | None:
@@ -227,8 +235,34 @@ class CheckpointStore:
                 return found[0].top()
         return None
 
+    def _wrote_page(self, th: ThreadSections, page: Page, revision: int) -> None:
+        slot = (th.token, page.checkpoint_ns)
+        self._written_pages[slot] = (page, revision)
+        self._written_pages.move_to_end(slot)
+        while len(self._written_pages) > _WRITTEN_PAGES:
+            self._written_pages.popitem(last=False)
+
+    async def _append_to_written(self, th: ThreadSections, ns: str, checkpoint_id: str, run_id: str | None) -> bool:
+        """Append to the page this saver last wrote, at the revision it wrote (True: done)."""
+        cached = self._written_pages.pop((th.token, ns), None)
+        if cached is None or cached[0].full:
+            return False
+        page, rev = cached
+        if page.holds(checkpoint_id):
+            return True
+        grown = Page(page.thread_id, page.checkpoint_ns, page.number, page.floor, [*page.ids, (checkpoint_id, run_id)])
+        try:
+            new_rev = await self.board.update(th.index, page_key(ns, page.number), grown.to_value(),
+                                              expected_revision=rev)
+        except ConflictError:
+            return False  # changed since: read the index as it is
+        self._wrote_page(th, grown, new_rev)
+        return True
+
     async def _append(self, th: ThreadSections, ns: str, checkpoint_id: str, run_id: str | None) -> None:
         """Add a checkpoint id to the namespace's newest index page, by compare-and-set."""
+        if await self._append_to_written(th, ns, checkpoint_id, run_id):
+            return
         last: ConflictError | None = None
         for attempt in range(_APPEND_RETRIES):
             hint = self._newest_page.get((th.token, ns), 0)
@@ -242,14 +276,16 @@ class CheckpointStore:
                         await self._register(th)
                     page = Page(th.thread_id, ns, number, await self._floor_below(th, ns, number),
                                 [(checkpoint_id, run_id)])
-                    await self.board.create(th.index, page_key(ns, number), page.to_value())
+                    self._wrote_page(th, page, await self.board.create(th.index, page_key(ns, number),
+                                                                       page.to_value()))
                     return
                 page, rev = found
                 if page.holds(checkpoint_id):
                     return
                 if not page.full:
                     page.ids.append((checkpoint_id, run_id))
-                    await self.board.update(th.index, page_key(ns, number), page.to_value(), expected_revision=rev)
+                    self._wrote_page(th, page, await self.board.update(th.index, page_key(ns, number),
+                                                                       page.to_value(), expected_revision=rev))
                     return
                 head = {"v": FORMAT, "thread": th.thread_id, "ns": ns, "page": number + 1}
                 if head_rev is None:
