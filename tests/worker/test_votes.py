@@ -227,7 +227,10 @@ async def test_two_workers_and_agents_race_to_commit_exactly_once(pg_settings: S
             # closed by deadline.
             voters = [f"{unique}-v{i}" for i in range(3)]
             decided = await agents[0].board(unique).propose("s", "decided", ["x", "y"], voters=voters)
-            timed = await agents[0].board(unique).propose("s", "timed", ["x"], deadline=timedelta(seconds=0.4))
+            # Its ballot comes right away and the deadline leaves it 2 s: a loaded machine's ballot
+            # once came after a 0.4 s deadline, behind the three voters' connections below.
+            timed = await agents[0].board(unique).propose("s", "timed", ["x"], deadline=timedelta(seconds=2))
+            await agents[1].board(unique).vote(timed.id, "accept")
             for v in voters:
                 vnc = await connect_nats(settings, name=f"raw-{v}", credentials=credentials(v))
                 try:
@@ -235,7 +238,6 @@ async def test_two_workers_and_agents_race_to_commit_exactly_once(pg_settings: S
                         id=v, proposal_id=decided.id, voter=v, choice=1, created_at=datetime.now(UTC)))
                 finally:
                     await vnc.close()
-            await agents[1].board(unique).vote(timed.id, "accept")
             handles = [await a.board(unique).proposal(pid) for a in agents for pid in (decided.id, timed.id)]
             await until_past(timed.proposal.deadline, 0.0)
             results = await asyncio.gather(*[h.commit() for h in handles], *[h.outcome(timeout=10) for h in handles])
