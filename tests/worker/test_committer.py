@@ -206,12 +206,14 @@ async def test_two_committers_racing_commit_one_outcome_per_proposal(
             running_committer(s, board=unique, name="c2") as c2:
         await voters.connect("v0", "v1")
         proposals = [await board.propose("s", f"k{i}", ["x", "y"], voters=voters("v0", "v1", "v2")) for i in range(8)]
-        timed = [await board.propose("s", f"t{i}", ["x"], deadline=timedelta(seconds=0.5)) for i in range(4)]
+        # The timed proposals' ballots first, well before their deadline (on a loaded machine
+        # the ballots below can take longer than a short deadline).
+        timed = [await board.propose("s", f"t{i}", ["x"], deadline=timedelta(seconds=2)) for i in range(4)]
+        for t in timed:
+            await ballot(voters, unique, t.id, "v0", "reject")
         # Ballots of many proposals, published together: both committers decide at once.
         await asyncio.gather(*[ballot(voters, unique, p.id, v, i % 2) for i, p in enumerate(proposals)
                                for v in ("v0", "v1")])
-        for t in timed:
-            await ballot(voters, unique, t.id, "v0", "reject")
         await until_past(timed[-1].proposal.deadline)
         outcomes = [await assert_committed_once(store, agent, unique, p.id, f"k{i}")
                     for i, p in enumerate(proposals)]
