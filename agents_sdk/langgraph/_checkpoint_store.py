@@ -47,6 +47,7 @@ from agents_sdk.langgraph._checkpoint_layout import (
 from agents_sdk.objects import OBJECT_REF_KEY, ObjectRef, object_name
 from blackboard.protocol.entries import Entry
 from blackboard.protocol.errors import (
+    BlackboardError,
     ConflictError,
     InvalidKeyError,
     InvalidPayloadError,
@@ -187,28 +188,48 @@ class CheckpointStore:
         stripped = {k: v for k, v in checkpoint.items() if k != "channel_values"}
         values = checkpoint.get("channel_values") or {}
 
-        async def values_written() -> None:
-            async with self.board.pipeline() as pipe:
-                for channel, version in new_versions.items():
-                    key = blob_key(ns, channel, version)
-                    typed = self.serde.dumps_typed(values[channel]) if channel in values else ("empty", b"")
-                    stored = await self._payload(th, th.blobs, key, typed)
-                    await pipe.put(th.blobs, key, {"v": FORMAT, "thread": thread_id, "ns": ns, "channel": channel,
-                                                   "version": version, "value": stored})
-
-        async def record_written() -> None:
-            key = record_key(ns, checkpoint_id)
-            record = {"v": FORMAT, "thread": thread_id, "ns": ns, "id": checkpoint_id, "parent": parent_id,
-                      "run_id": run_id,
-                      "checkpoint": await self._payload(th, th.checkpoints, key, self.serde.dumps_typed(stripped)),
-                      "metadata": await self._payload(th, th.checkpoints, key, self.serde.dumps_typed(meta))}
-            await self.board.put(th.checkpoints, key, record)
-
         meta = get_serializable_checkpoint_metadata(config, metadata)
         run_id = str(meta["run_id"]) if meta.get("run_id") is not None else None
-        # The record is found by id only once put returns, and through the index only once
-        # appended: both after the values it names are on the board.
-        await asyncio.gather(values_written(), record_written())
+        key = record_key(ns, checkpoint_id)
+
+        async def blob(channel: str, version: Any) -> tuple[str, dict[str, Any]]:
+            typed = self.serde.dumps_typed(values[channel]) if channel in values else ("empty", b"")
+            stored = await self._payload(th, th.blobs, blob_key(ns, channel, version), typed)
+            return blob_key(ns, channel, version), {"v": FORMAT, "thread": thread_id, "ns": ns, "channel": channel,
+                                                    "version": version, "value": stored}
+
+        # Serialised first (large values go to the object store), then written in one pipeline,
+        # in order: the values, the record that names them, and (when this saver wrote the
+        # index's newest page and it has room) the id appended to that page by compare-and-set.
+        # One stream and one connection keep that order, so the record is found by id only
+        # after its values, and through the index only after the record.
+        blobs, checkpoint_payload, meta_payload = await asyncio.gather(
+            asyncio.gather(*(blob(channel, version) for channel, version in new_versions.items())),
+            self._payload(th, th.checkpoints, key, self.serde.dumps_typed(stripped)),
+            self._payload(th, th.checkpoints, key, self.serde.dumps_typed(meta)))
+        record = {"v": FORMAT, "thread": thread_id, "ns": ns, "id": checkpoint_id, "parent": parent_id,
+                  "run_id": run_id, "checkpoint": checkpoint_payload, "metadata": meta_payload}
+        grown = self._grown_written_page(th, ns, checkpoint_id, run_id)
+        pipe = self.board.pipeline()
+        writes = [await pipe.put(th.blobs, blob_key_, value) for blob_key_, value in blobs]
+        writes.append(await pipe.put(th.checkpoints, key, record))
+        appended = (await pipe.put(th.index, page_key(ns, grown[0].number), grown[0].to_value(),
+                                   expected_revision=grown[1]) if grown is not None else None)
+        try:
+            await pipe.flush()
+        except BlackboardError:
+            if not all(f.done() for f in writes) or (appended is not None and not appended.done()):
+                raise
+        for f in writes:
+            f.result()  # the values' and the record's own errors
+        if grown is not None and appended is not None:
+            failed = appended.exception()
+            if failed is None:
+                self._wrote_page(th, grown[0], appended.result())
+                return _config(thread_id, ns, checkpoint_id)
+            if not isinstance(failed, ConflictError):
+                raise failed
+            # another writer (or a delete) came in between: read the index as it is
         await self._append(th, ns, checkpoint_id, run_id)
         return _config(thread_id, ns, checkpoint_id)
 
@@ -242,27 +263,19 @@ class CheckpointStore:
         while len(self._written_pages) > _WRITTEN_PAGES:
             self._written_pages.popitem(last=False)
 
-    async def _append_to_written(self, th: ThreadSections, ns: str, checkpoint_id: str, run_id: str | None) -> bool:
-        """Append to the page this saver last wrote, at the revision it wrote (True: done)."""
+    def _grown_written_page(self, th: ThreadSections, ns: str, checkpoint_id: str,
+                            run_id: str | None) -> tuple[Page, int] | None:
+        """The page this saver last wrote with ``checkpoint_id`` appended, and the revision it
+        wrote (to append at by compare-and-set), or None: no such page, full, or holding it."""
         cached = self._written_pages.pop((th.token, ns), None)
-        if cached is None or cached[0].full:
-            return False
+        if cached is None or cached[0].full or cached[0].holds(checkpoint_id):
+            return None
         page, rev = cached
-        if page.holds(checkpoint_id):
-            return True
-        grown = Page(page.thread_id, page.checkpoint_ns, page.number, page.floor, [*page.ids, (checkpoint_id, run_id)])
-        try:
-            new_rev = await self.board.update(th.index, page_key(ns, page.number), grown.to_value(),
-                                              expected_revision=rev)
-        except ConflictError:
-            return False  # changed since: read the index as it is
-        self._wrote_page(th, grown, new_rev)
-        return True
+        return Page(page.thread_id, page.checkpoint_ns, page.number, page.floor,
+                    [*page.ids, (checkpoint_id, run_id)]), rev
 
     async def _append(self, th: ThreadSections, ns: str, checkpoint_id: str, run_id: str | None) -> None:
         """Add a checkpoint id to the namespace's newest index page, by compare-and-set."""
-        if await self._append_to_written(th, ns, checkpoint_id, run_id):
-            return
         last: ConflictError | None = None
         for attempt in range(_APPEND_RETRIES):
             hint = self._newest_page.get((th.token, ns), 0)
