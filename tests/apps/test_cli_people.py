@@ -140,6 +140,25 @@ def test_put_with_expect_revision_is_a_compare_and_set(cli: Any, unique: str) ->
     assert json.loads(cli("get", unique, "locks", "l", "--as", "alice", "--json")[1])["value"] == "next"
 
 
+def test_delete_unconditionally_or_at_a_revision(cli: Any, unique: str) -> None:
+    first = json.loads(cli("put", unique, "s", "k", "1", "--as", "alice", "--json")[1])["revision"]
+    second = json.loads(cli("put", unique, "s", "k", "2", "--as", "alice", "--json")[1])["revision"]
+    line = one_error(cli("delete", unique, "s", "k", "--expect-revision", str(first), "--as", "bob"), "delete", 4)
+    assert f"current revision is {second}" in line
+    code, out, _ = cli("delete", unique, "s", "k", "--expect-revision", str(second), "--as", "bob", "--json")
+    assert code == 0
+    done = json.loads(out)
+    assert done["operation"] == "delete" and done["revision"] > second
+    one_error(cli("get", unique, "s", "k", "--as", "alice"), "get", 3)
+    gone = one_error(cli("delete", unique, "s", "k", "--as", "alice"), "delete", 3)  # nothing left to delete
+    assert f"was deleted at revision {done['revision']}" in gone
+    cli("put", unique, "s", "k2", "3", "--as", "alice")
+    code, out, _ = cli("delete", unique, "s", "k2", "--as", "alice")
+    assert code == 0 and out.startswith(f"{unique}/s/k2: deleted at revision ")
+    assert cli("ls", unique, "s", "--as", "alice")[0] == 3  # no live key left
+    one_error(cli("delete", unique, "s", "k2", "--expect-revision", "0", "--as", "alice"), "delete", 2)
+
+
 def test_get_of_an_old_revision_and_of_what_is_not_there(cli: Any, unique: str) -> None:
     first = json.loads(cli("put", unique, "s", "k", "1", "--as", "alice", "--json")[1])["revision"]
     cli("put", unique, "s", "k", "2", "--as", "alice")

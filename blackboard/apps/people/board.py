@@ -23,7 +23,7 @@ from blackboard.protocol.entries import Entry
 from blackboard.protocol.errors import InvalidPayloadError, NotFoundError
 from blackboard.protocol.filters import parse_where
 
-__all__ = ["get", "history", "ls", "put", "watch"]
+__all__ = ["delete", "get", "history", "ls", "put", "watch"]
 
 
 def _out(text: str) -> None:
@@ -103,6 +103,28 @@ async def put(args: argparse.Namespace) -> int:
         _out(dumps({"board": args.board, "section": args.section, "key": args.key, "revision": revision}))
     else:
         _out(f"{args.board}/{args.section}/{args.key}: revision {revision}")
+    return 0
+
+
+async def delete(args: argparse.Namespace) -> int:
+    """Delete a key: unconditionally, or with ``--expect-revision`` only at that revision.
+
+    Raises:
+        NotFoundError: the key is absent (or already deleted).
+        ConflictError: the key is not at the expected revision.
+    """
+    expected = args.expect_revision
+    if expected is not None and expected < 1:
+        raise InvalidPayloadError(f"--expect-revision must be a revision (1 or more), not {expected}")
+    async with connect_agent(args) as agent:
+        board = agent.board(args.board)
+        await board.get(args.section, args.key)  # NotFoundError: nothing to delete
+        revision = await board.delete(args.section, args.key, expected_revision=expected)
+    if args.json:
+        _out(dumps({"board": args.board, "section": args.section, "key": args.key, "revision": revision,
+                    "operation": "delete"}))
+    else:
+        _out(f"{args.board}/{args.section}/{args.key}: deleted at revision {revision}")
     return 0
 
 

@@ -15,7 +15,7 @@ from typing import Any
 __all__ = ["PEOPLE_COMMANDS", "add_people_commands"]
 
 #: The commands, in the order ``blackboard --help`` lists them.
-PEOPLE_COMMANDS = ("get", "put", "ls", "history", "watch", "search", "recall", "send", "inbox", "status")
+PEOPLE_COMMANDS = ("get", "put", "delete", "ls", "history", "watch", "search", "recall", "send", "inbox", "status")
 
 Command = Callable[[argparse.Namespace], Coroutine[Any, Any, int]]
 
@@ -92,6 +92,14 @@ def add_people_commands(sub: Any) -> None:
     p.add_argument("--metadata", metavar="JSON", help="a JSON object of metadata")
     p.add_argument("--string", action="store_true", help="VALUE is a string, even if it reads as JSON")
     p.add_argument("--content-type", help="the value's content type (default from the value)")
+
+    p = add("delete", "delete an entry", "Delete a key (a tombstone: its history stays, a watch sees the "
+            "delete). With --expect-revision only if the key is still at revision N.", _lazy("board", "delete"))
+    p.add_argument("board")
+    p.add_argument("section")
+    p.add_argument("key")
+    p.add_argument("--expect-revision", type=int, metavar="N",
+                   help="delete only if the key is at revision N; exit 4 otherwise")
 
     p = add("ls", "list boards, sections, keys or entries",
             "Without BOARD: the boards this agent may read (with a credential a worker lists them). "
