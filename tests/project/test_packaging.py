@@ -58,5 +58,7 @@ def test_the_image_build_context_makes_a_complete_wheel(tmp_path: Path) -> None:
     migrations = sorted(p.name for p in (ROOT / "migrations").glob("*.sql"))
     assert migrations and {f"blackboard/migrations/{m}" for m in migrations} <= names
     assert {"blackboard/py.typed", "agents_sdk/py.typed", "blackboard/apps/cli.py", "agents_sdk/agent.py"} <= names
+    # the local model's tokenizer ships with the package, with its licence and provenance
+    assert {f"blackboard/embeddings/data/{n}" for n in ("tokenizer.json", "LICENSE", "NOTICE")} <= names
     (entry_points,) = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
     assert "blackboard = blackboard.apps.cli:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
