@@ -22,7 +22,7 @@ FROM (
 WHERE q.item_type = c.item_type AND q.item = c.item
 RETURNING q.item_type, q.item, q.enqueued_at, q.attempts"""
 
-LOAD_MEMORIES = "SELECT mid, seq, text, metadata, board FROM bb_memories WHERE mid = ANY(%s)"
+LOAD_MEMORIES = "SELECT mid, seq, text, metadata, board, embed_meta FROM bb_memories WHERE mid = ANY(%s)"
 LOAD_ENTRIES = "SELECT eid, revision, search_text, deleted, board FROM bb_entries WHERE eid = ANY(%s)"
 
 #: Remove finished queue rows, unless they were re-enqueued meanwhile.

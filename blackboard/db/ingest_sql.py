@@ -39,7 +39,7 @@ __all__ = [
 REVISION_COLUMNS = ("stream", "seq", "board", "section", "key", "op", "value", "value_raw", "content_type",
                     "tags", "metadata", "author", "created_at", "stored_at", "expires_at", "verdict")
 MEMORY_COLUMNS = ("stream", "seq", "id", "board", "agent", "kind", "text", "tags", "metadata",
-                  "importance", "source", "read_only", "created_at", "search_text", "verdict")
+                  "importance", "source", "read_only", "created_at", "search_text", "verdict", "embed_meta")
 
 #: Binary COPY of revision rows (columns :data:`REVISION_COLUMNS`).
 COPY_REVISIONS = f"COPY bb_entry_revisions ({', '.join(REVISION_COLUMNS)}) FROM STDIN (FORMAT BINARY)"
@@ -93,7 +93,7 @@ CREATE_STAGE_MEMORIES = """
 CREATE TEMP TABLE IF NOT EXISTS bb_stage_memories (
     stream text, seq bigint, id text, board text, agent text, kind text, text text, tags text[],
     metadata jsonb, importance real, source text, read_only boolean, created_at timestamptz,
-    search_text text, verdict text
+    search_text text, verdict text, embed_meta text
 ) ON COMMIT DELETE ROWS"""
 COPY_MEMORIES = f"COPY bb_stage_memories ({', '.join(MEMORY_COLUMNS)}) FROM STDIN (FORMAT BINARY)"
 
@@ -106,16 +106,16 @@ WITH latest AS (
     ORDER BY s.id, s.seq DESC
 ), up AS (
     INSERT INTO bb_memories AS m (id, board, agent, kind, text, tags, metadata, importance, source,
-                                  read_only, created_at, updated_at, stream, seq, search_text, verdict)
+                                  read_only, created_at, updated_at, stream, seq, search_text, verdict, embed_meta)
     SELECT id, board, agent, kind, text, tags, metadata, importance, source,
-           read_only, created_at, created_at, stream, seq, search_text, verdict
+           read_only, created_at, created_at, stream, seq, search_text, verdict, embed_meta
     FROM latest
     ON CONFLICT (id) DO UPDATE SET
         board = EXCLUDED.board, agent = EXCLUDED.agent, kind = EXCLUDED.kind, text = EXCLUDED.text,
         tags = EXCLUDED.tags, metadata = EXCLUDED.metadata, importance = EXCLUDED.importance,
         source = EXCLUDED.source, read_only = EXCLUDED.read_only,
         updated_at = EXCLUDED.created_at, stream = EXCLUDED.stream, seq = EXCLUDED.seq,
-        search_text = EXCLUDED.search_text, verdict = EXCLUDED.verdict
+        search_text = EXCLUDED.search_text, verdict = EXCLUDED.verdict, embed_meta = EXCLUDED.embed_meta
     WHERE m.seq < EXCLUDED.seq
     RETURNING m.mid
 )

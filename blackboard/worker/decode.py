@@ -24,6 +24,7 @@ from blackboard.protocol.codec import is_json_safe, is_storable_text
 from blackboard.protocol.errors import InvalidKeyError, InvalidPayloadError
 from blackboard.protocol.schemas import EntryEnvelope, MemoryForget, MemoryRecord
 from blackboard.protocol.subjects import Header, KeyParts, Subjects, parse_ttl, validate_name
+from blackboard.worker.embed_text import MAX_EMBED_CHARS, memory_embed_lines
 
 __all__ = [
     "DeadLetter",
@@ -179,6 +180,9 @@ class MemoryRow:
     metadata_json: bytes | None = None
     #: The signature's verdict (``blackboard.protocol.signing.Verdict``), set by the ingest loop.
     verdict: str = "unsigned"
+    #: The metadata lines embedded before the text, in the writer's key order
+    #: (``embed_text.memory_embed_lines``); None: the embedder makes them from ``metadata``.
+    embed_meta: str | None = None
 
 
 @dataclass(slots=True)
@@ -347,7 +351,8 @@ def _fast_memory_row(rec: MemoryRecord, msg: RawMessage, index_chars: int) -> Me
         return None
     search = memory_search_text(rec.text, rec.tags, rec.metadata, index_chars)
     return MemoryRow(msg.stream, msg.seq, rec.id, rec.board, rec.agent, rec.kind, rec.text, rec.tags,
-                     rec.metadata, rec.importance, source, rec.read_only, rec.created_at, search, meta_json)
+                     rec.metadata, rec.importance, source, rec.read_only, rec.created_at, search, meta_json,
+                     embed_meta=_clean(memory_embed_lines(rec.metadata), MAX_EMBED_CHARS))
 
 
 def _payload(msg: RawMessage, max_bytes: int) -> Any:
@@ -435,4 +440,4 @@ def decode_memory(msg: RawMessage, *, max_bytes: int, index_chars: int) -> Memor
     search = memory_search_text(rec.text, rec.tags, rec.metadata, index_chars)
     return MemoryRow(msg.stream, msg.seq, rec.id, rec.board, rec.agent, rec.kind, rec.text,
                      list(rec.tags), dict(rec.metadata), rec.importance, rec.source, rec.read_only,
-                     rec.created_at, search)
+                     rec.created_at, search, embed_meta=_clean(memory_embed_lines(rec.metadata), MAX_EMBED_CHARS))

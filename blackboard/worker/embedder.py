@@ -27,7 +27,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,14 +41,13 @@ from blackboard.embeddings import EmbeddingProvider
 from blackboard.protocol.errors import EmbeddingError
 from blackboard.settings import Settings
 from blackboard.worker._tasks import run_until_stopped
+from blackboard.worker.embed_text import MAX_EMBED_CHARS, memory_embed_text
 
 __all__ = ["EmbedStats", "Embedder", "EmbeddingProvider", "load_provider", "memory_embed_text",
            "storable_vectors"]
 
 log = logging.getLogger("blackboard.worker.embedder")
 
-#: Characters of an item's text sent to the model (MiniLM reads 256 tokens).
-MAX_EMBED_CHARS = 2000
 _MAX_ATTEMPTS = 5
 
 
@@ -61,29 +60,6 @@ def load_provider(settings: Settings, *, queries: bool = False) -> EmbeddingProv
     from blackboard.embeddings import provider_from_settings
 
     return provider_from_settings(settings.embedding, queries=queries)
-
-
-#: Metadata values longer than this are left out of the embedded text.
-MAX_EMBED_META_VALUE = 200
-
-
-def memory_embed_text(text: str, metadata: Mapping[str, Any] | None = None) -> str:
-    """The text embedded for a memory: its short scalar metadata as ``key: value`` lines, then its text.
-
-    Metadata often holds what a question names but the text leaves implicit
-    (who said it, when, about which project); the keyword index sees those
-    values too (``memory_search_text``), so the vector should as well.
-    Cut to what the model reads.
-    """
-    lines = []
-    for key, value in (metadata or {}).items():
-        if isinstance(value, bool) or not isinstance(value, str | int | float):
-            continue
-        shown = str(value).strip()
-        if shown and len(shown) <= MAX_EMBED_META_VALUE and len(str(key)) <= MAX_EMBED_META_VALUE:
-            lines.append(f"{key}: {shown}")
-    lines.append(text)
-    return "\n".join(lines)[:MAX_EMBED_CHARS]
 
 
 def storable_vectors(vectors: Any, texts: int, dims: int) -> tuple[np.ndarray, np.ndarray]:
@@ -384,8 +360,8 @@ class Embedder:
         found: set[tuple[ItemType, int]] = set()
         if mids:
             cur = await conn.execute(q.LOAD_MEMORIES, (mids,))
-            for mid, seq, text, metadata, board in await cur.fetchall():
-                texts.append(memory_embed_text(text, metadata))
+            for mid, seq, text, metadata, board, lines in await cur.fetchall():
+                texts.append(memory_embed_text(text, metadata, lines=lines))
                 targets.append(("memory", int(mid), int(seq), str(board)))
                 found.add(("memory", int(mid)))
         if eids:

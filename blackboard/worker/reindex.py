@@ -31,19 +31,15 @@ from blackboard.db.spaces import (
 )
 from blackboard.embeddings import EmbeddingProvider
 from blackboard.settings import Settings
-from blackboard.worker.embedder import (
-    MAX_EMBED_CHARS,
-    load_provider,
-    memory_embed_text,
-    storable_vectors,
-)
+from blackboard.worker.embed_text import MAX_EMBED_CHARS, memory_embed_text
+from blackboard.worker.embedder import load_provider, storable_vectors
 
 __all__ = ["reindex"]
 
 log = logging.getLogger("blackboard.reindex")
 
 _SELECT: dict[str, str] = {
-    "memory": "SELECT mid, seq, text, metadata, board FROM bb_memories WHERE mid > %s ORDER BY mid LIMIT %s",
+    "memory": "SELECT mid, seq, text, metadata, board, embed_meta FROM bb_memories WHERE mid > %s ORDER BY mid LIMIT %s",
     "entry": ("SELECT eid, revision, search_text, NULL, board FROM bb_entries WHERE eid > %s AND NOT deleted "
               "AND search_text <> '' ORDER BY eid LIMIT %s"),
 }
@@ -102,7 +98,7 @@ async def reindex(settings: Settings, *, progress: bool = True, provider: Embedd
                 rows = await (await conn.execute(_SELECT[item_type], (last, batch_size))).fetchall()
                 if not rows:
                     break
-                texts = [memory_embed_text(r[2], r[3]) if item_type == "memory" else str(r[2])[:MAX_EMBED_CHARS]
+                texts = [memory_embed_text(r[2], r[3], lines=r[5]) if item_type == "memory" else str(r[2])[:MAX_EMBED_CHARS]
                          for r in rows]
                 t1 = time.perf_counter()
                 vectors, ok = storable_vectors(await prov.embed(texts), len(texts), prov.dimensions)

@@ -1,0 +1,11 @@
+-- 0014: the metadata lines a memory's vector sees, as the writer ordered them
+-- (docs/search.md, "What is embedded").
+--
+-- PostgreSQL's jsonb keeps object keys in its own order (shorter keys first),
+-- not the writer's, so the worker computes the `key: value` lines it embeds
+-- before a memory's text at ingest, from the record as written (identifier-
+-- like values left out: blackboard/worker/embed_text.py), and stores them
+-- here. NULL (rows stored before this migration): the embedder makes the lines
+-- from the stored metadata. A nullable column without a default is added
+-- without rewriting the table.
+ALTER TABLE bb_memories ADD COLUMN embed_meta text;
