@@ -26,7 +26,7 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -328,13 +328,45 @@ async def _reindex(args: argparse.Namespace) -> int:
     return 0
 
 
+def _knowledge_token_limits(settings: Settings) -> dict[str, Any]:
+    """How ``blackboard ingest`` bounds chunks by the embedding model's tokens: for the local
+    model, its window (:data:`~blackboard.embeddings.local.LOCAL_MAX_TOKENS`), its tokenizer's
+    counter and the tokens of the metadata lines the worker embeds before a memory's text
+    (:func:`~blackboard.worker.embed_text.memory_embed_lines`); for an API model, nothing
+    (characters only: 1,200 characters are far below such models' windows).
+
+    Returns:
+        ``max_tokens``, ``count_tokens`` and ``metadata_tokens`` for
+        :func:`agents_sdk.memory.knowledge.ingest_files`.
+    """
+    if settings.embedding.provider != "local":
+        return {}
+    from agents_sdk.memory.knowledge import estimate_tokens
+    from agents_sdk.memory.prompt import TokenCounter
+    from blackboard.embeddings.local import LOCAL_MAX_TOKENS, count_tokens
+    from blackboard.protocol.errors import EmbeddingModelUnavailableError
+    from blackboard.worker.embed_text import memory_embed_lines
+
+    counter: TokenCounter = count_tokens
+    try:
+        count_tokens("")
+    except EmbeddingModelUnavailableError:  # no tokenizers package here: the cautious estimate
+        counter = estimate_tokens
+
+    def metadata_tokens(metadata: Mapping[str, Any]) -> int:
+        lines = memory_embed_lines(metadata)
+        return counter(lines) - 2 if lines else 0  # ([CLS] and [SEP] are the text's)
+
+    return {"max_tokens": LOCAL_MAX_TOKENS, "count_tokens": counter, "metadata_tokens": metadata_tokens}
+
+
 async def _ingest(args: argparse.Namespace) -> int:
     from agents_sdk.memory.knowledge import ingest_paths
 
     settings = _settings_from(args)
     report = await ingest_paths(settings, [Path(p) for p in args.paths], board=args.board,
                                 agent_id=args.agent, chunk_size=args.chunk_size, overlap=args.overlap,
-                                progress=not args.quiet)
+                                progress=not args.quiet, **_knowledge_token_limits(settings))
     print(report)
     return 0
 
@@ -616,7 +648,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--board", default="knowledge", help="board (scope) of the memories (default knowledge)")
     p.add_argument("--agent", default="ingest",
                    help="agent id it writes as, with that agent's credential (default ingest)")
-    p.add_argument("--chunk-size", type=int, default=1200, help="characters per chunk (default 1200)")
+    p.add_argument("--chunk-size", type=int, default=1200,
+                   help="characters per chunk (default 1200); with the local model, chunks also fit its "
+                        "256-token window")
     p.add_argument("--overlap", type=int, default=200, help="characters shared by neighbouring chunks (200)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=_ingest)

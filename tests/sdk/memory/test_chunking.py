@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agents_sdk.memory.knowledge import chunk_text
+from agents_sdk.memory.knowledge import Chunk, chunk_text, estimate_tokens
 
 DOC = """# Guide
 
@@ -72,3 +72,42 @@ def test_chunking_is_deterministic_and_bounded(text: str, size: int) -> None:
     for c in a:
         assert len(c.text) <= size + overlap + 1
         assert c.text.strip() == c.text and c.text
+
+
+def _words(text: str) -> int:
+    return 2 + len(text.split())  # a toy counter: a token a word, plus two special tokens
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.text(alphabet=st.sampled_from("ab \n.#"), min_size=0, max_size=2000),
+       st.integers(min_value=40, max_value=400), st.integers(min_value=10, max_value=40))
+def test_token_limited_chunks_fit_the_window_and_keep_every_word(text: str, size: int, window: int) -> None:
+    overlap = size // 4
+    chunks = chunk_text(text, size, overlap, max_tokens=window, count_tokens=_words)
+    for c in chunks:
+        assert _words(c.text) <= window and len(c.text) <= size + overlap + 1
+        assert c.text.strip() == c.text and c.text
+    # words longer than the window's character share may be cut, none is lost
+    assert "".join(text.split()) == "".join("".join(text[c.start:c.end].split()) for c in _without_overlap(chunks))
+
+
+def _without_overlap(chunks: list[Chunk]) -> list[Chunk]:
+    """The chunks with each one's overlap (the part before the previous chunk's end) left out."""
+    out, prev_end = [], 0
+    for c in chunks:
+        out.append(Chunk(c.index, c.text, max(c.start, prev_end), c.end, c.heading))
+        prev_end = c.end
+    return out
+
+
+def test_without_a_counter_the_estimate_bounds_the_tokens() -> None:
+    chunks = chunk_text(DOC, chunk_size=1200, overlap=200, max_tokens=64)
+    assert len(chunks) > len(chunk_text(DOC, chunk_size=1200, overlap=200))
+    assert all(estimate_tokens(c.text) <= 64 for c in chunks)
+    assert estimate_tokens("") == 2
+    assert estimate_tokens("the ferry, at 9.") == 2 + 1 + 2 + 1 + 1 + 1 + 1  # the, fer-ry, ",", at, 9, "."
+    assert estimate_tokens("東京 " * 10) == 22 + 2  # a token a character, plus a tenth
+
+
+def test_a_document_starting_with_a_newline_keeps_its_first_paragraph() -> None:
+    assert [c.text for c in chunk_text("\nfirst\n\nsecond", 100, 10)] == ["first\n\nsecond"]
