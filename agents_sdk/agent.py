@@ -14,6 +14,7 @@ from agents_sdk.board import Board
 from agents_sdk.consensus import Voting
 from agents_sdk.context import AgentContext
 from agents_sdk.memory.longterm import LongTermMemory, MemoryInput
+from agents_sdk.memory.searchable import DEFAULT_SEARCHABLE_TIMEOUT, WaitFor
 from agents_sdk.messaging.inbox import Inbox
 from agents_sdk.messaging.messenger import Messenger, Subscriptions
 from agents_sdk.messaging.rpc import Handler
@@ -148,20 +149,39 @@ class Agent:
     async def remember(self, text: str, *, kind: MemoryKind = "episodic", tags: Sequence[str] = (),
                        metadata: Mapping[str, Any] | None = None, importance: float = 0.5,
                        board: str | None = None, source: str | None = None, read_only: bool = False,
-                       id: str | None = None) -> str:
+                       id: str | None = None, wait: WaitFor | None = None, timeout: float | None = None) -> str:
         """Store a long-term memory; returns its id once it is durably in JetStream.
 
-        The worker persists it to PostgreSQL and embeds it afterwards; it is
-        found by :meth:`recall` once embedded. ``board`` scopes the memory
-        (default ``"default"``).
+        The worker persists it to PostgreSQL (keyword search finds it) and embeds
+        it afterwards (semantic search finds it; docs/search.md, "Not embedded
+        yet"). ``wait="searchable"`` returns only once both are done, so that
+        every mode of :meth:`recall` finds it (at most ``timeout`` seconds,
+        default 30); the default (None, or ``"stored"``) costs nothing more.
+        ``board`` scopes the memory (default ``"default"``).
 
         Raises:
             InvalidPayloadError, PayloadTooLargeError, InvalidKeyError: bad input.
             NotConnectedError, OperationTimeoutError: not acknowledged in time.
+            NotSearchableError: (``wait="searchable"``) not stored and embedded in time (an
+                ``OperationTimeoutError``; the memory is written all the same).
+            PermissionDeniedError, SearchError: (``wait="searchable"``) this agent may not
+                read the board, or no worker serves search or embeds.
         """
         return await self.longterm.remember(text, kind=kind, tags=tags, metadata=metadata,
                                             importance=importance, board=board, source=source,
-                                            read_only=read_only, id=id)
+                                            read_only=read_only, id=id, wait=wait, timeout=timeout)
+
+    async def wait_searchable(self, ids: Sequence[str], *, board: str | None = None,
+                              timeout: float = DEFAULT_SEARCHABLE_TIMEOUT) -> None:
+        """Return once a worker has stored and embedded the memories ``ids`` of ``board``
+        (default ``"default"``), so that every mode of :meth:`recall` finds them.
+
+        Raises:
+            NotSearchableError: some were not stored or not embedded after ``timeout`` seconds.
+            PermissionDeniedError: this agent may not read the board.
+            SearchError: no worker serves search, or it embeds nothing.
+        """
+        await self.longterm.wait_searchable(ids, board=board, timeout=timeout)
 
     @property
     def search(self) -> SearchClient:
@@ -194,9 +214,11 @@ class Agent:
         """Delete long-term memories by id (the workers apply it)."""
         await self.longterm.forget(ids, board=board)
 
-    async def remember_many(self, memories: Iterable[MemoryInput]) -> list[str]:
-        """Store many memories pipelined; returns their ids once all are acknowledged."""
-        return await self.longterm.remember_many(memories)
+    async def remember_many(self, memories: Iterable[MemoryInput], *, wait: WaitFor | None = None,
+                            timeout: float | None = None) -> list[str]:
+        """Store many memories pipelined; returns their ids once all are acknowledged (with
+        ``wait="searchable"``, once all are stored and embedded: see :meth:`remember`)."""
+        return await self.longterm.remember_many(memories, wait=wait, timeout=timeout)
 
     # ------------------------------------------------------------ messages
     @property

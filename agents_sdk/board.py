@@ -334,8 +334,12 @@ class Board:
         return await self.agent.search.as_of(self.name, section, key, revision=revision, at=at)
 
     async def remember(self, text: str, **kwargs: Any) -> str:
-        """``agent.remember(text, board=<this board>, ...)``."""
+        """``agent.remember(text, board=<this board>, ...)`` (``wait="searchable"`` included)."""
         return await self.agent.longterm.remember(text, board=self.name, **kwargs)
+
+    async def wait_searchable(self, ids: Sequence[str], **kwargs: Any) -> None:
+        """``agent.wait_searchable(ids, board=<this board>, ...)``."""
+        await self.agent.longterm.wait_searchable(ids, board=self.name, **kwargs)
 
     async def broadcast(self, type: str, body: Any = None, **kwargs: Any) -> Sent:
         """Send a message to every agent that joined this board (see ``agent.join``)."""

@@ -60,6 +60,9 @@ from blackboard.protocol.schemas.search import (
     MemoryHit,
     MemorySearchRequest,
     MemorySearchResponse,
+    SearchableItem,
+    SearchableRequest,
+    SearchableResponse,
     SearchFilters,
     SearchMode,
 )
@@ -317,6 +320,21 @@ class SearchClient:
         except ValueError as exc:
             raise InvalidPayloadError(str(exc)) from exc
         return await self._call("as_of", req, EntryRevision)
+
+    async def searchable(self, board: str, items: Sequence[tuple[str, int]]) -> SearchableResponse:
+        """Which of these memories of ``board`` (``(id, seq)``: the stream sequence of the version
+        written, 0 for any) every search mode does not find yet: not stored, or not embedded.
+
+        Raises:
+            PermissionDeniedError: this principal may not read the board.
+            InvalidPayloadError: no items, or more than ``MAX_SEARCHABLE_ITEMS``, or a bad id.
+            SearchError: the service is not running, has no embedding provider, timed out or failed.
+        """
+        try:
+            req = SearchableRequest(board=board, items=[SearchableItem(id=i, seq=n) for i, n in items])
+        except ValueError as exc:
+            raise InvalidPayloadError(f"invalid searchable request: {exc}") from exc
+        return await self._call("searchable", req, SearchableResponse)
 
     async def status(self) -> dict[str, Any]:
         """A worker's status: consumer lag, counters, embedding backlog.

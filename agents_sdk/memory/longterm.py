@@ -2,7 +2,9 @@
 persists and embeds; ``recall`` asks the search service.
 
 ``remember`` returns as soon as JetStream has acknowledged the memory: no
-embedding or LLM call on the write path. Memories and forgets are published
+embedding or LLM call on the write path. With ``wait="searchable"`` it returns
+only once a worker has stored and embedded it, so that every search mode finds
+it (:mod:`agents_sdk.memory.searchable`). Memories and forgets are published
 as their canonical encoding and signed by the agent's key (afresh before each
 send); the worker verifies them at ingest (docs/security.md, "Signatures").
 """
@@ -16,6 +18,8 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from agents_sdk._args import sequence_arg
+from agents_sdk.memory.searchable import DEFAULT_SEARCHABLE_TIMEOUT, WaitFor, wait_searchable
+from agents_sdk.search import SearchClient
 from blackboard.client.publisher import RETRYABLE, Ack
 from blackboard.client.signing import signing_of
 from blackboard.protocol.errors import InvalidPayloadError, PayloadTooLargeError
@@ -57,6 +61,34 @@ class LongTermMemory:
         self._max = context.settings.board.max_value_size
         #: What the publisher calls before each send to sign a memory's headers afresh.
         self._sign = signing_of(context.nc).sign_before_send
+        self._search: SearchClient | None = None
+
+    def _searcher(self) -> SearchClient:
+        if self._search is None:
+            self._search = SearchClient(self._context.nc, self._context.settings, self._agent_id)
+        return self._search
+
+    async def wait_searchable(self, ids: Sequence[str], *, board: str | None = None,
+                              timeout: float = DEFAULT_SEARCHABLE_TIMEOUT) -> None:
+        """Return once a worker has stored and embedded every memory ``ids`` of ``board``
+        (any version), so that every search mode finds them.
+
+        Raises:
+            NotSearchableError: some were not stored or not embedded after ``timeout`` seconds.
+            PermissionDeniedError: this agent may not read the board.
+            SearchError: no worker serves search, or it embeds nothing.
+        """
+        ids = [str(i) for i in sequence_arg(ids, "ids")]
+        board = board or DEFAULT_MEMORY_BOARD
+        await wait_searchable(self._searcher(), [(board, i, 0) for i in ids], timeout=timeout)
+
+    async def _wait(self, wait: WaitFor | None, written: list[tuple[str, str, int]], timeout: float | None) -> None:
+        if wait is None or wait == "stored":
+            return
+        if wait != "searchable":
+            raise InvalidPayloadError(f"wait must be 'stored', 'searchable' or None, not {wait!r}")
+        await wait_searchable(self._searcher(), written,
+                              timeout=DEFAULT_SEARCHABLE_TIMEOUT if timeout is None else timeout)
 
     def _prepare(self, m: MemoryInput) -> tuple[str, str, bytes, dict[str, str]]:
         if not isinstance(m.text, str) or not m.text.strip():
@@ -83,17 +115,24 @@ class LongTermMemory:
     async def remember(self, text: str, *, kind: MemoryKind = "episodic", tags: Sequence[str] = (),
                        metadata: Mapping[str, Any] | None = None, importance: float = 0.5,
                        board: str | None = None, source: str | None = None, read_only: bool = False,
-                       id: str | None = None) -> str:
-        """Store a long-term memory; returns its id once JetStream has it durably.
+                       id: str | None = None, wait: WaitFor | None = None, timeout: float | None = None) -> str:
+        """Store a long-term memory; returns its id once JetStream has it durably, or with
+        ``wait="searchable"`` once a worker has also stored and embedded it (``timeout``
+        seconds at most, default :data:`DEFAULT_SEARCHABLE_TIMEOUT`).
 
         Raises:
             InvalidPayloadError, PayloadTooLargeError, InvalidKeyError: bad input.
             NotConnectedError, OperationTimeoutError: not acknowledged in time.
+            NotSearchableError: (``wait="searchable"``) not stored or embedded in time; the
+                memory is written all the same.
+            PermissionDeniedError, SearchError: (``wait="searchable"``) the agent may not read
+                the board, or no worker serves search or embeds.
         """
         memory_id, subject, payload, headers = self._prepare(MemoryInput(
             text, kind, tags, metadata or {}, importance, board, source, read_only, id))
-        await self._publisher.publish(subject, payload, headers, what=f"memory {memory_id!r}",
-                                      sign=self._sign(subject, headers, payload))
+        ack = await self._publisher.publish(subject, payload, headers, what=f"memory {memory_id!r}",
+                                            sign=self._sign(subject, headers, payload))
+        await self._wait(wait, [(board or DEFAULT_MEMORY_BOARD, memory_id, ack.seq)], timeout)
         return memory_id
 
     async def forget(self, ids: Sequence[str], *, board: str | None = None) -> None:
@@ -116,15 +155,19 @@ class LongTermMemory:
             await self._publisher.publish(subject, payload, headers, what=f"forget of {len(ids)} memories",
                                           sign=self._sign(subject, headers, payload))
 
-    async def remember_many(self, memories: Iterable[MemoryInput]) -> list[str]:
-        """Store many memories pipelined (each acknowledged); returns their ids in order.
+    async def remember_many(self, memories: Iterable[MemoryInput], *, wait: WaitFor | None = None,
+                            timeout: float | None = None) -> list[str]:
+        """Store many memories pipelined (each acknowledged); returns their ids in order, with
+        ``wait="searchable"`` once a worker has stored and embedded every one (see :meth:`remember`).
 
         Raises:
             the first error of :meth:`remember` (the other memories are still stored).
         """
         sent: list[tuple[str, str, bytes, dict[str, str], asyncio.Future[Ack] | None]] = []
+        boards: list[str] = []
         for m in memories:
             memory_id, subject, payload, headers = self._prepare(m)
+            boards.append(m.board or DEFAULT_MEMORY_BOARD)
             fut: asyncio.Future[Ack] | None
             try:
                 fut = await self._publisher.send(subject, payload, headers, sign=self._sign(subject, headers, payload))
@@ -134,12 +177,17 @@ class LongTermMemory:
         # until every ack is in, or the rest should be sent again (silence, a reconnect)
         await self._publisher.wait_acks(f for *_, f in sent if f is not None)
         ids: list[str] = []
-        for memory_id, subject, payload, headers, fut in sent:
+        written: list[tuple[str, str, int]] = []
+        for (memory_id, subject, payload, headers, fut), board in zip(sent, boards, strict=True):
             if fut is None or not fut.done() or fut.cancelled() or fut.exception() is not None:
                 if fut is not None and not fut.done():
                     self._publisher.forget(fut)
                 # same Msg-Id (the memory id): deduplicated if the first copy landed
-                await self._publisher.publish(subject, payload, headers, what=f"memory {memory_id!r}",
-                                              sign=self._sign(subject, headers, payload))
+                ack = await self._publisher.publish(subject, payload, headers, what=f"memory {memory_id!r}",
+                                                    sign=self._sign(subject, headers, payload))
+            else:
+                ack = fut.result()
             ids.append(memory_id)
+            written.append((board, memory_id, ack.seq))
+        await self._wait(wait, written, timeout)
         return ids

@@ -60,6 +60,7 @@ __all__ = [
     "named_rows",
     "or_query",
     "query_words",
+    "searchable_query",
     "semantic_query",
     "term_stats_query",
     "tsquery_literal",
@@ -523,3 +524,19 @@ def with_rows(query: str, target: Target, *, linked: int = 0) -> str:
             f"CASE WHEN r.n <= {lead} THEN {nxt} END AS next "
             f"FROM (SELECT k.*, row_number() OVER (ORDER BY k.score DESC, k.item) AS n "
             f"FROM ({query}) AS k(item, score, flag)) r JOIN {table} ON {key} = r.item")
+
+
+def searchable_query(space: Space | None, board: str, ids: Sequence[str],
+                     seqs: Sequence[int]) -> tuple[str, list[Any]]:
+    """Rows ``(id, stored, embedded)`` of the memories ``ids`` of ``board``: ``stored`` when
+    the board holds the memory at stream sequence ``seqs[i]`` or later, ``embedded`` when that
+    stored version also has its vector in ``space`` (the embedder writes a vector with the
+    revision it embedded; without a space, none has). One row per id, in any order."""
+    vec = sql.SQL("LEFT JOIN {} v ON v.item = m.mid AND v.revision = m.seq").format(space.table("memory")) \
+        if space is not None else sql.SQL("LEFT JOIN (SELECT NULL::bigint AS item) v ON false")
+    text = sql.SQL(
+        "SELECT r.id, m.mid IS NOT NULL AS stored, v.item IS NOT NULL AS embedded "
+        "FROM unnest(%s::text[], %s::bigint[]) AS r(id, seq) "
+        "LEFT JOIN bb_memories m ON m.id = r.id AND m.board = %s AND m.seq >= r.seq {vec}"
+    ).format(vec=vec).as_string()
+    return text, [list(ids), list(seqs), board]

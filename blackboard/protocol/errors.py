@@ -18,6 +18,7 @@
     ├── TransportError
     │   ├── NotConnectedError
     │   ├── OperationTimeoutError
+    │   │   └── NotSearchableError       (unstored, unembedded, timeout: remember's wait="searchable" ran out)
     │   └── ConsumerLimitError           (stream, limit, setting: a view, watch or inbox found no consumer left)
     ├── MessagingError
     │   ├── NoResponderError             (to)
@@ -69,6 +70,7 @@ __all__ = [
     "NoResponderError",
     "NotConnectedError",
     "NotFoundError",
+    "NotSearchableError",
     "OperationTimeoutError",
     "OutcomeTimeoutError",
     "PayloadTooLargeError",
@@ -226,6 +228,29 @@ class NotConnectedError(TransportError, ConnectionError):
 
 class OperationTimeoutError(TransportError, TimeoutError):
     """The server did not answer in time; the operation may or may not have happened."""
+
+
+class NotSearchableError(OperationTimeoutError):
+    """Memories were not searchable by every mode within the time waited for them
+    (``remember(..., wait="searchable")``, ``wait_searchable``). The memories themselves are
+    durably written; ``unstored`` lists the ids no worker had stored yet, ``unembedded`` those
+    stored but without their vector yet (keyword search finds them, semantic search does not)."""
+
+    def __init__(self, unstored: list[str], unembedded: list[str], timeout: float) -> None:
+        self.unstored = unstored
+        self.unembedded = unembedded
+        self.timeout = timeout
+        parts = []
+        if unstored:
+            parts.append(f"{len(unstored)} not stored by a worker yet ({_some(unstored)})")
+        if unembedded:
+            parts.append(f"{len(unembedded)} stored but not embedded yet ({_some(unembedded)})")
+        super().__init__(f"memories not searchable after {timeout:g}s: {'; '.join(parts) or 'unknown'}")
+
+
+def _some(ids: list[str], n: int = 3) -> str:
+    shown = ", ".join(repr(i) for i in ids[:n])
+    return shown + (f", ... {len(ids) - n} more" if len(ids) > n else "")
 
 
 class ConsumerLimitError(TransportError):

@@ -59,6 +59,8 @@ from blackboard.protocol.schemas.search import (
     EntrySearchResponse,
     MemorySearchRequest,
     MemorySearchResponse,
+    SearchableRequest,
+    SearchableResponse,
     SearchTarget,
 )
 from blackboard.search.fusion import Fused, cut, fuse_hybrid
@@ -450,6 +452,32 @@ class SearchEngine:
                         lambda fr: entry_hit(fr[1], fr[0].score, fr[0].parts), "entry", self.skipped,
                         lambda fr: f"entry {fr[1].board}.{fr[1].section}.{fr[1].key}")
         return EntrySearchResponse(hits=hits, took_ms=(time.perf_counter() - t0) * 1000)
+
+    async def searchable(self, req: SearchableRequest) -> SearchableResponse:
+        """Which memories of ``req`` every mode does not find yet: not stored (at the version
+        asked, on the board asked) or stored without the vector of that version.
+
+        Raises:
+            SearchError: no embedding provider (this service runs no semantic search, so no
+                memory ever becomes searchable by every mode here).
+        """
+        if self.provider is None:
+            raise SearchError("semantic search needs an embedding provider (worker.embed is off): "
+                              "no memory becomes searchable by every mode")
+        space: Space | None
+        try:
+            space = await self.space()
+        except SearchError:  # no vector in this model's space yet: none is embedded
+            space = None
+        query, params = q.searchable_query(space, req.board, [i.id for i in req.items], [i.seq for i in req.items])
+        try:
+            async with self.pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
+                rows = await (await cur.execute(query, params)).fetchall()
+        except psycopg.Error as exc:
+            raise SearchError(f"searchable query failed: {exc}") from exc
+        unstored = sorted({str(r["id"]) for r in rows if not r["stored"]})
+        unembedded = sorted({str(r["id"]) for r in rows if r["stored"] and not r["embedded"]})
+        return SearchableResponse(unstored=unstored, unembedded=unembedded)
 
     async def analyze_missing(self) -> None:
         """ANALYZE the tables that searches found never analysed (and their vector tables), then

@@ -20,8 +20,13 @@ history     HistoryRequest          HistoryResponse
 as_of       AsOfRequest             EntryRevision
 messages    MessageSearchRequest    MessageSearchResponse
 boards      (empty)                 BoardsResponse
+searchable  SearchableRequest       SearchableResponse
 status      (empty)                 worker status (lag, embedding backlog)
 =========== ======================= =========================
+
+``searchable`` answers which of some memories of one readable board are not yet
+stored or not yet embedded (what ``remember(..., wait="searchable")`` polls); a
+board the principal may not read is refused like a search naming it.
 
 ``boards`` lists the boards of the board bucket that hold a live key and that
 the principal may read (:meth:`BoardStore.boards`, which reads the stream's
@@ -82,6 +87,8 @@ from blackboard.protocol.schemas.search import (
     HistoryResponse,
     MemorySearchRequest,
     MemorySearchResponse,
+    SearchableRequest,
+    SearchableResponse,
 )
 from blackboard.protocol.subjects import SEARCH_SERVICE, Header, Subjects
 from blackboard.search.access import RightsLookup, check_boards, message_scope, scoped_search
@@ -98,7 +105,7 @@ __all__ = ["SEARCH_SESSION", "SEARCH_VERSION", "SearchService", "error_reply", "
 
 log = logging.getLogger("blackboard.worker.search")
 
-SEARCH_VERSION = "2.0.0"
+SEARCH_VERSION = "2.1.0"
 #: Session settings of the search pool's connections. psycopg prepares a
 #: statement run five times, and PostgreSQL then may switch it to a generic
 #: plan, made without the parameters' values: for a search (which boards,
@@ -254,7 +261,7 @@ class SearchService:
         assert self.engine is not None
         history = EntryHistory(self.engine.pool, skipped=self.skipped)
         svc = await add_service(self._nc, name=SEARCH_SERVICE, version=SEARCH_VERSION,
-                                description="blackboard search: memories, entries, history, as-of, messages, boards",
+                                description="blackboard search: memories, entries, history, as-of, messages, boards, searchable",
                                 queue_group=SEARCH_SERVICE)
         engine = self.engine
         store = BoardStore(self._nc, self._settings)
@@ -275,6 +282,10 @@ class SearchService:
             check_boards(rights, [req.board], "as-of read")
             return await history.as_of(req)
 
+        async def searchable(req: SearchableRequest, rights: Rights) -> SearchableResponse:
+            check_boards(rights, [req.board], "searchable")
+            return await engine.searchable(req)
+
         async def boards(_: Any, rights: Rights) -> BoardsResponse:
             if rights.boards(Right.READ) == frozenset():
                 return BoardsResponse(boards=[])
@@ -288,6 +299,7 @@ class SearchService:
             "status": (None, self._get_status),
             "messages": (MessageSearchRequest, self._search_messages),
             "boards": (None, boards),
+            "searchable": (SearchableRequest, searchable),
         }
         for name, (model, fn) in routes.items():
             await svc.add_endpoint(name=name, subject=Subjects.search_endpoint(name),

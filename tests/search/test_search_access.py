@@ -185,3 +185,22 @@ async def test_the_system_principal_finds_every_message(world: World) -> None:
     assert {h.board for h in await world.client(world.worker).recall("deploy runbook", mode="keyword",
                                                                          boards=[world.a, world.b])} \
         == {world.a, world.b}
+
+
+async def test_searchable_answers_only_about_readable_boards(world: World) -> None:
+    """An agent cannot probe memories of a board it may not read: naming the board is refused,
+    and the same id asked on a readable board counts as not stored there."""
+    alice = world.client(world.alice)
+    mine, theirs = f"{world.a}-m", f"{world.b}-m"
+    ok = await alice.searchable(world.a, [(mine, 0)])
+    assert (ok.unstored, ok.unembedded) == ([], [])  # stored and embedded (the fixture waited)
+    with pytest.raises(PermissionDeniedError, match=world.b) as caught:
+        await alice.searchable(world.b, [(theirs, 0)])
+    assert caught.value.operation == f"searchable on board {world.b}"
+    probe = await alice.searchable(world.a, [(theirs, 0), (mine, 0)])
+    assert (probe.unstored, probe.unembedded) == ([theirs], [])
+    # a version later than the stored one is not stored yet
+    later = await alice.searchable(world.a, [(mine, 10**12)])
+    assert later.unstored == [mine]
+    bob = world.client(world.bob)
+    assert (await bob.searchable(world.b, [(theirs, 0)])).unstored == []

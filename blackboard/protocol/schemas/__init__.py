@@ -30,6 +30,9 @@ from blackboard.protocol.schemas.search import (
     MemoryHit,
     MemorySearchRequest,
     MemorySearchResponse,
+    SearchableItem,
+    SearchableRequest,
+    SearchableResponse,
     SearchMode,
 )
 from blackboard.protocol.schemas.vote import (
@@ -85,6 +88,9 @@ __all__ = [
     "Proposal",
     "RejectReason",
     "SearchMode",
+    "SearchableItem",
+    "SearchableRequest",
+    "SearchableResponse",
     "SourceRef",
     "TallyCounts",
     "Timestamp",
@@ -117,6 +123,8 @@ def json_schemas() -> dict[str, object]:
         MessageSearchRequest,
         MessageSearchResponse,
         BoardsResponse,
+        SearchableRequest,
+        SearchableResponse,
         ErrorReply,
         InboxRequest,
         InboxReply,

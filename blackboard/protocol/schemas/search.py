@@ -39,11 +39,12 @@ from pydantic_core import PydanticCustomError
 
 from blackboard.protocol.errors import InvalidPayloadError
 from blackboard.protocol.filters import EMPTY_WHERE, MAX_IN, MAX_PATHS, Where, parse_where
-from blackboard.protocol.schemas._base import Name, Timestamp, WireModel
+from blackboard.protocol.schemas._base import Id, Name, Timestamp, WireModel
 from blackboard.protocol.schemas.memory import MemoryKind
 from blackboard.protocol.signing import Verdict
 
 __all__ = [
+    "MAX_SEARCHABLE_ITEMS",
     "AsOfRequest",
     "BoardsResponse",
     "EntryHit",
@@ -59,6 +60,9 @@ __all__ = [
     "SearchFilters",
     "SearchMode",
     "SearchTarget",
+    "SearchableItem",
+    "SearchableRequest",
+    "SearchableResponse",
 ]
 
 SearchMode = Literal["semantic", "keyword", "hybrid"]
@@ -335,6 +339,39 @@ class BoardsResponse(WireModel):
 
     v: Literal[1] = 1
     boards: list[Name] = Field(description="Board names, sorted.")
+
+
+#: The most memories one ``searchable`` request asks about.
+MAX_SEARCHABLE_ITEMS = 1000
+
+
+class SearchableItem(WireModel):
+    """One memory of a :class:`SearchableRequest`: its id and the stream sequence its writer
+    got back (0: any stored version)."""
+
+    id: Id
+    seq: int = Field(0, ge=0, description="Stream sequence of the version written (its ack); 0: any version.")
+
+
+class SearchableRequest(WireModel):
+    """``bb.search.<principal>.searchable``: which of these memories of one board every search
+    mode finds yet (stored by the worker and embedded). The principal must be able to read
+    ``board``; a memory stored on another board counts as not stored."""
+
+    v: Literal[1] = 1
+    board: Name
+    items: list[SearchableItem] = Field(min_length=1, max_length=MAX_SEARCHABLE_ITEMS)
+
+
+class SearchableResponse(WireModel):
+    """The reply to :class:`SearchableRequest`: the ids still missing, by what they miss (both
+    empty: every one is searchable by every mode)."""
+
+    v: Literal[1] = 1
+    unstored: list[str] = Field(default_factory=list, description=(
+        "Not stored on the board at that version or later (not ingested yet, forgotten, or never written)."))
+    unembedded: list[str] = Field(default_factory=list, description=(
+        "Stored, but the stored version has no vector yet (keyword search finds it, semantic does not)."))
 
 
 class ErrorReply(WireModel):
