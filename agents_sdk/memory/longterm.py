@@ -82,11 +82,14 @@ class LongTermMemory:
         board = board or DEFAULT_MEMORY_BOARD
         await wait_searchable(self._searcher(), [(board, i, 0) for i in ids], timeout=timeout)
 
-    async def _wait(self, wait: WaitFor | None, written: list[tuple[str, str, int]], timeout: float | None) -> None:
-        if wait is None or wait == "stored":
-            return
-        if wait != "searchable":
+    @staticmethod
+    def _check_wait(wait: WaitFor | None) -> None:
+        if wait not in (None, "stored", "searchable"):
             raise InvalidPayloadError(f"wait must be 'stored', 'searchable' or None, not {wait!r}")
+
+    async def _wait(self, wait: WaitFor | None, written: list[tuple[str, str, int]], timeout: float | None) -> None:
+        if wait != "searchable":
+            return
         await wait_searchable(self._searcher(), written,
                               timeout=DEFAULT_SEARCHABLE_TIMEOUT if timeout is None else timeout)
 
@@ -128,6 +131,7 @@ class LongTermMemory:
             PermissionDeniedError, SearchError: (``wait="searchable"``) the agent may not read
                 the board, or no worker serves search or embeds.
         """
+        self._check_wait(wait)
         memory_id, subject, payload, headers = self._prepare(MemoryInput(
             text, kind, tags, metadata or {}, importance, board, source, read_only, id))
         ack = await self._publisher.publish(subject, payload, headers, what=f"memory {memory_id!r}",
@@ -163,6 +167,7 @@ class LongTermMemory:
         Raises:
             the first error of :meth:`remember` (the other memories are still stored).
         """
+        self._check_wait(wait)
         sent: list[tuple[str, str, bytes, dict[str, str], asyncio.Future[Ack] | None]] = []
         boards: list[str] = []
         for m in memories:

@@ -79,3 +79,29 @@ async def test_remember_times_out_with_what_is_missing_when_no_worker_embeds(
             await agent.wait_searchable([f"{unique}-nothing"], board=unique, timeout=0.3)
         assert never.value.unstored == [f"{unique}-nothing"] and never.value.unembedded == []
 
+
+
+async def test_a_service_without_an_embedding_model_refuses_searchable(pg_settings: Settings, unique: str) -> None:
+    """No memory ever becomes searchable by every mode where no model embeds: an error, not a wait."""
+    from blackboard.db import migrate, open_pool
+    from blackboard.protocol.errors import SearchError
+    from blackboard.protocol.schemas.search import SearchableItem, SearchableRequest
+    from blackboard.search.engine import SearchEngine
+
+    await migrate(pg_settings)
+    async with open_pool(pg_settings.postgres) as pool:
+        engine = SearchEngine(pool, None, pg_settings.search)
+        with pytest.raises(SearchError, match="embedding provider"):
+            await engine.searchable(SearchableRequest(board=unique, items=[SearchableItem(id="m")]))
+
+
+async def test_remember_refuses_an_unknown_wait_before_writing(settings: Settings, unique: str) -> None:
+    from blackboard.protocol.errors import InvalidPayloadError
+    from tests.conftest import stored_memories
+
+    async with Agent.connect(f"{unique}-a", settings=settings) as agent:
+        with pytest.raises(InvalidPayloadError, match="wait"):
+            await agent.remember("x", board=unique, wait="embedded")  # type: ignore[arg-type]
+        with pytest.raises(InvalidPayloadError, match="wait"):
+            await agent.remember_many([MemoryInput("y", board=unique)], wait="soon")  # type: ignore[arg-type]
+    assert await stored_memories(settings.nats.url, unique) == []
