@@ -12,6 +12,7 @@ send); the worker verifies them at ingest (docs/security.md, "Signatures").
 from __future__ import annotations
 
 import asyncio
+import hashlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -22,6 +23,7 @@ from agents_sdk.memory.searchable import DEFAULT_SEARCHABLE_TIMEOUT, WaitFor, wa
 from agents_sdk.search import SearchClient
 from blackboard.client.publisher import RETRYABLE, Ack
 from blackboard.client.signing import signing_of
+from blackboard.protocol import codec
 from blackboard.protocol.errors import InvalidPayloadError, PayloadTooLargeError
 from blackboard.protocol.records import decode_memory, memory_wire
 from blackboard.protocol.schemas import MemoryForget, validate_wire
@@ -112,8 +114,13 @@ class LongTermMemory:
         payload = decode_memory(record).canonical_bytes()
         if len(payload) > self._max:
             raise PayloadTooLargeError(len(payload), self._max)
-        # The memory id is the Msg-Id: re-sending the same memory is deduplicated.
-        return memory_id, subject, payload, {Header.MSG_ID.value: memory_id}
+        # The Msg-Id is the memory id and a digest of what it says (the record but its write
+        # time): a re-send of this write, or the same memory remembered again, is deduplicated
+        # within the duplicate window, while a new version written under the same id (a changed
+        # knowledge chunk re-ingested, a rewrite) is not taken for a repeat and dropped.
+        content = codec.encode({k: v for k, v in record.items() if k != "created_at"})
+        digest = hashlib.sha256(content).hexdigest()[:16]
+        return memory_id, subject, payload, {Header.MSG_ID.value: f"{memory_id}.{digest}"}
 
     async def remember(self, text: str, *, kind: MemoryKind = "episodic", tags: Sequence[str] = (),
                        metadata: Mapping[str, Any] | None = None, importance: float = 0.5,

@@ -30,15 +30,29 @@ async def test_remember_publishes_a_valid_record_once(settings: Settings, unique
     async with Agent.connect("rememberer", settings=settings) as agent:
         mid = await agent.remember("the build is green", kind="semantic", tags=["ci"],
                                    metadata={"run": 7}, importance=0.9, board=unique)
-        again = await agent.remember("the build is green", kind="semantic", board=unique, id=mid)
+        again = await agent.remember("the build is green", kind="semantic", tags=["ci"],
+                                     metadata={"run": 7}, importance=0.9, board=unique, id=mid)
         records = await _stored(settings, unique)
     assert again == mid
-    assert len(records) == 1  # same id: deduplicated by JetStream
+    assert len(records) == 1  # the same memory under the same id: deduplicated by JetStream
     rec = records[0]
     assert (rec.id, rec.agent, rec.board, rec.kind, rec.text) == (mid, "rememberer", unique, "semantic",
                                                                    "the build is green")
     assert rec.tags == ["ci"] and rec.metadata == {"run": 7} and rec.importance == 0.9
     assert Subjects.memory(unique, "rememberer") == f"bb.mem.{unique}.rememberer"
+
+
+async def test_a_changed_memory_under_the_same_id_is_not_dropped_as_a_repeat(settings: Settings, unique: str) -> None:
+    # Within the duplicate window (120 s): a rewrite (a changed knowledge chunk re-ingested)
+    # is a new record; the same memory remembered again is still a repeat.
+    async with Agent.connect("rewriter", settings=settings) as agent:
+        mid = await agent.remember("the freeze is on Friday", board=unique, id=f"{unique}-fact")
+        await agent.remember("the freeze is on Friday", board=unique, id=mid)
+        await agent.remember("the freeze moved to Monday", board=unique, id=mid)
+        await agent.remember_many([MemoryInput("the freeze moved to Tuesday", board=unique, id=mid)])
+        records = await _stored(settings, unique)
+    assert [(r.id, r.text) for r in records] == [(mid, "the freeze is on Friday"), (mid, "the freeze moved to Monday"),
+                                                 (mid, "the freeze moved to Tuesday")]
 
 
 async def test_remember_many_pipelined(settings: Settings, unique: str) -> None:
