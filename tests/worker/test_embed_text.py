@@ -14,7 +14,14 @@ from blackboard.devstack import EmbeddedPostgres
 from blackboard.settings import Settings
 from blackboard.worker.embed_text import is_identifier_like, memory_embed_lines, memory_embed_text
 from blackboard.worker.reindex import reindex
-from tests._worker_helpers import HashProvider, fresh_db, remember, running_worker, worker_settings
+from tests._worker_helpers import (
+    HashProvider,
+    board_memories_handler,
+    fresh_db,
+    remember,
+    running_worker,
+    worker_settings,
+)
 from tests.conftest import make_settings
 
 _IDS = [
@@ -88,7 +95,9 @@ async def test_the_worker_embeds_metadata_in_the_writers_order_without_ids_and_r
     await remember(js, unique, "alice", f"{unique}-2", "no metadata at all")
     await nc.close()
     live = _Recorder(32, f"rec-a-{unique}")
-    async with running_worker(s, provider=live) as w:
+    # Only this board's memories: the session's server holds other tests' entries and memories,
+    # which a worker of the default handlers would embed too (and this recorder would keep).
+    async with running_worker(s, provider=live, handlers=[board_memories_handler(s, unique)]) as w:
         await w.wait_caught_up(30, embedded=True)
     assert sorted(live.texts) == sorted([_EXPECTED, "no metadata at all"])
     with psycopg.connect(s.postgres.dsn.get_secret_value()) as conn:
