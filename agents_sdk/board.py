@@ -28,6 +28,7 @@ from blackboard.protocol.errors import (
     InvalidPayloadError,
     NotFoundError,
 )
+from blackboard.protocol.filters import Where
 from blackboard.protocol.schemas import Policy, PolicyKind
 from blackboard.protocol.subjects import validate_name
 
@@ -252,7 +253,8 @@ class Board:
         """The sections holding a live key, sorted."""
         return await self._store.sections(self.name)
 
-    async def entries(self, section: str | None = None, *, where: Mapping[str, Any] | None = None) -> list[Entry]:
+    async def entries(self, section: str | None = None, *,
+                      where: Mapping[str, Any] | Where | None = None) -> list[Entry]:
         """The board's live entries (or one section's), sorted by (section, key); with ``where``,
         those whose metadata and value it matches: the comparison filters of :meth:`search`
         (``{"value.status": {"$in": ["open", "blocked"]}}``, docs/search.md "Filters"), applied

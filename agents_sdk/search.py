@@ -44,7 +44,7 @@ from blackboard.protocol.errors import (
     PermissionDeniedError,
     SearchError,
 )
-from blackboard.protocol.filters import parse_where
+from blackboard.protocol.filters import Where, parse_where
 from blackboard.protocol.limits import MAX_REPLY_DEPTH
 from blackboard.protocol.schemas import WireModel, validate_wire
 from blackboard.protocol.schemas.memory import MemoryKind
@@ -91,7 +91,7 @@ class SearchArgs(TypedDict, total=False):
     since: datetime | None
     until: datetime | None
     metadata: Mapping[str, Any] | None
-    where: Mapping[str, Any] | None
+    where: Mapping[str, Any] | Where | None  # a mapping, or parsed already (parse_where)
     top_k: int | None
     min_score: float | None
     mode: SearchMode

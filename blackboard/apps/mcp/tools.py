@@ -48,6 +48,7 @@ from blackboard.apps.mcp.results import (
     message_out,
 )
 from blackboard.protocol.errors import ConflictError, NotFoundError, OutcomeTimeoutError
+from blackboard.protocol.filters import Where as ParsedWhere
 from blackboard.protocol.filters import parse_where
 from blackboard.protocol.schemas.memory import MemoryKind
 from blackboard.protocol.schemas.vote import Policy
@@ -139,10 +140,10 @@ class AgentInbox:
         return done
 
 
-def _where(where: dict[str, Any] | None) -> dict[str, Any] | None:
-    if where:
-        parse_where(where)  # InvalidPayloadError naming the path and operator
-    return where or None
+def _where(where: dict[str, Any] | None) -> ParsedWhere | None:
+    """``where`` parsed once (InvalidPayloadError naming the path and operator); the SDK takes
+    the parsed form as it is."""
+    return parse_where(where) or None
 
 
 def register_tools(server: BlackboardMCP, source: AgentSource) -> None:
@@ -531,7 +532,7 @@ def register_tools(server: BlackboardMCP, source: AgentSource) -> None:
 
 
 async def list_entries(agent: Agent, board: str, section: str | None,
-                       where: dict[str, Any] | None) -> list[Entry]:
+                       where: ParsedWhere | None) -> list[Entry]:
     """The live entries of a board or section, sorted by (section, key), filtered by ``where``
     (``Board.entries``: read from JetStream, no worker needed).
 

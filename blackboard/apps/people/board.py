@@ -144,9 +144,8 @@ async def ls(args: argparse.Namespace) -> int:
         NotFoundError: the board or section holds no live key.
         InvalidPayloadError: ``--where`` is not a valid filter.
     """
-    where = json_object(args.where, what="--where")
-    if where is not None:
-        parse_where(where)  # a bad filter is told before connecting
+    raw = json_object(args.where, what="--where")
+    where = parse_where(raw) if raw is not None else None  # a bad filter is told before connecting
     if args.board is None:
         if args.section is not None or args.long or where is not None:
             raise InvalidPayloadError("give BOARD to list sections, keys or entries")

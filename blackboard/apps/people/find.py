@@ -19,9 +19,8 @@ def _filters(args: argparse.Namespace) -> dict[str, Any]:
     Raises:
         InvalidPayloadError: ``--where`` or ``--metadata`` is not valid, ``--top-k`` below 1.
     """
-    where = json_object(args.where, what="--where")
-    if where is not None:
-        parse_where(where)
+    raw = json_object(args.where, what="--where")
+    where = parse_where(raw) if raw is not None else None  # told before connecting; not parsed again
     if args.top_k is not None and args.top_k < 1:
         raise InvalidPayloadError(f"--top-k must be at least 1, not {args.top_k}")
     found: dict[str, Any] = {"mode": args.mode, "top_k": args.top_k, "min_score": args.min_score,
