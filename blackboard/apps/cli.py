@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import ValidationError
 
 from blackboard.apps.people import add_people_commands
+from blackboard.apps.signals import stop_on_signal
 from blackboard.protocol.errors import BlackboardError, ConfigurationError, TransportError
 from blackboard.settings import Settings, describe_errors
 
@@ -94,17 +95,6 @@ def _add_conn_flags(p: argparse.ArgumentParser, *, nats: bool = True, pg: bool =
         p.add_argument("--nats-url", help="NATS server URL(s), comma-separated (env BLACKBOARD_NATS__URL)")
     if pg:
         p.add_argument("--postgres-dsn", help="PostgreSQL DSN (env BLACKBOARD_POSTGRES__DSN)")
-
-
-def _on_signal() -> asyncio.Event:
-    """An event set by SIGINT or SIGTERM from now on (installed at once, not when awaited: a
-    signal that comes right after a "ready" line must not find Python's default handler)."""
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError):
-            loop.add_signal_handler(sig, stop.set)
-    return stop
 
 
 # --------------------------------------------------------------------------- dev
@@ -246,7 +236,7 @@ async def _dev(args: argparse.Namespace) -> int:
                                          return_when=asyncio.FIRST_COMPLETED)
             if worker_task in done:
                 worker_task.result()
-        signalled = _on_signal()
+        signalled = stop_on_signal()
         if worker_task is not None:
             print("  worker        running (persistence, embeddings, search, deadlines)", flush=True)
         await signalled.wait()
@@ -277,7 +267,7 @@ async def _worker(args: argparse.Namespace) -> int:
                               embed=False if args.no_embed else None)
     stop = asyncio.Event()
     ready = asyncio.Event()
-    signalled = _on_signal()
+    signalled = stop_on_signal()
     task = asyncio.create_task(_worker_runner()(settings, ready, stop))
     sig = asyncio.create_task(signalled.wait())
     done, _ = await asyncio.wait({task, sig}, return_when=asyncio.FIRST_COMPLETED)

@@ -11,9 +11,6 @@ so the other commands neither load nor need the ``mcp`` extra).
 from __future__ import annotations
 
 import argparse
-import asyncio
-import contextlib
-import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -21,6 +18,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from blackboard.apps.signals import stop_on_signal
 from blackboard.protocol.errors import ConfigurationError, InvalidKeyError
 from blackboard.settings import Settings, describe_errors
 
@@ -117,16 +115,6 @@ def _tokens_path(args: argparse.Namespace, settings: Settings) -> Path:
     return given if given is not None else settings.dev.data_dir / "mcp-tokens.json"
 
 
-def _stop_on_signal() -> asyncio.Event:
-    """An event set by SIGINT or SIGTERM from now on."""
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError):
-            loop.add_signal_handler(sig, stop.set)
-    return stop
-
-
 async def run(argv: Sequence[str]) -> int:
     """Run ``blackboard mcp`` with these arguments; the exit code.
 
@@ -168,7 +156,7 @@ async def _http(args: argparse.Namespace) -> int:
 
     settings = _settings(args)
     tokens = _tokens_path(args, settings)
-    stop = _stop_on_signal()
+    stop = stop_on_signal()
 
     def ready(server: HttpServer) -> None:
         names = sorted({r.agent_id for r in server.tokens.records()})
