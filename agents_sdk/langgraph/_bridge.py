@@ -59,10 +59,25 @@ class LoopBridge:
             coro.close()
             raise RuntimeError(f"the synchronous {method}() was called on the event loop the agent runs on, "
                                f"where it would wait for itself: await a{method}() instead")
+        self._check_running(coro, method)
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+
+    async def arun(self, coro: Coroutine[Any, Any, T], *, method: str) -> T:
+        """Await ``coro`` on the bridged loop from any event loop (at once on that loop itself).
+
+        Raises:
+            RuntimeError: the bridged loop is not running (closed?).
+        """
+        if asyncio.get_running_loop() is self.loop:
+            return await coro
+        self._check_running(coro, method)
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self.loop))
+
+    def _check_running(self, coro: Coroutine[Any, Any, Any], method: str) -> None:
+        """Raise (closing ``coro``) when the bridged loop would never run it."""
         if self.loop.is_closed() or not self.loop.is_running():
             coro.close()
             raise RuntimeError(f"{method}(): the agent's event loop is not running (closed?)")
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
 
     def close(self) -> None:
         """Stop the loop this bridge started (a no-op for a borrowed loop)."""

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import AsyncIterator, Coroutine, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any, TypeVar
 
 from langchain_core.runnables import RunnableConfig
@@ -54,6 +54,14 @@ _STRATEGIES = ("keep_latest", "delete")
 
 T = TypeVar("T")
 _DONE: Any = object()
+
+
+async def _next(gen: AsyncIterator[T]) -> T | Any:
+    """The next item of ``gen``, or :data:`_DONE` at its end (an item per bridged call)."""
+    try:
+        return await gen.__anext__()
+    except StopAsyncIteration:
+        return _DONE
 
 
 def _strategy(strategy: str) -> str:
@@ -188,16 +196,6 @@ class BlackboardSaver(BaseCheckpointSaver[str]):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    async def _on_loop(self, coro: Coroutine[Any, Any, T]) -> T:
-        """Await ``coro`` on the agent's loop (it may be called from another one)."""
-        loop = self._bridge.loop
-        if asyncio.get_running_loop() is loop:
-            return await coro
-        if loop.is_closed() or not loop.is_running():  # the future would never complete
-            coro.close()
-            raise RuntimeError("the saver's agent runs on an event loop that is not running (closed?)")
-        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, loop))
-
     # ------------------------------------------------------------ async API
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         """The checkpoint of ``config`` (its ``checkpoint_id``, else the thread's newest in the
@@ -207,7 +205,7 @@ class BlackboardSaver(BaseCheckpointSaver[str]):
             InvalidKeyError: a config without a thread id.
             InvalidPayloadError: a stored record that is not one of this saver's.
         """
-        return await self._on_loop(self._store.get_tuple(config))
+        return await self._bridge.arun(self._store.get_tuple(config), method="aget_tuple")
 
     async def aget_author(self, config: RunnableConfig) -> str | None:
         """The agent that wrote the config's checkpoint (its id, else the namespace's newest):
@@ -216,7 +214,7 @@ class BlackboardSaver(BaseCheckpointSaver[str]):
         Raises:
             InvalidKeyError: a config without a thread id.
         """
-        return await self._on_loop(self._store.author(config))
+        return await self._bridge.arun(self._store.author(config), method="aget_author")
 
     async def alist(self, config: RunnableConfig | None, *, filter: dict[str, Any] | None = None,
                     before: RunnableConfig | None = None, limit: int | None = None) -> AsyncIterator[CheckpointTuple]:
@@ -224,18 +222,11 @@ class BlackboardSaver(BaseCheckpointSaver[str]):
         when it names one; of every thread for ``None``), whose metadata holds every
         ``filter`` item, older than ``before``'s checkpoint, at most ``limit``."""
         gen = self._store.list_tuples(config, filter, before, limit)
-
-        async def step() -> Any:
-            try:
-                return await gen.__anext__()
-            except StopAsyncIteration:
-                return _DONE
-
         try:
-            while (item := await self._on_loop(step())) is not _DONE:
+            while (item := await self._bridge.arun(_next(gen), method="alist")) is not _DONE:
                 yield item
         finally:
-            await self._on_loop(gen.aclose())
+            await self._bridge.arun(gen.aclose(), method="alist")
 
     async def aput(self, config: RunnableConfig, checkpoint: Checkpoint, metadata: CheckpointMetadata,
                    new_versions: ChannelVersions) -> RunnableConfig:
@@ -247,7 +238,7 @@ class BlackboardSaver(BaseCheckpointSaver[str]):
             PayloadTooLargeError: the checkpoint's record does not fit an entry even with its
                 values in the object store.
         """
-        return await self._on_loop(self._store.put(config, checkpoint, metadata, new_versions))
+        return await self._bridge.arun(self._store.put(config, checkpoint, metadata, new_versions), method="aput")
 
     async def aput_writes(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str,
                           task_path: str = "") -> None:
@@ -258,25 +249,26 @@ class BlackboardSaver(BaseCheckpointSaver[str]):
             InvalidKeyError: no checkpoint id in the config, or a task id that is not a string.
             PayloadTooLargeError: the checkpoint's writes no longer fit one entry.
         """
-        await self._on_loop(self._store.put_writes(config, writes, task_id, task_path))
+        await self._bridge.arun(self._store.put_writes(config, writes, task_id, task_path), method="aput_writes")
 
     async def adelete_thread(self, thread_id: str) -> None:
         """Delete every checkpoint, write and value of a thread (each namespace), and the
         objects they referenced. The board's history (and the worker's stored history)
         keeps what was written: deleted keys read as absent."""
-        await self._on_loop(self._store.delete_thread(thread_id_of(thread_id)))
+        await self._bridge.arun(self._store.delete_thread(thread_id_of(thread_id)), method="adelete_thread")
 
     async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
         """Delete the checkpoints (and their writes) whose metadata ``run_id`` is one of
         ``run_ids``, in every thread, and the channel values only they used. Reads the
         index of every thread of the board."""
-        await self._on_loop(self._store.delete_for_runs({str(r) for r in run_ids}))
+        await self._bridge.arun(self._store.delete_for_runs({str(r) for r in run_ids}), method="adelete_for_runs")
 
     async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
         """Copy every checkpoint (same ids, metadata, parents), its writes and values of one
         thread to another; the source is unchanged. Copied into a thread that has
         checkpoints of its own, they join them in its index."""
-        await self._on_loop(self._store.copy_thread(thread_id_of(source_thread_id), thread_id_of(target_thread_id)))
+        await self._bridge.arun(self._store.copy_thread(thread_id_of(source_thread_id), thread_id_of(target_thread_id)),
+                                method="acopy_thread")
 
     async def aprune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
         """Prune threads: ``"keep_latest"`` keeps each namespace's newest checkpoint (with its
@@ -287,7 +279,8 @@ class BlackboardSaver(BaseCheckpointSaver[str]):
             NotImplementedError: ``keep_latest`` on a thread whose graph uses a DeltaChannel
                 (its state needs the older checkpoints; LangGraph's Postgres saver refuses too).
         """
-        await self._on_loop(self._store.prune([thread_id_of(t) for t in thread_ids], _strategy(strategy)))
+        await self._bridge.arun(self._store.prune([thread_id_of(t) for t in thread_ids], _strategy(strategy)),
+                                method="aprune")
 
     # ------------------------------------------------------------ sync API
     def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
@@ -302,15 +295,8 @@ class BlackboardSaver(BaseCheckpointSaver[str]):
              before: RunnableConfig | None = None, limit: int | None = None) -> Iterator[CheckpointTuple]:
         """:meth:`alist`, from sync code (not on the agent's loop: RuntimeError)."""
         gen = self._store.list_tuples(config, filter, before, limit)
-
-        async def step() -> Any:
-            try:
-                return await gen.__anext__()
-            except StopAsyncIteration:
-                return _DONE
-
         try:
-            while (item := self._bridge.run(step(), method="list")) is not _DONE:
+            while (item := self._bridge.run(_next(gen), method="list")) is not _DONE:
                 yield item
         finally:
             if not self._bridge.loop.is_closed():
