@@ -14,13 +14,11 @@ import argparse
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
-from pydantic import ValidationError
-
+from blackboard.apps.people.common import load_settings
 from blackboard.apps.signals import stop_on_signal
 from blackboard.protocol.errors import ConfigurationError, InvalidKeyError
-from blackboard.settings import Settings, describe_errors
+from blackboard.settings import Settings
 
 __all__ = ["DEFAULT_TOKENS", "parser", "run"]
 
@@ -94,22 +92,6 @@ def _add_common(p: argparse.ArgumentParser) -> None:
                    help="NATS server URL(s), comma-separated (env BLACKBOARD_NATS__URL)")
 
 
-def _settings(args: argparse.Namespace) -> Settings:
-    """The environment's settings, with ``--nats-url`` over them.
-
-    Raises:
-        ConfigurationError: a setting is invalid.
-    """
-    given: dict[str, Any] = {}
-    url = getattr(args, "nats_url", None)
-    if url:
-        given["nats"] = {"url": url}
-    try:
-        return Settings(**given)
-    except ValidationError as exc:
-        raise ConfigurationError(describe_errors(exc)) from exc
-
-
 def _tokens_path(args: argparse.Namespace, settings: Settings) -> Path:
     given: Path | None = getattr(args, "tokens", None)
     return given if given is not None else settings.dev.data_dir / "mcp-tokens.json"
@@ -147,14 +129,14 @@ async def _stdio(args: argparse.Namespace) -> int:
     from blackboard.apps.mcp.stdio import run_stdio
 
     _check_agent_id(args.agent, "agent id (--as)")
-    await run_stdio(_settings(args), args.agent)
+    await run_stdio(load_settings(args), args.agent)
     return 0
 
 
 async def _http(args: argparse.Namespace) -> int:
     from blackboard.apps.mcp.http import DEFAULT_HOST, DEFAULT_PORT, HttpServer, serve_http
 
-    settings = _settings(args)
+    settings = load_settings(args)
     tokens = _tokens_path(args, settings)
     stop = stop_on_signal()
 
@@ -202,7 +184,7 @@ def _warn_missing_credentials(settings: Settings, names: Sequence[str]) -> None:
 def _token(args: argparse.Namespace) -> int:
     from blackboard.apps.mcp.tokens import TokenFile
 
-    settings = _settings(args)
+    settings = load_settings(args)
     path = _tokens_path(args, settings)
     tokens = TokenFile(path)
     if args.token_command == "add":
