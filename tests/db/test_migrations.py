@@ -182,7 +182,8 @@ async def test_vector_tables_of_existing_spaces_get_the_board(
 
 #: The tables whose rows carry a signature verdict (migration 0013).
 VERDICT_TABLES = ("bb_entry_revisions", "bb_entries", "bb_memories", "bb_memory_forgets", "bb_messages",
-                  "bb_proposals", "bb_ballots", "bb_outcomes")
+                  "bb_proposals", "bb_ballots", "bb_outcomes",
+                  "bb_memory_sources")  # 0015: a merged memory's sources keep the verdict they were stored with
 
 
 @pytest.mark.asyncio
