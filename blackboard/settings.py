@@ -274,6 +274,70 @@ class WorkerSettings(BaseModel):
     require_signatures: bool = True
 
 
+class MemorySettings(BaseModel):
+    """The lifecycle of long-term memories, run by the worker (docs/memory-lifecycle.md):
+    deduplication and consolidation, supersession, importance and pruning."""
+
+    #: Merge exact duplicates at ingest: a new memory whose normalised text is that
+    #: of a live memory of its scope becomes a source of that memory, not a row.
+    dedup: bool = True
+    #: A scope is a board and an agent (each agent's memories merged only with its
+    #: own), not a board.
+    dedup_per_agent: bool = False
+    #: Merge near-duplicates after embedding (cosine at or above near_threshold,
+    #: same scope, same embedding space, no different subject keys).
+    near_duplicates: bool = True
+    #: Cosine similarity from which two memories are near-duplicates.
+    near_threshold: float = Field(0.95, gt=0, le=1)
+    #: Seconds between the consolidator's passes over newly embedded memories.
+    consolidate_interval: float = Field(2.0, gt=0)
+    #: Merge near-duplicates' texts into one with the chat model (``llm.base_url``
+    #: set); otherwise the older memory's text is kept.
+    llm_merge: bool = False
+    #: Memories of these kinds are turned into atomic facts (``semantic``
+    #: memories the worker writes and signs) by the chat model (``llm.base_url`` set).
+    llm_extract_kinds: list[Literal["episodic", "semantic", "procedural", "knowledge", "summary"]] = []  # MemoryKind's values (settings import nothing of ours)
+    #: What a newer memory on a subject key does to the current one when their
+    #: texts differ: ``supersede`` it, or open a ``vote`` between them on boards
+    #: matching vote_boards (all boards when empty) and supersede with the winner.
+    contradictions: Literal["supersede", "vote"] = "supersede"
+    #: Board name globs whose contradictions go to a vote (contradictions = vote).
+    vote_boards: list[str] = []
+    #: Seconds a contradiction's vote stays open.
+    vote_deadline: float = Field(300.0, gt=0)
+    #: Weight of recency in the importance score (docs/memory-lifecycle.md, "Importance").
+    weight_recency: float = Field(0.3, ge=0)
+    #: Weight of access frequency (recall hits) in the importance score.
+    weight_frequency: float = Field(0.2, ge=0)
+    #: Weight of confidence in the importance score (a memory without one counts as 1).
+    weight_confidence: float = Field(0.2, ge=0)
+    #: Weight of the writer's importance (0..1) in the importance score.
+    weight_importance: float = Field(0.3, ge=0)
+    #: Seconds after which recency (since the last recall, or the write) halves.
+    recency_half_life: float = Field(7 * 86400.0, gt=0)
+    #: Recalls at which the frequency term reaches 1 - 1/e (1 - exp(-hits / scale)).
+    frequency_scale: float = Field(5.0, gt=0)
+    #: Seconds between the search service's batched writes of recall hits
+    #: (hits, last_accessed), off the read path.
+    access_flush_interval: float = Field(1.0, gt=0)
+    #: Seconds between scheduled prunes by the worker (0: never; ``blackboard
+    #: prune`` runs one on demand).
+    prune_interval: float = Field(0.0, ge=0)
+    #: The strategies a scheduled prune runs.
+    prune_strategies: list[Literal["lru", "low_confidence", "old_age", "importance"]] = []
+    #: lru: archive memories not recalled (nor written) for this many seconds.
+    prune_unused_for: float = Field(90 * 86400.0, gt=0)
+    #: low_confidence: archive memories whose confidence is below this.
+    prune_min_confidence: float = Field(0.3, ge=0, le=1)
+    #: old_age: archive memories whose event time is older than this many seconds.
+    prune_max_age: float = Field(365 * 86400.0, gt=0)
+    #: importance: archive memories whose importance score is below this.
+    prune_min_importance: float = Field(0.2, ge=0, le=1)
+    #: At most this many live memories per board (the least important are
+    #: archived by each prune; None: no bound).
+    max_per_board: int | None = Field(None, ge=1)
+
+
 class SearchSettings(BaseModel):
     """The search service and the SDK's search client."""
 
@@ -432,6 +496,7 @@ class Settings(BaseSettings):
     embedding: EmbeddingSettings = EmbeddingSettings()
     llm: LLMSettings = LLMSettings()
     worker: WorkerSettings = WorkerSettings()
+    memory: MemorySettings = MemorySettings()
     search: SearchSettings = SearchSettings()
     messaging: MessagingSettings = MessagingSettings()
     dev: DevSettings = DevSettings()

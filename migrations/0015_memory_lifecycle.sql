@@ -64,3 +64,11 @@ CREATE TABLE IF NOT EXISTS bb_memory_sources (
     merged_at  timestamptz NOT NULL DEFAULT now()
 );
 CREATE INDEX IF NOT EXISTS bb_memory_sources_mid ON bb_memory_sources (mid);
+
+-- Memories embedded and not yet checked for near-duplicates: the embedder adds
+-- the memories whose vectors it wrote (in the same transaction), the
+-- consolidator takes them (blackboard/worker/consolidator.py).
+CREATE TABLE IF NOT EXISTS bb_consolidate_queue (
+    mid         bigint      PRIMARY KEY,
+    enqueued_at timestamptz NOT NULL DEFAULT clock_timestamp()
+);
