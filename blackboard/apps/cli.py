@@ -6,6 +6,7 @@
 ``blackboard setup``    create the JetStream assets and apply migrations
 ``blackboard reindex``  re-embed everything with the configured model
 ``blackboard ingest``   load text/markdown files as knowledge memories
+``blackboard prune``    archive (or delete) the long-term memories least worth keeping; ``restore`` them
 ``blackboard auth``     identities: init, add, list, revoke, show, render, publish (docs/security.md)
 ``blackboard mcp``      the MCP server for MCP hosts: stdio, or HTTP with per-client tokens (docs/mcp.md)
 ``blackboard get|put|ls|history|watch|search|recall|send|inbox|status``
@@ -34,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import ValidationError
 
 from blackboard.apps.people import add_people_commands
+from blackboard.apps.prune import add_prune_commands
 from blackboard.apps.signals import stop_on_signal
 from blackboard.protocol.errors import BlackboardError, ConfigurationError, TransportError
 from blackboard.settings import Settings, describe_errors
@@ -629,6 +631,7 @@ def _parser() -> argparse.ArgumentParser:
     _add_conn_flags(p, nats=False)
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=_reindex)
+    add_prune_commands(sub)  # prune, restore (blackboard/apps/prune.py)
 
     p = sub.add_parser("ingest", help="load text/markdown files as read-only knowledge memories",
                        description="Chunk text and markdown files and store the chunks as knowledge memories "
