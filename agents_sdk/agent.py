@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Collection, Generator, Iterable, Mapping, Sequence
+from datetime import datetime
 from typing import Any, Unpack
 
 import nats.errors
@@ -149,7 +150,9 @@ class Agent:
     async def remember(self, text: str, *, kind: MemoryKind = "episodic", tags: Sequence[str] = (),
                        metadata: Mapping[str, Any] | None = None, importance: float = 0.5,
                        board: str | None = None, source: str | None = None, read_only: bool = False,
-                       id: str | None = None, wait: WaitFor | None = None, timeout: float | None = None) -> str:
+                       id: str | None = None, wait: WaitFor | None = None, timeout: float | None = None,
+                       key: str | None = None, occurred_at: datetime | None = None,
+                       confidence: float | None = None) -> str:
         """Store a long-term memory; returns its id once it is durably in JetStream.
 
         The worker persists it to PostgreSQL (keyword search finds it) and embeds
@@ -158,6 +161,14 @@ class Agent:
         every mode of :meth:`recall` finds it (at most ``timeout`` seconds,
         default 30); the default (None, or ``"stored"``) costs nothing more.
         ``board`` scopes the memory (default ``"default"``).
+
+        ``key`` says what the memory is about (a subject key such as
+        ``"price:shop.example.com:sku-1"``, 1-256 characters, no control
+        characters): a newer memory on the same key of the board supersedes
+        the older ones, which recall then leaves out unless asked. ``occurred_at``
+        is when what it says happened (timezone-aware; default: now, its write
+        time), which orders the versions of a key and the event-time filters;
+        ``confidence`` (0 to 1) is how sure the writer is (docs/memory-lifecycle.md).
 
         Raises:
             InvalidPayloadError, PayloadTooLargeError, InvalidKeyError: bad input.
@@ -169,7 +180,8 @@ class Agent:
         """
         return await self.longterm.remember(text, kind=kind, tags=tags, metadata=metadata,
                                             importance=importance, board=board, source=source,
-                                            read_only=read_only, id=id, wait=wait, timeout=timeout)
+                                            read_only=read_only, id=id, wait=wait, timeout=timeout, key=key,
+                                            occurred_at=occurred_at, confidence=confidence)
 
     async def wait_searchable(self, ids: Sequence[str], *, board: str | None = None,
                               timeout: float = DEFAULT_SEARCHABLE_TIMEOUT) -> None:

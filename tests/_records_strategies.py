@@ -32,6 +32,7 @@ __all__ = [
     "memory_payloads",
     "mutated",
     "names",
+    "subject_keys",
     "texts",
     "timestamps",
 ]
@@ -59,6 +60,8 @@ texts = st.text(max_size=40)
 json_leaf = st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1) | st.floats() | texts | st.binary(max_size=8)
 json_values = st.recursive(json_leaf, lambda inner: st.lists(inner, max_size=3)
                            | st.dictionaries(texts, inner, max_size=3), max_leaves=8)
+#: Subject keys (``MemoryRecord.key``): 1-256 characters, no control characters.
+subject_keys = st.text(st.characters(blacklist_categories=["Cc", "Cs"]), min_size=1, max_size=256)
 offsets = st.sampled_from([UTC, timezone(timedelta(hours=2)), timezone(timedelta(hours=-5, minutes=-30))])
 aware = st.builds(lambda dt, tz: dt.replace(tzinfo=tz),
                   st.datetimes(min_value=datetime(1971, 1, 1), max_value=datetime(2200, 1, 1)), offsets)
@@ -92,6 +95,11 @@ def memory_payloads(draw: st.DrawFn) -> dict[str, Any]:
     }
     for key in draw(st.lists(st.sampled_from(sorted(optional)), unique=True)):
         obj[key] = draw(optional[key])
+    if draw(st.integers(0, 2)) == 2:  # version 2: a subject key, an event time, a confidence (or none)
+        obj["v"] = 2
+        v2 = {"key": subject_keys, "occurred_at": timestamps, "confidence": st.floats(0.0, 1.0) | st.sampled_from([0, 1])}
+        for key in draw(st.lists(st.sampled_from(sorted(v2)), unique=True)):
+            obj[key] = draw(st.none() | v2[key]) if draw(st.booleans()) else draw(v2[key])
     return obj
 
 
@@ -136,6 +144,11 @@ BAD: dict[str, st.SearchStrategy[Any]] = {
     "content_type": wrong_types,
     "author": wrong_types,
     "op": st.sampled_from(["forget", "x", None, 1]),
+    "key": st.sampled_from(["", "x" * 257, "a\nb", "a\x00", "\x7f", "a\x85", "k\n", 1, b"k", ["k"]]) | wrong_types,
+    "occurred_at": st.sampled_from(["2026-01-01T00:00:00", "2026-13-01T00:00:00+00:00", "x", 1700000000, b"t"]),
+    "confidence": st.floats() | st.sampled_from([-1e-12, 1 + 1e-12, 2, -1, "0.5", True, False]) | wrong_types,
+    "provenance": st.sampled_from([[{"stream": "BB_MEM"}], [{"stream": "", "seq": 1}], [{"stream": "S", "seq": 0}],
+                                   [{"stream": "S", "seq": 1}] * 65, "x", [1], {}]) | wrong_types,
 }
 
 

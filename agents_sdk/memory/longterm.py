@@ -51,6 +51,12 @@ class MemoryInput:
     source: str | None = None
     read_only: bool = False
     id: str | None = None
+    #: The subject key (what it is about); a newer memory on the same key of the board supersedes it.
+    key: str | None = None
+    #: When what it says happened (timezone-aware); its write time when None.
+    occurred_at: datetime | None = None
+    #: The writer's confidence in it, 0 to 1.
+    confidence: float | None = None
 
 
 class LongTermMemory:
@@ -106,7 +112,7 @@ class LongTermMemory:
         record = memory_wire(
             id=memory_id, board=board, agent=self._agent_id, kind=m.kind, text=m.text, tags=m.tags,
             metadata=m.metadata, importance=m.importance, source=m.source, read_only=m.read_only,
-            created_at=datetime.now(UTC))
+            created_at=datetime.now(UTC), key=m.key, occurred_at=m.occurred_at, confidence=m.confidence)
         memory_id = record["id"]  # as the schema made it (bytes given as the id are text now)
         # The canonical encoding (what the signature covers) is the payload; the record the
         # schema's fast path reads back from the map is equal to the schema's own
@@ -125,10 +131,15 @@ class LongTermMemory:
     async def remember(self, text: str, *, kind: MemoryKind = "episodic", tags: Sequence[str] = (),
                        metadata: Mapping[str, Any] | None = None, importance: float = 0.5,
                        board: str | None = None, source: str | None = None, read_only: bool = False,
-                       id: str | None = None, wait: WaitFor | None = None, timeout: float | None = None) -> str:
+                       id: str | None = None, wait: WaitFor | None = None, timeout: float | None = None,
+                       key: str | None = None, occurred_at: datetime | None = None,
+                       confidence: float | None = None) -> str:
         """Store a long-term memory; returns its id once JetStream has it durably, or with
         ``wait="searchable"`` once a worker has also stored and embedded it (``timeout``
         seconds at most, default :data:`DEFAULT_SEARCHABLE_TIMEOUT`).
+
+        ``key`` (what the memory is about), ``occurred_at`` (event time) and ``confidence``
+        (0 to 1) make it a version-2 record (docs/memory-lifecycle.md).
 
         Raises:
             InvalidPayloadError, PayloadTooLargeError, InvalidKeyError: bad input.
@@ -140,7 +151,8 @@ class LongTermMemory:
         """
         self._check_wait(wait)
         memory_id, subject, payload, headers = self._prepare(MemoryInput(
-            text, kind, tags, metadata or {}, importance, board, source, read_only, id))
+            text, kind, tags, metadata or {}, importance, board, source, read_only, id, key, occurred_at,
+            confidence))
         ack = await self._publisher.publish(subject, payload, headers, what=f"memory {memory_id!r}",
                                             sign=self._sign(subject, headers, payload))
         await self._wait(wait, [(board or DEFAULT_MEMORY_BOARD, memory_id, ack.seq)], timeout)

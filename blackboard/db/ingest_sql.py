@@ -38,8 +38,13 @@ __all__ = [
 
 REVISION_COLUMNS = ("stream", "seq", "board", "section", "key", "op", "value", "value_raw", "content_type",
                     "tags", "metadata", "author", "created_at", "stored_at", "expires_at", "verdict")
+#: The staged columns of a memory. ``subject_key`` .. ``content_hash`` are stored (with
+#: ``valid_from`` = coalesce(occurred_at, created_at) and ``last_seen`` = created_at);
+#: ``sig_key`` and ``sig`` (the message's signature headers) are staged for the provenance
+#: of merges (``bb_memory_sources``), not stored in ``bb_memories``.
 MEMORY_COLUMNS = ("stream", "seq", "id", "board", "agent", "kind", "text", "tags", "metadata",
-                  "importance", "source", "read_only", "created_at", "search_text", "verdict", "embed_meta")
+                  "importance", "source", "read_only", "created_at", "search_text", "verdict", "embed_meta",
+                  "subject_key", "occurred_at", "confidence", "content_hash", "sig_key", "sig")
 
 #: Binary COPY of revision rows (columns :data:`REVISION_COLUMNS`).
 COPY_REVISIONS = f"COPY bb_entry_revisions ({', '.join(REVISION_COLUMNS)}) FROM STDIN (FORMAT BINARY)"
@@ -93,7 +98,8 @@ CREATE_STAGE_MEMORIES = """
 CREATE TEMP TABLE IF NOT EXISTS bb_stage_memories (
     stream text, seq bigint, id text, board text, agent text, kind text, text text, tags text[],
     metadata jsonb, importance real, source text, read_only boolean, created_at timestamptz,
-    search_text text, verdict text, embed_meta text
+    search_text text, verdict text, embed_meta text, subject_key text, occurred_at timestamptz,
+    confidence real, content_hash bytea, sig_key text, sig text
 ) ON COMMIT DELETE ROWS"""
 COPY_MEMORIES = f"COPY bb_stage_memories ({', '.join(MEMORY_COLUMNS)}) FROM STDIN (FORMAT BINARY)"
 
@@ -106,16 +112,21 @@ WITH latest AS (
     ORDER BY s.id, s.seq DESC
 ), up AS (
     INSERT INTO bb_memories AS m (id, board, agent, kind, text, tags, metadata, importance, source,
-                                  read_only, created_at, updated_at, stream, seq, search_text, verdict, embed_meta)
+                                  read_only, created_at, updated_at, stream, seq, search_text, verdict, embed_meta,
+                                  subject_key, occurred_at, valid_from, confidence, content_hash, last_seen)
     SELECT id, board, agent, kind, text, tags, metadata, importance, source,
-           read_only, created_at, created_at, stream, seq, search_text, verdict, embed_meta
+           read_only, created_at, created_at, stream, seq, search_text, verdict, embed_meta,
+           subject_key, occurred_at, coalesce(occurred_at, created_at), confidence, content_hash, created_at
     FROM latest
     ON CONFLICT (id) DO UPDATE SET
         board = EXCLUDED.board, agent = EXCLUDED.agent, kind = EXCLUDED.kind, text = EXCLUDED.text,
         tags = EXCLUDED.tags, metadata = EXCLUDED.metadata, importance = EXCLUDED.importance,
         source = EXCLUDED.source, read_only = EXCLUDED.read_only,
         updated_at = EXCLUDED.created_at, stream = EXCLUDED.stream, seq = EXCLUDED.seq,
-        search_text = EXCLUDED.search_text, verdict = EXCLUDED.verdict, embed_meta = EXCLUDED.embed_meta
+        search_text = EXCLUDED.search_text, verdict = EXCLUDED.verdict, embed_meta = EXCLUDED.embed_meta,
+        subject_key = EXCLUDED.subject_key, occurred_at = EXCLUDED.occurred_at, valid_from = EXCLUDED.valid_from,
+        confidence = EXCLUDED.confidence, content_hash = EXCLUDED.content_hash,
+        last_seen = greatest(m.last_seen, EXCLUDED.last_seen)
     WHERE m.seq < EXCLUDED.seq
     RETURNING m.mid
 )

@@ -8,7 +8,9 @@ specifies the rules so another language can reproduce them. In short:
 * the record is a msgpack map holding **every** field of its schema, in the
   schema's declaration order (absent optional fields as nil, unknown fields
   dropped); nested schema records (a proposal's policy, an outcome's counts)
-  likewise;
+  likewise; except the fields a later version of a record added as
+  **extensions** (marked with :data:`EXTENSION`), which are left out when null,
+  so the records of the earlier version keep their bytes and signatures;
 * a schema timestamp is the string ``YYYY-MM-DDTHH:MM:SS.ffffff+00:00`` (UTC,
   always six fraction digits);
 * user maps (``value``, ``metadata``, ``body``, candidates, weights...) have
@@ -34,7 +36,7 @@ from pydantic import BaseModel
 
 from blackboard.protocol.errors import InvalidPayloadError
 
-__all__ = ["MAX_DEPTH", "canonical_bytes", "canonical_timestamp"]
+__all__ = ["EXTENSION", "MAX_DEPTH", "canonical_bytes", "canonical_timestamp", "extension_fields"]
 
 #: Deepest nesting of maps and arrays with a canonical encoding.
 MAX_DEPTH = 256
@@ -43,6 +45,32 @@ MAX_DEPTH = 256
 _MAX_EXACT = 2**53
 _NAN = b"\xcb\x7f\xf8\x00\x00\x00\x00\x00\x00"
 _FLOAT64 = struct.Struct(">d")
+#: The ``json_schema_extra`` key that marks a field as an extension added by a later
+#: version of its record (the value is that version): left out of the canonical
+#: encoding when null, written like any field otherwise (docs/protocol.md §13.1).
+EXTENSION = "x-bb-since-version"
+
+
+def extension_fields(model: type[BaseModel]) -> frozenset[str]:
+    """The fields of ``model`` marked as extensions (:data:`EXTENSION`)."""
+    return _layout(model)[1]
+
+
+#: Per schema: (field name, is a schema timestamp, is an extension) in order, and the extensions.
+_LAYOUTS: dict[type[BaseModel], tuple[tuple[tuple[str, bool, bool], ...], frozenset[str]]] = {}
+
+
+def _layout(model: type[BaseModel]) -> tuple[tuple[tuple[str, bool, bool], ...], frozenset[str]]:
+    layout = _LAYOUTS.get(model)
+    if layout is None:
+        fields = []
+        for name, info in model.model_fields.items():
+            extra = info.json_schema_extra
+            ext = isinstance(extra, dict) and EXTENSION in extra
+            fields.append((name, info.annotation is not Any, ext))
+        layout = (tuple(fields), frozenset(n for n, _, e in fields if e))
+        _LAYOUTS[model] = layout
+    return layout
 
 
 def canonical_timestamp(value: datetime) -> str:
@@ -185,15 +213,18 @@ def _value(value: Any, out: bytearray, depth: int) -> None:
 
 
 def _record(record: BaseModel, out: bytearray, depth: int) -> None:
-    """A schema record: every field, in declaration order; its timestamps canonical."""
+    """A schema record: every field, in declaration order (extensions only when set); its
+    timestamps canonical."""
     if depth >= MAX_DEPTH:
         raise InvalidPayloadError(f"value nested deeper than {MAX_DEPTH} levels")
-    fields = type(record).model_fields
+    fields, extensions = _layout(type(record))
+    if extensions:
+        fields = tuple(f for f in fields if not f[2] or getattr(record, f[0]) is not None)
     _header(out, len(fields), 0x80, 15, (0, 0xDE, 0xDF), "map")
-    for name, info in fields.items():
+    for name, schema_time, _ in fields:
         _str(name, out)
         value = getattr(record, name)
-        if isinstance(value, datetime) and info.annotation is not Any:
+        if schema_time and isinstance(value, datetime):
             _str(canonical_timestamp(value), out)
         else:
             _value(value, out, depth + 1)

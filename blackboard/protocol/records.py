@@ -30,13 +30,14 @@ gives the bytes of ``canonical_bytes`` whenever it answers.
 from __future__ import annotations
 
 import math
+import re
 import time
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, Final, TypeVar, get_args
 
 from blackboard.protocol import codec
-from blackboard.protocol.canonical import canonical_timestamp
+from blackboard.protocol.canonical import canonical_timestamp, extension_fields
 from blackboard.protocol.errors import InvalidKeyError
 from blackboard.protocol.limits import MAX_DEPTH, MAX_LABEL_CHARS, check_value, timestamp_ok
 from blackboard.protocol.schemas import (
@@ -101,6 +102,14 @@ _MEM_IMPORTANCE: Final[float] = _default(MemoryRecord, "importance")
 _MEM_SOURCE: Final[str | None] = _default(MemoryRecord, "source")
 _MEM_READ_ONLY: Final[bool] = _default(MemoryRecord, "read_only")
 _MEM_FIELDS = set(MemoryRecord.model_fields)
+_MEM_V2: Final = max(_MEM_VERSIONS)
+_MEM_EXTENSIONS = extension_fields(MemoryRecord)
+_MEM_KEY_MIN: Final[int] = _constraint(MemoryRecord, "key", "min_length")
+_MEM_KEY_MAX: Final[int] = _constraint(MemoryRecord, "key", "max_length")
+#: The schema's pattern of a subject key (matched in full: Python's ``$`` also matches before a final newline).
+_MEM_KEY_RE: Final = re.compile(_constraint(MemoryRecord, "key", "pattern"))
+_MEM_CONFIDENCE_MIN: Final[float] = _constraint(MemoryRecord, "confidence", "ge")
+_MEM_CONFIDENCE_MAX: Final[float] = _constraint(MemoryRecord, "confidence", "le")
 
 
 # -- building a model from checked values --------------------------------------
@@ -428,11 +437,39 @@ def fast_memory(obj: Any) -> MemoryRecord | None:
     agent = get("agent")
     if created is None or tags is None or metadata is None or not _is_name(board) or not _is_name(agent):
         return None
+    key = get("key")
+    occurred_raw = get("occurred_at")
+    confidence = get("confidence")
+    if key is None and occurred_raw is None and confidence is None:
+        occurred = None
+        if get("provenance") is not None:
+            return None  # provenance (the worker's derived memories, rare): the schema reads it
+    else:
+        occurred = None if occurred_raw is None else _timestamp(occurred_raw)
+        if (v != _MEM_V2 or get("provenance") is not None
+                or (key is not None and not _subject_key_ok(key))
+                or (occurred_raw is not None and occurred is None)
+                or (confidence is not None and not _unit_float(confidence, _MEM_CONFIDENCE_MIN, _MEM_CONFIDENCE_MAX))):
+            return None
+        if confidence is not None:
+            confidence = float(confidence)
     return _trusted(MemoryRecord, {
         "v": v, "id": mid, "board": board, "agent": agent, "kind": kind, "text": text, "tags": tags,
         "metadata": metadata, "importance": float(importance), "source": source, "read_only": read_only,
-        "created_at": created,
+        "created_at": created, "key": key, "occurred_at": occurred, "confidence": confidence, "provenance": None,
     }, _MEM_FIELDS.intersection(obj))
+
+
+def _subject_key_ok(value: Any) -> bool:
+    """Whether the schema keeps ``value`` unchanged as a subject key."""
+    return (type(value) is str and _MEM_KEY_MIN <= len(value) <= _MEM_KEY_MAX
+            and _MEM_KEY_RE.fullmatch(value) is not None)
+
+
+def _unit_float(value: Any, low: float, high: float) -> bool:
+    """Whether ``value`` is an exact ``float`` or ``int`` (not bool) within ``[low, high]``."""
+    t = type(value)
+    return (t is float or t is int) and low <= value <= high
 
 
 def decode_memory(obj: Any) -> MemoryRecord | MemoryForget:
@@ -454,22 +491,31 @@ def decode_memory(obj: Any) -> MemoryRecord | MemoryForget:
 def memory_wire(*, id: str, board: str, agent: str, text: str, created_at: datetime,
                 kind: str = _MEM_KIND, tags: Sequence[str] = (), metadata: Mapping[str, Any] | None = None,
                 importance: float = _MEM_IMPORTANCE, source: str | None = _MEM_SOURCE,
-                read_only: bool = _MEM_READ_ONLY) -> dict[str, Any]:
+                read_only: bool = _MEM_READ_ONLY, key: str | None = None, occurred_at: datetime | None = None,
+                confidence: float | None = None) -> dict[str, Any]:
     """The wire map of a :class:`MemoryRecord`, its fields in the schema's order.
 
     The writer's fast path: arguments of the exact types the schema keeps are
     checked and laid out here; anything else goes through the schema, which
     coerces or refuses it. Either way ``validate_wire(MemoryRecord, map,
     strict=True)`` holds what the schema makes of the arguments.
-    ``created_at`` is a timezone-aware time, written in ISO 8601.
+    ``created_at`` and ``occurred_at`` are timezone-aware times, written in ISO 8601.
+    A record with a subject ``key``, an ``occurred_at`` or a ``confidence`` is
+    version 2; the version-2 fields left null are left out of the map (as from
+    the canonical encoding), so a version-1 record is what it always was.
 
     Raises:
         InvalidPayloadError: an argument the schema refuses.
     """
     tag_list: Any = list(tags) if type(tags) is tuple or type(tags) is list else tags
     meta: Any = {} if metadata is None else metadata
+    v2 = key is not None or occurred_at is not None or confidence is not None
     t = type(importance)
-    if (type(id) is str and _MEM_ID_MIN <= len(id) <= _MEM_ID_MAX
+    if ((not v2 or ((key is None or _subject_key_ok(key))
+                    and (occurred_at is None or (type(occurred_at) is datetime and occurred_at.tzinfo is not None
+                                                 and timestamp_ok(occurred_at)))
+                    and (confidence is None or _unit_float(confidence, _MEM_CONFIDENCE_MIN, _MEM_CONFIDENCE_MAX))))
+            and type(id) is str and _MEM_ID_MIN <= len(id) <= _MEM_ID_MAX
             and type(text) is str and len(text) >= _MEM_TEXT_MIN
             and type(kind) is str and kind in _MEM_KINDS
             and (t is float or t is int) and _MEM_IMPORTANCE_MIN <= importance <= _MEM_IMPORTANCE_MAX
@@ -477,17 +523,28 @@ def memory_wire(*, id: str, board: str, agent: str, text: str, created_at: datet
             and _label_list(tag_list) is not None and _str_dict(meta) is not None
             and type(created_at) is datetime and created_at.tzinfo is not None and timestamp_ok(created_at)
             and _is_name(board) and _is_name(agent)):
-        return {
-            "v": _MEM_V, "id": id, "board": board, "agent": agent, "kind": kind, "text": text, "tags": tag_list,
-            "metadata": dict(meta), "importance": float(importance), "source": source, "read_only": read_only,
-            "created_at": created_at.isoformat(),
+        wire = {
+            "v": _MEM_V2 if v2 else _MEM_V, "id": id, "board": board, "agent": agent, "kind": kind, "text": text,
+            "tags": tag_list, "metadata": dict(meta), "importance": float(importance), "source": source,
+            "read_only": read_only, "created_at": created_at.isoformat(),
         }
+        if v2:
+            if key is not None:
+                wire["key"] = key
+            if occurred_at is not None:
+                wire["occurred_at"] = occurred_at.isoformat()
+            if confidence is not None:
+                wire["confidence"] = float(confidence)
+        return wire
     _check_free(meta)
-    rec = validate_wire(MemoryRecord, {
-        "v": _MEM_V, "id": id, "board": board, "agent": agent, "kind": kind, "text": text, "tags": tag_list,
-        "metadata": meta, "importance": importance, "source": source, "read_only": read_only,
-        "created_at": created_at,
-    })
-    wire = rec.model_dump()
+    args: dict[str, Any] = {
+        "v": _MEM_V2 if v2 else _MEM_V, "id": id, "board": board, "agent": agent, "kind": kind, "text": text,
+        "tags": tag_list, "metadata": meta, "importance": importance, "source": source, "read_only": read_only,
+        "created_at": created_at, "key": key, "occurred_at": occurred_at, "confidence": confidence,
+    }
+    rec = validate_wire(MemoryRecord, args)
+    wire = rec.model_dump(exclude={f for f in _MEM_EXTENSIONS if getattr(rec, f) is None})
     wire["created_at"] = rec.created_at.isoformat()
+    if rec.occurred_at is not None:
+        wire["occurred_at"] = rec.occurred_at.isoformat()
     return wire

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -22,8 +22,9 @@ import orjson
 from blackboard.protocol import codec, records
 from blackboard.protocol.codec import is_json_safe, is_storable_text
 from blackboard.protocol.errors import InvalidKeyError, InvalidPayloadError
-from blackboard.protocol.schemas import EntryEnvelope, MemoryForget, MemoryRecord
+from blackboard.protocol.schemas import EntryEnvelope, MemoryForget, MemoryRecord, SourceRef
 from blackboard.protocol.subjects import Header, KeyParts, Subjects, parse_ttl, validate_name
+from blackboard.worker.dedup import content_hash
 from blackboard.worker.embed_text import MAX_EMBED_CHARS, memory_embed_lines
 
 __all__ = [
@@ -48,6 +49,10 @@ _KV_OP = Header.KV_OPERATION.value
 _ENCODING = Header.ENCODING.value
 _MARKER = Header.MARKER_REASON.value
 _TTL = Header.MSG_TTL.value
+_SIG_KEY = Header.SIG_KEY.value
+_SIG = Header.SIG.value
+#: Longer ``Bb-Sig-Key`` / ``Bb-Sig`` values are not kept (``SourceRef``'s bound).
+_MAX_SIG_CHARS = SourceRef.model_fields["sig"].metadata[0].max_length
 #: Stream, stream sequence and exact server time of a JetStream message, from its
 #: ack subject (the one parser lives in the protocol module; raises ``InvalidKeyError``,
 #: a ``ValueError``, when the reply is not an ack subject).
@@ -183,6 +188,23 @@ class MemoryRow:
     #: The metadata lines embedded before the text, in the writer's key order
     #: (``embed_text.memory_embed_lines``); None: the embedder makes them from ``metadata``.
     embed_meta: str | None = None
+    #: Version 2 of the record (docs/memory-lifecycle.md): the subject key, the event time, the
+    #: writer's confidence, and the sources of a memory the worker derived (empty: none).
+    key: str | None = None
+    occurred_at: datetime | None = None
+    confidence: float | None = None
+    provenance: list[SourceRef] = field(default_factory=list)
+    #: ``dedup.content_hash`` of the text (None only for rows built by hand).
+    content_hash: bytes | None = None
+    #: The message's ``Bb-Sig-Key`` and ``Bb-Sig`` headers, as ``source_ref`` reads them (the
+    #: provenance of a merge keeps them).
+    sig_key: str | None = None
+    sig: str | None = None
+
+    @property
+    def valid_from(self) -> datetime:
+        """When what the memory says became true: its event time, else its write time."""
+        return self.occurred_at if self.occurred_at is not None else self.created_at
 
 
 @dataclass(slots=True)
@@ -350,9 +372,25 @@ def _fast_memory_row(rec: MemoryRecord, msg: RawMessage, index_chars: int) -> Me
     if meta_json is None:
         return None
     search = memory_search_text(rec.text, rec.tags, rec.metadata, index_chars)
-    return MemoryRow(msg.stream, msg.seq, rec.id, rec.board, rec.agent, rec.kind, rec.text, rec.tags,
-                     rec.metadata, rec.importance, source, rec.read_only, rec.created_at, search, meta_json,
-                     embed_meta=_clean(memory_embed_lines(rec.metadata), MAX_EMBED_CHARS))
+    row = MemoryRow(msg.stream, msg.seq, rec.id, rec.board, rec.agent, rec.kind, rec.text, rec.tags,
+                    rec.metadata, rec.importance, source, rec.read_only, rec.created_at, search, meta_json,
+                    embed_meta=_clean(memory_embed_lines(rec.metadata), MAX_EMBED_CHARS))
+    return _lifecycle(row, rec, msg)
+
+
+def _lifecycle(row: MemoryRow, rec: MemoryRecord, msg: RawMessage) -> MemoryRow:
+    """``row`` with the record's version-2 fields, its content hash and the message's signature."""
+    row.key, row.occurred_at, row.confidence = rec.key, rec.occurred_at, rec.confidence
+    if rec.provenance:
+        row.provenance = list(rec.provenance)
+    row.content_hash = content_hash(rec.text)
+    headers = msg.headers
+    if headers:
+        key, sig = headers.get(_SIG_KEY), headers.get(_SIG)
+        # as protocol.schemas.provenance.source_ref reads them (tests/worker/test_decode_lifecycle.py)
+        row.sig_key = key if key and len(key) <= _MAX_SIG_CHARS else None
+        row.sig = sig if sig and len(sig) <= _MAX_SIG_CHARS else None
+    return row
 
 
 def _payload(msg: RawMessage, max_bytes: int) -> Any:
@@ -436,8 +474,10 @@ def decode_memory(msg: RawMessage, *, max_bytes: int, index_chars: int) -> Memor
     if rec.board != board or rec.agent != agent:
         raise InvalidPayloadError(
             f"record board/agent {rec.board!r}/{rec.agent!r} do not match subject {msg.subject!r}")
-    _check_fields(rec.tags, rec.metadata, (rec.id, "id"), (rec.text, "text"), (rec.source, "source"))
+    _check_fields(rec.tags, rec.metadata, (rec.id, "id"), (rec.text, "text"), (rec.source, "source"),
+                  (rec.key, "the subject key"))
     search = memory_search_text(rec.text, rec.tags, rec.metadata, index_chars)
-    return MemoryRow(msg.stream, msg.seq, rec.id, rec.board, rec.agent, rec.kind, rec.text,
-                     list(rec.tags), dict(rec.metadata), rec.importance, rec.source, rec.read_only,
-                     rec.created_at, search, embed_meta=_clean(memory_embed_lines(rec.metadata), MAX_EMBED_CHARS))
+    row = MemoryRow(msg.stream, msg.seq, rec.id, rec.board, rec.agent, rec.kind, rec.text,
+                    list(rec.tags), dict(rec.metadata), rec.importance, rec.source, rec.read_only,
+                    rec.created_at, search, embed_meta=_clean(memory_embed_lines(rec.metadata), MAX_EMBED_CHARS))
+    return _lifecycle(row, rec, msg)

@@ -68,7 +68,8 @@ def _memory_row(r: MemoryRow) -> bytes:
         pgcopy.text(r.agent), pgcopy.text(r.kind), pgcopy.text(r.text), pgcopy.text_array(r.tags),
         pgcopy.jsonb(meta), pgcopy.float4(r.importance), pgcopy.text(r.source), pgcopy.boolean(r.read_only),
         pgcopy.timestamptz(r.created_at), pgcopy.text(r.search_text), pgcopy.text(r.verdict),
-        pgcopy.text(r.embed_meta),
+        pgcopy.text(r.embed_meta), pgcopy.text(r.key), pgcopy.timestamptz(r.occurred_at),
+        pgcopy.float4(r.confidence), pgcopy.bytea(r.content_hash), pgcopy.text(r.sig_key), pgcopy.text(r.sig),
     ))
 
 

@@ -64,11 +64,17 @@ def _oracle_value(value: Any) -> Any:
     return value
 
 
+#: The fields docs/protocol.md §13.2 lists as left out when null.
+_EXTENSIONS = {"MemoryRecord": ("key", "occurred_at", "confidence", "provenance")}
+
+
 def _oracle(record: WireModel) -> bytes:
     """Canonical bytes of a record whose user values hold no NaN, packed by msgpack-python."""
     out: dict[str, Any] = {}
     for name in type(record).model_fields:
         v = getattr(record, name)
+        if v is None and name in _EXTENSIONS.get(type(record).__name__, ()):
+            continue  # a version-2 field, left out when null (rule 2)
         if isinstance(v, datetime):
             utc = v.astimezone(UTC)
             out[name] = utc.strftime("%Y-%m-%dT%H:%M:%S.") + f"{utc.microsecond:06d}+00:00"
@@ -265,6 +271,15 @@ _memories = _optional(
      "tags": st.lists(_text, max_size=3), "metadata": st.dictionaries(_text, _json, max_size=4),
      "importance": st.floats(min_value=0, max_value=1) | st.sampled_from([0, 1]),
      "source": st.none() | _text, "read_only": st.booleans()})
+_memories_v2 = _optional(
+    {"v": st.just(2), "id": _ids, "board": _names, "agent": _names, "text": st.text(min_size=1, max_size=20),
+     "created_at": _stamps},
+    {"kind": st.sampled_from(["episodic", "semantic"]), "metadata": st.dictionaries(_text, _json, max_size=3),
+     "key": st.none() | st.text(st.characters(blacklist_categories=["Cc", "Cs"]), min_size=1, max_size=30),
+     "occurred_at": st.none() | _stamps, "confidence": st.none() | st.floats(0, 1) | st.sampled_from([0, 1]),
+     "provenance": st.none() | st.lists(st.fixed_dictionaries(
+         {"stream": st.just("BB_MEM"), "seq": st.integers(1, 10**9)},
+         optional={"key": st.none() | _text, "sig": st.none() | _text}), max_size=3)})
 _forgets = _optional({"op": st.just("forget"), "board": _names, "agent": _names,
                       "ids": st.lists(_ids, min_size=1, max_size=4), "created_at": _stamps}, {"v": st.just(1)})
 _message_common = {"id": _ids, "sender": _names, "type": st.text(min_size=1, max_size=10), "created_at": _stamps}
@@ -314,12 +329,13 @@ _outcomes = _optional(
      "rejected_ballots": st.lists(_rejected, max_size=2), "revision": st.none() | st.integers(1, 10**6)})
 
 RECORDS: list[tuple[type[WireModel], st.SearchStrategy[dict[str, Any]]]] = [
-    (EntryEnvelope, _entries), (MemoryRecord, _memories), (MemoryForget, _forgets), (MessageEnvelope, _messages),
+    (EntryEnvelope, _entries), (MemoryRecord, _memories), (MemoryRecord, _memories_v2), (MemoryForget, _forgets), (MessageEnvelope, _messages),
     (Proposal, _proposals), (Ballot, _ballots), (Outcome, _outcomes),
 ]
 
 
-@pytest.mark.parametrize(("model", "records"), RECORDS, ids=[m.__name__ for m, _ in RECORDS])
+@pytest.mark.parametrize(("model", "records"), RECORDS,
+                         ids=[m.__name__ + ("-v2" if r is _memories_v2 else "") for m, r in RECORDS])
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_generated_records_have_one_canonical_encoding(

@@ -43,6 +43,7 @@ from tests._records_strategies import (
     memory_payloads,
     mutated,
     names,
+    subject_keys,
     texts,
 )
 
@@ -91,6 +92,7 @@ def _round_trip(obj: Any) -> Any:
 
 # -- memories -----------------------------------------------------------------
 _MEM_FIELDS = list(MemoryRecord.model_fields)
+_MEM_V2_FIELDS = ("key", "occurred_at", "confidence", "provenance")
 
 
 @SETTINGS
@@ -118,8 +120,27 @@ def test_fast_memory_decoder_defers_what_it_cannot_vouch_for() -> None:
     assert records.fast_memory(base) is not None
     for odd in ({"importance": True}, {"read_only": 1}, {"tags": [b"x"]}, {"metadata": {b"k": 1}},
                 {"created_at": datetime(2026, 1, 1, tzinfo=UTC)}, {"op": "x"}, {"id": "x" * 129},
-                {"board": "bad name"}, {"v": 2}, {"kind": "nonsense"}, {"importance": 1.5}):
+                {"board": "bad name"}, {"v": 3}, {"kind": "nonsense"}, {"importance": 1.5},
+                {"key": "k"}, {"v": 2, "key": "a\nb"}, {"v": 2, "key": "k\n"}, {"v": 2, "confidence": True},
+                {"v": 2, "confidence": 1.5}, {"v": 2, "occurred_at": "2026-01-01T00:00:00"},
+                {"v": 2, "provenance": [{"stream": "BB_MEM", "seq": 1}]}):
         assert records.fast_memory({**base, **odd}) is None, odd
+    v2 = {**base, "v": 2, "key": "price:sku-1", "occurred_at": "2025-06-01T12:00:00+02:00", "confidence": 1}
+    fast = records.fast_memory(v2)
+    assert fast is not None and exact(fast) == exact(validate_wire(MemoryRecord, v2))
+
+
+def test_version_2_fields_need_version_2() -> None:
+    base = {"id": "m1", "board": "b", "agent": "a", "text": "t", "created_at": "2026-01-01T00:00:00+00:00"}
+    for field, value in (("key", "k"), ("occurred_at", "2026-01-01T00:00:00Z"), ("confidence", 0.5),
+                         ("provenance", [{"stream": "BB_MEM", "seq": 3}])):
+        with pytest.raises(InvalidPayloadError, match="need v 2"):
+            records.decode_memory({**base, field: value})
+        assert getattr(records.decode_memory({**base, "v": 2, field: value}), field) is not None
+    rec = records.decode_memory({**base, "v": 2, "provenance": [{"stream": "BB_MEM", "seq": 3, "key": "K"}]})
+    assert isinstance(rec, MemoryRecord) and rec.provenance is not None and rec.provenance[0].seq == 3
+    with pytest.raises(InvalidPayloadError):  # at most 64 sources
+        records.decode_memory({**base, "v": 2, "provenance": [{"stream": "S", "seq": 1}] * 65})
 
 
 @pytest.mark.parametrize("obj", [
@@ -143,14 +164,20 @@ def memory_arguments(draw: st.DrawFn, spoil: str | None = None) -> dict[str, Any
         "importance": draw(st.floats(0.0, 1.0) | st.sampled_from([0, 1])),
         "source": draw(st.none() | texts), "read_only": draw(st.booleans()),
     }
+    v2 = {"key": subject_keys, "occurred_at": aware, "confidence": st.floats(0.0, 1.0) | st.sampled_from([0, 1])}
+    for name in draw(st.lists(st.sampled_from(sorted(v2)), unique=True)):
+        kw[name] = draw(st.none() | v2[name])
     if spoil is not None:
         bad = BAD[spoil] | bad_values if draw(st.integers(0, 4)) == 4 else BAD[spoil]
-        kw[spoil] = draw(bad if spoil != "created_at" else bad | aware.map(lambda dt: dt.replace(tzinfo=None)))
+        naive = aware.map(lambda dt: dt.replace(tzinfo=None))
+        kw[spoil] = draw(bad | naive if spoil in ("created_at", "occurred_at") else bad)
     return kw
 
 
 def _check_encoder(kw: dict[str, Any]) -> dict[str, Any] | None:
     raw = dict(kw, metadata={} if kw["metadata"] is None else kw["metadata"])  # None: no metadata
+    if any(raw.get(f) is not None for f in _MEM_V2_FIELDS):
+        raw["v"] = 2  # the encoder writes version 2 when a version-2 field is set
     expected = _schema(MemoryRecord, raw)
     try:
         wire = records.memory_wire(**kw)
@@ -158,11 +185,15 @@ def _check_encoder(kw: dict[str, Any]) -> dict[str, Any] | None:
         assert isinstance(expected, type), f"the encoder refused what the schema accepts: {kw!r}"
         return None
     assert not isinstance(expected, type), f"the encoder wrote what the schema refuses: {kw!r}"
-    assert list(wire) == _MEM_FIELDS  # every field, in the schema's order
+    # every field, in the schema's order; the version-2 fields only when set (as in the canonical encoding)
+    assert list(wire) == [f for f in _MEM_FIELDS if f not in _MEM_V2_FIELDS or getattr(expected, f) is not None]
+    assert wire["v"] == (2 if any(getattr(expected, f) is not None for f in _MEM_V2_FIELDS) else 1)
     back = validate_wire(MemoryRecord, codec.decode(codec.encode(wire)), strict=True)
-    assert back.created_at == expected.created_at
-    assert exact({f: getattr(back, f) for f in _MEM_FIELDS if f != "created_at"}) == exact(
-        {f: getattr(expected, f) for f in _MEM_FIELDS if f != "created_at"})
+    assert back.created_at == expected.created_at and back.occurred_at == expected.occurred_at
+    times = ("created_at", "occurred_at")
+    assert exact({f: getattr(back, f) for f in _MEM_FIELDS if f not in times}) == exact(
+        {f: getattr(expected, f) for f in _MEM_FIELDS if f not in times})
+    assert back.canonical_bytes() == expected.canonical_bytes()
     return wire
 
 
@@ -172,7 +203,7 @@ def test_memory_encoder_writes_what_the_schema_reads(kw: dict[str, Any]) -> None
     assert _check_encoder(kw) is not None
 
 
-@pytest.mark.parametrize("field", [f for f in _MEM_FIELDS if f != "v"])
+@pytest.mark.parametrize("field", [f for f in _MEM_FIELDS if f not in ("v", "provenance")])
 @_INVALID
 @given(data=st.data())
 def test_memory_encoder_refuses_what_the_schema_refuses(field: str, data: st.DataObject) -> None:
