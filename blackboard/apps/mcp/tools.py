@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
 
 from mcp.server.mcpserver import Context
 from mcp.types import ToolAnnotations
-from pydantic import Field
+from pydantic import AwareDatetime, Field
 
 from agents_sdk import Agent, Entry
 from agents_sdk.messaging.inbox import Message
@@ -338,15 +338,28 @@ def register_tools(server: BlackboardMCP, source: AgentSource) -> None:
                                                                              "(default 'default').")] = None,
                               tags: Tags = None, metadata: Metadata = None,
                               importance: Annotated[float, Field(description="0 to 1.", ge=0, le=1)] = 0.5,
+                              key: Annotated[str | None, Field(
+                                  description="What the memory is about, e.g. 'price:shop.example.com:sku-1': a "
+                                              "newer memory on the same key (of the board) supersedes the older "
+                                              "ones, which recall then leaves out.",
+                                  min_length=1, max_length=256)] = None,
+                              occurred_at: Annotated[AwareDatetime | None, Field(
+                                  description="When what it says happened, ISO 8601 with an offset, e.g. "
+                                              "'2026-01-31T12:00:00Z' (default: now).")] = None,
+                              confidence: Annotated[float | None, Field(
+                                  description="How sure you are of it, 0 to 1.", ge=0, le=1)] = None,
                               ) -> RememberResult:
         """Store a long-term memory that any agent can recall later; returns its id.
 
         Example: {"text": "The deploy failed because the migration locked the users table.",
-        "kind": "episodic", "tags": ["deploy"], "metadata": {"confidence": 0.9}}.
+        "kind": "episodic", "tags": ["deploy"], "occurred_at": "2026-01-30T17:05:00Z"}; a fact that
+        may change: {"text": "SKU-1 costs 12 EUR", "kind": "semantic", "key": "price:sku-1",
+        "confidence": 0.9}.
         """
         agent = await agent_of(ctx)
         return RememberResult(id=await agent.remember(text, kind=kind, board=board, tags=tags or (),
-                                                      metadata=metadata, importance=importance))
+                                                      metadata=metadata, importance=importance, key=key,
+                                                      occurred_at=occurred_at, confidence=confidence))
 
     # -------------------------------------------------------------- messages
     @tool("message_send", _MESSAGE, "Send a message to an agent")
