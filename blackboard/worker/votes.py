@@ -10,6 +10,8 @@ another voter is a dead letter.
 
 Committing outcomes and closing proposals at their deadline is the
 committer's (:mod:`blackboard.worker.committer`), which needs no PostgreSQL.
+An outcome of a contradiction between memories settles the memories in the
+transaction that stores it (:func:`blackboard.worker.contradictions.settle_outcomes`).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from blackboard.protocol.schemas import Ballot, Outcome, Proposal
 from blackboard.protocol.subjects import VOTE_STREAM, Header, Subjects
 from blackboard.security.verifier import Signed
 from blackboard.settings import Settings
+from blackboard.worker.contradictions import settle_outcomes
 from blackboard.worker.decode import RawMessage
 from blackboard.worker.stream_handler import Conn, StreamHandler
 
@@ -161,6 +164,8 @@ async def write_votes(conn: Conn, rows: Sequence[VoteRow]) -> None:
     touched = sorted({(r.board, r.proposal_id) for r in rows if r.model is not None})
     for board, pid in touched:
         await reclassify(conn, board, pid)
+    # A contradiction between memories put to a vote is settled with its outcome's row.
+    await settle_outcomes(conn, [r.model for r in rows if isinstance(r.model, Outcome)])
 
 
 async def reclassify(conn: Conn, board: str, proposal_id: str) -> None:
