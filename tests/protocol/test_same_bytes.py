@@ -63,9 +63,11 @@ def _entry_of(row: EntryRow) -> EntryEnvelope:
 
 
 def _memory_of(row: MemoryRow) -> MemoryRecord:
-    return MemoryRecord(id=row.id, board=row.board, agent=row.agent, kind=row.kind,
+    v2 = row.key is not None or row.occurred_at is not None or row.confidence is not None or bool(row.provenance)
+    return MemoryRecord(v=2 if v2 else 1, id=row.id, board=row.board, agent=row.agent, kind=row.kind,
                         text=row.text, tags=row.tags, metadata=row.metadata, importance=row.importance,
-                        source=row.source, read_only=row.read_only, created_at=row.created_at)
+                        source=row.source, read_only=row.read_only, created_at=row.created_at, key=row.key,
+                        occurred_at=row.occurred_at, confidence=row.confidence, provenance=row.provenance or None)
 
 
 def _message_of(row: MessageRow) -> MessageEnvelope:
@@ -249,6 +251,26 @@ async def test_remember_and_forget_are_decoded_by_the_worker_as_written(settings
                                    created_at=stored_forget.created_at)
     assert stored_forget.canonical_bytes() == intended_forget.canonical_bytes()
     assert abs(stored_forget.created_at - datetime.now(UTC)) < timedelta(minutes=5)
+
+
+@pytest.mark.asyncio
+async def test_a_version_2_memory_is_decoded_by_the_worker_as_written(settings: Settings, unique: str) -> None:
+    subject = Subjects.memory(unique, "rememberer")
+    when = datetime(2025, 6, 1, 12, 30, tzinfo=UTC)
+    async with Agent.connect("rememberer", settings=settings) as agent:
+        mid = await agent.remember("SKU-1 costs 12 EUR", kind="semantic", board=unique, key="price:sku-1",
+                                   occurred_at=when, confidence=0.75)
+        remembered = await _last(agent, MEMORY_STREAM, subject)
+    row = decode_memory(remembered, max_bytes=MAX_BYTES, index_chars=CHARS)
+    assert isinstance(row, MemoryRow)
+    assert (row.key, row.occurred_at, row.confidence, row.valid_from) == ("price:sku-1", when, 0.75, when)
+    intended = MemoryRecord(v=2, id=mid, board=unique, agent="rememberer", kind="semantic", text="SKU-1 costs 12 EUR",
+                            created_at=row.created_at, key="price:sku-1", occurred_at=when, confidence=0.75)
+    stored = validate_wire(MemoryRecord, codec.decode(remembered.data), strict=True)
+    # the payload is the canonical encoding: the version-2 fields set, provenance (null) left out
+    assert remembered.data == stored.canonical_bytes() == _memory_of(row).canonical_bytes() == \
+        intended.canonical_bytes()
+    assert list(codec.decode(remembered.data))[-3:] == ["key", "occurred_at", "confidence"]
 
 
 @pytest.mark.asyncio
