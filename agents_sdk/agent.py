@@ -14,7 +14,7 @@ from nats.aio.client import Client as NATS
 from agents_sdk.board import Board
 from agents_sdk.consensus import Voting
 from agents_sdk.context import AgentContext
-from agents_sdk.memory.longterm import LongTermMemory, MemoryInput
+from agents_sdk.memory.longterm import DEFAULT_MEMORY_BOARD, LongTermMemory, MemoryInput
 from agents_sdk.memory.searchable import DEFAULT_SEARCHABLE_TIMEOUT, WaitFor
 from agents_sdk.messaging.inbox import Inbox
 from agents_sdk.messaging.messenger import Messenger, Subscriptions
@@ -29,7 +29,12 @@ from blackboard.protocol import codec
 from blackboard.protocol.errors import SearchError
 from blackboard.protocol.schemas.memory import MemoryKind
 from blackboard.protocol.schemas.message_search import MessageHit
-from blackboard.protocol.schemas.search import BoardsResponse, MemoryHit, SearchFilters
+from blackboard.protocol.schemas.search import (
+    BoardsResponse,
+    MemoryDetail,
+    MemoryHit,
+    SearchFilters,
+)
 from blackboard.protocol.subjects import Subjects, validate_name
 from blackboard.security.credentials import CredentialsArg, find_credentials
 from blackboard.settings import Settings
@@ -212,15 +217,33 @@ class Agent:
         keywords replace): ``board``/``boards``, ``kind``/``kinds``,
         ``tags_any``/``tags_all``, ``author``, a time range (``since``/``until``),
         ``metadata`` containment and ``where`` comparisons (``{"metadata.confidence": {"$gt": 0.8}}``,
-        docs/search.md "Filters"); ``min_score`` drops weak hits. Each hit
-        carries its score and provenance (memory id, agent, board). A memory is
-        found once a worker has embedded it.
+        docs/search.md "Filters"); ``min_score`` drops weak hits. Only current
+        memories are found unless a lifecycle filter says otherwise:
+        ``include_superseded``, ``include_archived``, ``as_of`` (valid time),
+        ``known_at`` (what the board knew then), ``occurred_after``/``occurred_before``
+        (event time), ``min_confidence`` (docs/memory-lifecycle.md, "Retrieval"). Each hit
+        carries its score and provenance (memory id, agent, board) and its
+        lifecycle (key, valid time, confidence, ...). A memory is found once a
+        worker has embedded it.
 
         Raises:
             SearchError: no worker is serving search, or it failed / timed out.
             InvalidPayloadError: invalid filters.
         """
         return await self.search.recall(query, filters=filters, **args)
+
+    async def memory(self, id: str, *, board: str | None = None) -> MemoryDetail:
+        """One long-term memory of ``board`` (default ``"default"``) by id, with the memories
+        merged into it and the versions of its subject key
+        (:meth:`~agents_sdk.search.SearchClient.memory`; the id of a merged memory answers with
+        the kept one).
+
+        Raises:
+            NotFoundError: no memory of that id on that board.
+            PermissionDeniedError: this agent may not read the board.
+            SearchError: no worker is serving search, or it failed / timed out.
+        """
+        return await self.search.memory(board or DEFAULT_MEMORY_BOARD, id)
 
     async def forget(self, ids: Sequence[str], *, board: str | None = None) -> None:
         """Delete long-term memories by id (the workers apply it)."""

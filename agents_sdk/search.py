@@ -57,6 +57,8 @@ from blackboard.protocol.schemas.search import (
     ErrorReply,
     HistoryRequest,
     HistoryResponse,
+    MemoryDetail,
+    MemoryGetRequest,
     MemoryHit,
     MemorySearchRequest,
     MemorySearchResponse,
@@ -98,10 +100,20 @@ class SearchArgs(TypedDict, total=False):
 
 
 class RecallArgs(SearchArgs, total=False):
-    """The keyword arguments of a memory search (``kind``: one more in front of ``kinds``)."""
+    """The keyword arguments of a memory search (``kind``: one more in front of ``kinds``), with
+    the lifecycle filters (docs/memory-lifecycle.md, "Retrieval"; default: current memories only):
+    ``include_superseded``, ``include_archived``, ``as_of`` (valid time), ``known_at`` (what the
+    board knew then), ``occurred_after``/``occurred_before`` (event time), ``min_confidence``."""
 
     kind: MemoryKind | None
     kinds: Sequence[MemoryKind] | None
+    include_superseded: bool
+    include_archived: bool
+    as_of: datetime | None
+    known_at: datetime | None
+    occurred_after: datetime | None
+    occurred_before: datetime | None
+    min_confidence: float | None
 
 
 class EntrySearchArgs(SearchArgs, total=False):
@@ -111,6 +123,9 @@ class EntrySearchArgs(SearchArgs, total=False):
     sections: Sequence[str] | None
 
 
+#: The filter keywords that take one value as it is (not a sequence or a mapping).
+_SCALARS = frozenset({"author", "since", "until", "include_superseded", "include_archived", "as_of", "known_at",
+                      "occurred_after", "occurred_before", "min_confidence"})
 #: A single value and the list it goes in front of.
 _ONE_OF = {"board": "boards", "kind": "kinds", "section": "sections"}
 _RANKING = ("top_k", "min_score", "mode")
@@ -137,7 +152,7 @@ def search_filters(filters: SearchFilters | None, args: Mapping[str, Any]) -> Se
             value = mapping_arg(value, name)
         elif name == "where":
             value = parse_where(value)
-        elif name not in ("author", "since", "until"):
+        elif name not in _SCALARS:
             value = sequence_arg(value, name)
         update[name] = value
     for one, many in _ONE_OF.items():
@@ -262,7 +277,10 @@ class SearchClient:
                 refused); the keyword filters of :class:`RecallArgs` replace its fields.
             **args: :class:`RecallArgs`: ``board``/``boards``, ``kind``/``kinds``,
                 ``author``, ``tags_any``, ``tags_all``, ``since``, ``until``, ``metadata``,
-                ``where`` (comparison filters, docs/search.md "Filters"), ``top_k``, ``min_score``, ``mode``.
+                ``where`` (comparison filters, docs/search.md "Filters"), the lifecycle filters
+                (``include_superseded``, ``include_archived``, ``as_of``, ``known_at``,
+                ``occurred_after``, ``occurred_before``, ``min_confidence``; default: current
+                memories only), ``top_k``, ``min_score``, ``mode``.
 
         Raises:
             SearchError: the service is not running, timed out or failed.
@@ -272,6 +290,25 @@ class SearchClient:
         """
         req = self._request(MemorySearchRequest, query, filters, _only(args, RecallArgs))
         return (await self._call("memories", req, MemorySearchResponse)).hits
+
+    async def memory(self, board: str, id: str) -> MemoryDetail:
+        """One memory of ``board`` by id: the memory (``score`` 0; archived or superseded ones
+        too), the memories merged into it (``sources``: who wrote each, when, the stream
+        sequence and signature of the version merged, how it was merged) and every version of
+        its subject key (``versions``, valid-time order, itself included). The id of a memory
+        merged into another answers with the kept memory.
+
+        Raises:
+            NotFoundError: no memory of that id on that board.
+            PermissionDeniedError: this principal may not read the board.
+            InvalidPayloadError: an invalid board name or id.
+            SearchError: the service is not running, timed out or failed.
+        """
+        try:
+            req = MemoryGetRequest(board=board, id=id)
+        except ValueError as exc:
+            raise InvalidPayloadError(f"invalid memory read: {exc}") from exc
+        return await self._call("memory", req, MemoryDetail)
 
     async def search_entries(self, query: str, *, filters: SearchFilters | None = None,
                              **args: Unpack[EntrySearchArgs]) -> list[EntryHit]:

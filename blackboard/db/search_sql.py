@@ -45,20 +45,28 @@ from blackboard.protocol.schemas.search import SearchFilters, SearchTarget
 __all__ = [
     "AS_OF_AT",
     "AS_OF_REVISION",
+    "CURRENT_MEMORY",
     "HISTORY",
+    "LIVE_MEMORY",
+    "MAX_DETAIL_ROWS",
     "MAX_QUERY_LEXEMES",
+    "MEMORY_BY_ID",
+    "MEMORY_SOURCES",
+    "MEMORY_VERSIONS",
     "SET_SCAN_SESSION",
     "TOUCH_MEMORIES",
     "WORD_LEXEMES",
     "EntryRow",
     "MemoryRow",
     "RevisionRow",
+    "SourceRow",
     "analyze_statements",
     "board_stats_query",
     "filters",
     "keyword_query",
     "named_rows",
     "or_query",
+    "probes",
     "query_words",
     "searchable_query",
     "semantic_query",
@@ -98,6 +106,20 @@ class MemoryRow(NamedTuple):
     revision: int
     #: The signature's verdict the worker stored (``verified`` or ``unsigned``).
     verdict: str
+    # The lifecycle (migration 0015; docs/memory-lifecycle.md).
+    key: str | None
+    occurred_at: datetime | None
+    #: coalesce(valid_from, created_at): rows from before 0015 are valid from their write.
+    valid_from: datetime
+    valid_to: datetime | None
+    superseded_by: str | None
+    confidence: float | None
+    seen_count: int
+    hits: int
+    archived_at: datetime | None
+    archive_reason: str | None
+    merged_into: str | None
+    contested_by: str | None
     prev: int | None = None
     next: int | None = None
 
@@ -180,7 +202,9 @@ def _select_list(row: type[tuple[Any, ...]], alias: str, first: str, last: int,
 
 # The JSON columns come as text: a search reads every candidate's row and parses only the
 # results' (psycopg's jsonb loader parses each value: ~2 µs a row of LoCoMo metadata).
-_MEMORY_COLS = _select_list(MemoryRow, "m", "mid", 2, {"metadata": "m.metadata::text", "revision": "m.seq"})
+_MEMORY_EXPRS = {"metadata": "m.metadata::text", "revision": "m.seq", "key": "m.subject_key",
+                 "valid_from": "coalesce(m.valid_from, m.created_at)"}
+_MEMORY_COLS = _select_list(MemoryRow, "m", "mid", 2, _MEMORY_EXPRS)
 _ENTRY_COLS = _select_list(EntryRow, "e", "eid", 0, {"value": "e.value::text", "metadata": "e.metadata::text"})
 
 #: The previous and the next memory on ``m``'s board, in ``(created_at, mid)`` order (scalar
@@ -191,6 +215,44 @@ _NEIGHBOURS = (
     "(SELECT n.mid FROM bb_memories n WHERE n.board = m.board AND (n.created_at, n.mid) > (m.created_at, m.mid) "
     "ORDER BY n.created_at, n.mid LIMIT 1)")
 
+
+
+class SourceRow(NamedTuple):
+    """One memory merged into a kept memory (a ``bb_memory_sources`` row, :data:`MEMORY_SOURCES`)."""
+
+    id: str
+    agent: str
+    created_at: datetime
+    stream: str
+    seq: int
+    sig_key: str | None
+    sig: str | None
+    verdict: str
+    how: str
+    merged_at: datetime
+
+
+#: Most sources and versions a memory read returns.
+MAX_DETAIL_ROWS = 1000
+#: The memory ``%(id)s`` of board ``%(board)s`` as a :class:`MemoryRow` (score 0, no flag):
+#: the live memory of that id, else the memory it was merged into (``bb_memory_sources``),
+#: else the archived memory of that id. No row: none of these.
+MEMORY_BY_ID = (
+    f"SELECT m.mid AS item, 0::float8 AS score, NULL::boolean AS flag, {_MEMORY_COLS} FROM ("
+    "SELECT m.mid, 0 AS rank FROM bb_memories m WHERE m.id = %(id)s AND m.archived_at IS NULL "
+    "UNION ALL SELECT s.mid, 1 FROM bb_memory_sources s WHERE s.id = %(id)s "
+    "UNION ALL SELECT m.mid, 2 FROM bb_memories m WHERE m.id = %(id)s) c "
+    "JOIN bb_memories m ON m.mid = c.mid WHERE m.board = %(board)s ORDER BY c.rank LIMIT 1")
+#: The memories merged into memory ``%(mid)s``, oldest first (:class:`SourceRow`).
+MEMORY_SOURCES = (
+    f"SELECT {', '.join(SourceRow._fields)} FROM bb_memory_sources WHERE mid = %(mid)s "
+    f"ORDER BY created_at, id LIMIT {MAX_DETAIL_ROWS}")
+#: Every version of subject key ``%(key)s`` on board ``%(board)s`` (archived ones too), in
+#: valid-time order, then stream order (:class:`MemoryRow`, score 0).
+MEMORY_VERSIONS = (
+    f"SELECT m.mid AS item, 0::float8 AS score, NULL::boolean AS flag, {_MEMORY_COLS} FROM bb_memories m "
+    "WHERE m.board = %(board)s AND m.subject_key = %(key)s "
+    f"ORDER BY coalesce(m.valid_from, m.created_at), m.seq LIMIT {MAX_DETAIL_ROWS}")
 
 
 class RevisionRow(NamedTuple):
@@ -261,9 +323,11 @@ def filters(target: Target, f: SearchFilters, *, boards: bool = True) -> tuple[l
     """WHERE conditions (ANDed SQL texts) of the filters ``f`` of a ``target`` search, on alias
     ``m`` or ``e`` (without the board filter if not ``boards``), and their parameters.
 
-    ``kinds`` filter memories only and ``sections`` entries only (a search request never
-    carries the other target's); ``where`` adds
-    :func:`~blackboard.db.filter_sql.where_conditions` of each path.
+    ``kinds`` and the lifecycle filters apply to memories only and ``sections`` to entries
+    only (a search request never carries the other target's); ``where`` adds
+    :func:`~blackboard.db.filter_sql.where_conditions` of each path. A memory search without
+    a lifecycle filter ends with :data:`LIVE_MEMORY` and :data:`CURRENT_MEMORY` (recall's
+    default: current memories only).
 
     Raises:
         ValueError: a ``where`` path on ``value.`` in a memory search (the request refuses it).
@@ -310,43 +374,122 @@ def filters(target: Target, f: SearchFilters, *, boards: bool = True) -> tuple[l
             for cond, values in where_conditions(a, path):
                 conds.append(cond)
                 params.extend(values)
+    if memory:
+        _lifecycle(f, conds, params)
     return conds, params
+
+
+#: A memory not archived (recall's default).
+LIVE_MEMORY = "m.archived_at IS NULL"
+#: A memory not superseded (its key's newest version) and not contested (recall's default).
+CURRENT_MEMORY = "m.valid_to IS NULL AND m.contested_by IS NULL"
+#: The default conditions, which need no parameter: the memory query filtered by nothing else
+#: checks them in its probe of each nearest vector's row (:func:`semantic_query`).
+_DEFAULT_CONDS = frozenset({LIVE_MEMORY, CURRENT_MEMORY})
+#: A memory's valid-time start (rows from before migration 0015: their write time).
+_VALID_FROM = "coalesce({m}.valid_from, {m}.created_at)"
+#: No version of ``m``'s subject key written by then (``%s``) is newer than ``m`` by
+#: (valid_from, seq); ``{bound}``: more conditions on that version (as-of). A version that
+#: ``m`` closed (a lost vote's challenger) or one still contested does not count.
+_NEWEST_KNOWN = (
+    "(m.subject_key IS NULL OR NOT EXISTS (SELECT FROM bb_memories o WHERE o.board = m.board "
+    "AND o.subject_key = m.subject_key AND o.created_at <= %s{bound} "
+    "AND o.contested_by IS NULL AND o.superseded_by IS DISTINCT FROM m.id "
+    "AND (" + _VALID_FROM.format(m="o") + ", o.seq) > (" + _VALID_FROM.format(m="m") + ", m.seq)))")
+
+
+def _lifecycle(f: SearchFilters, conds: list[str], params: list[Any]) -> None:
+    """The memory lifecycle filters of ``f`` (alias ``m``): which versions (current, as of a
+    valid time, as known at an instant, or all), live or archived too, event time, confidence
+    (docs/memory-lifecycle.md, "Retrieval")."""
+    valid_from = _VALID_FROM.format(m="m")
+    if not f.include_archived:
+        conds.append(LIVE_MEMORY)
+    if f.known_at is not None:
+        # What the board knew then: written by then, and per key the newest of those.
+        conds.append("m.created_at <= %s")
+        params.append(f.known_at)
+        if f.as_of is not None:
+            conds.append(f"{valid_from} <= %s")
+            params.append(f.as_of)
+        if not f.include_superseded:
+            conds.append("m.contested_by IS NULL")
+            bound = "" if f.as_of is None else " AND " + _VALID_FROM.format(m="o") + " <= %s"
+            conds.append(_NEWEST_KNOWN.format(bound=bound))
+            params.append(f.known_at)
+            if f.as_of is not None:
+                params.append(f.as_of)
+    elif f.as_of is not None:
+        # Valid then: from valid_from until the next version's (valid_to), closed versions too.
+        conds.append(f"{valid_from} <= %s AND (m.valid_to IS NULL OR m.valid_to > %s)")
+        params.extend((f.as_of, f.as_of))
+        if not f.include_superseded:
+            conds.append("m.contested_by IS NULL")
+    elif not f.include_superseded:
+        conds.append(CURRENT_MEMORY)
+    if f.occurred_after is not None:
+        conds.append(f"{valid_from} >= %s")
+        params.append(f.occurred_after)
+    if f.occurred_before is not None:
+        conds.append(f"{valid_from} < %s")
+        params.append(f.occurred_before)
+    if f.min_confidence is not None:
+        conds.append("m.confidence >= %s")
+        params.append(f.min_confidence)
 
 
 def _where(conds: Sequence[str]) -> sql.Composable:
     return sql.SQL(" WHERE " + " AND ".join(conds)) if conds else sql.SQL("")
 
 
+def probes(target: Target, f: SearchFilters) -> bool:
+    """Whether :func:`semantic_query` takes the nearest vectors first and then checks each
+    one's row (a memory search filtered by board and the default conditions only: live and
+    current, or fewer with the include flags), which may return fewer than ``limit`` rows
+    passing the check (rows failing it have a NULL flag)."""
+    if target != "memory":
+        return False
+    conds, params = filters(target, f, boards=False)
+    return not params and _DEFAULT_CONDS.issuperset(conds)
+
+
 def semantic_query(space: Space, target: Target, f: SearchFilters, vector: Any, limit: int,
-                   *, exact: bool = False) -> tuple[str, list[Any]]:
-    """Rows ``(item, cosine similarity, true)`` of the nearest items passing the filters (the
+                   *, exact: bool = False, probe: bool = True) -> tuple[str, list[Any]]:
+    """Rows ``(item, cosine similarity, flag)`` of the nearest items passing the filters (the
     third column keeps the rows' shape that :func:`with_rows` wraps).
 
     The board filter is applied to the vector table's own ``board`` column,
     inside the scan; the other filters (and the board again, the item's
-    current one) on the item's row. A memory query filtered by board only (or
-    not at all) takes the nearest vectors first and joins the ``limit`` rows
-    found; any other filter is applied to every row the scan visits.
+    current one) on the item's row. A memory query filtered by board and the
+    default conditions only (:func:`probes`) takes the ``limit`` nearest vectors
+    first and probes each one's row, which checks the board and the default
+    conditions: ``flag`` is true for the rows that pass, NULL for the others
+    (the caller drops them, and when it dropped some, runs the query again with
+    ``probe=False``); any other filter is applied to every row the scan visits
+    (``flag`` true).
 
     Args:
         exact: order by an expression the HNSW index cannot serve: an exact
             scan of the rows passing the filters (with a board filter, an
             index-only scan of the covering board index).
+        probe: False: never the probing form (every filter applied to the rows the scan visits).
     """
     memory = target == "memory"
     conds, fparams = filters(target, f, boards=False)
     boards = list(f.boards)
     vparams: list[Any] = [boards] if boards else []
     oparams: list[Any] = [vector]  # the order's (the select list's distance is the exact one)
-    text = _semantic_sql(memory, tuple(conds), space.table_name(target), bool(boards), exact, space.dims)
-    if memory and not conds:
+    probing = probe and memory and not fparams and _DEFAULT_CONDS.issuperset(conds)
+    text = _semantic_sql(memory, tuple(conds), space.table_name(target), bool(boards), exact, space.dims,
+                         probing)
+    if probing:
         return text, [vector, *vparams, *oparams, limit]
     return text, [vector, *vparams, *([boards] if boards else []), *fparams, *oparams, limit]
 
 
 @functools.lru_cache(maxsize=256)
 def _semantic_sql(memory: bool, conds: tuple[str, ...], table_name: str, boards: bool, exact: bool,
-                  dims: int) -> str:
+                  dims: int, probing: bool) -> str:
     """The text of :func:`semantic_query` for one shape of request (built once: composing it
     costs more than the statement's planning on a small board)."""
     base, alias, key = ("bb_memories m", "m", "mid") if memory else ("bb_entries e", "e", "eid")
@@ -356,16 +499,18 @@ def _semantic_sql(memory: bool, conds: tuple[str, ...], table_name: str, boards:
     # spaces.ann_order); the scores are the exact distances of the rows it returns, and the
     # caller sorts by them. The exact scan orders by an expression no index serves.
     order = sql.SQL("(v.embedding <=> %s::vector) + 0") if exact else sql.SQL(ann_order(dims, "v.embedding"))
-    if memory and not conds:
+    if probing:
         # Nearest first, then a check that each memory is still on its vector's
-        # board: one primary-key probe per row (LATERAL ... LIMIT 1), where a join
-        # let the planner hash the board's whole part of an index for ~50 rows.
+        # board and passes the default conditions: one primary-key probe per row
+        # (LATERAL ... LIMIT 1), where a join let the planner hash the board's
+        # whole part of an index for ~50 rows. A row failing it stays, flagged NULL,
+        # so that the caller knows the scan's rows were not all usable.
+        check = " AND ".join(["m.mid = s.item", "m.board = s.board", *sorted(conds)])
         query = sql.SQL(
-            "SELECT s.item, 1 - s.d, true FROM (SELECT v.item, v.board, v.embedding <=> %s::vector AS d "
+            "SELECT s.item, 1 - s.d, m.ok FROM (SELECT v.item, v.board, v.embedding <=> %s::vector AS d "
             "FROM {t} v{vwhere} ORDER BY {order} LIMIT %s) s "
-            "CROSS JOIN LATERAL (SELECT FROM bb_memories m WHERE m.mid = s.item AND m.board = s.board "
-            "LIMIT 1) m").format(
-            t=table, vwhere=_where(vconds), order=order)
+            "LEFT JOIN LATERAL (SELECT true AS ok FROM bb_memories m WHERE {check} LIMIT 1) m ON true").format(
+            t=table, vwhere=_where(vconds), order=order, check=sql.SQL(check))
     else:
         item_conds = ([f"{alias}.board = ANY(%s)"] if boards else []) + list(conds)
         query = sql.SQL(

@@ -10,6 +10,7 @@ service. One module per concept:
   hybrid search of memories and entries, and its caches;
 * :mod:`~blackboard.search.maintenance`: the upkeep searches leave (last access, ANALYZE);
 * :mod:`~blackboard.search.history`: :class:`EntryHistory`, history and as-of reads (not search);
+* :mod:`~blackboard.search.detail`: one memory by id, its provenance and versions (not search);
 * :mod:`~blackboard.search.messages`: message search;
 * :mod:`~blackboard.search.pool`: reads through the search pool (one retry on a broken connection);
 * :mod:`~blackboard.search.service`: :class:`SearchService`, the NATS micro service.

@@ -9,6 +9,7 @@ from the policy; these functions turn a request into the one it may run:
   board is refused (:class:`PermissionDeniedError`), one naming no board is
   restricted to the readable boards;
 * history, as-of: the key's board must be readable;
+* memory (one memory by id), searchable: the board named must be readable;
 * messages (:func:`message_scope`): its own direct messages, by the subject
   they were stored under (never by a sender or recipient field of the
   payload), broadcasts of readable boards, topic messages within its topic

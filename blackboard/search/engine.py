@@ -236,7 +236,16 @@ class SearchEngine:
             await self._scan_settings(conn, max(ef_search, limit))
         found = await self._run(conn, *q.semantic_query(space, req.target, req.filters, vector, limit, exact=exact),
                                 target=req.target, linked=linked)
-        if not exact and sum(1 for r in found if r.flag) < limit and _has_filters(req):
+        if q.probes(req.target, req.filters):
+            usable = [r for r in found if r.flag]
+            if len(usable) < len(found) and len(usable) < limit:
+                # Some of the nearest are not current (superseded, archived, contested) or
+                # moved board: apply the conditions in the scan instead, which fills `limit`.
+                usable = await self._run(conn, *q.semantic_query(space, req.target, req.filters, vector, limit,
+                                                                 exact=exact, probe=False),
+                                         target=req.target, linked=linked)
+            found = usable
+        elif not exact and sum(1 for r in found if r.flag) < limit and _has_filters(req):
             # A filter so selective that the index scan ran dry before filling
             # `limit`: scan the filtered rows exactly instead.
             found = await self._run(conn, *q.semantic_query(space, req.target, req.filters, vector, limit,

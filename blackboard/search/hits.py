@@ -6,11 +6,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from blackboard.db.search_sql import EntryRow, MemoryRow, RevisionRow
+from blackboard.db.search_sql import EntryRow, MemoryRow, RevisionRow, SourceRow
 from blackboard.protocol import codec
-from blackboard.protocol.schemas.search import EntryHit, EntryRevision, MemoryHit
+from blackboard.protocol.schemas.search import EntryHit, EntryRevision, MemoryHit, MemorySource
 
-__all__ = ["entry_hit", "memory_hit", "revision", "stored_value"]
+__all__ = ["entry_hit", "memory_hit", "memory_source", "revision", "stored_value"]
 
 
 def stored_value(value: Any, raw: bytes | None) -> Any:
@@ -29,7 +29,18 @@ def memory_hit(row: MemoryRow, score: float, scores: dict[str, float]) -> Memory
     return MemoryHit(id=row.id, board=row.board, agent=row.agent, kind=row.kind, text=row.text, tags=row.tags,
                      metadata=_json(row.metadata), importance=row.importance, source=row.source,
                      created_at=row.created_at, updated_at=row.updated_at, revision=row.revision, score=score,
-                     scores=scores, verdict=row.verdict)
+                     scores=scores, verdict=row.verdict, key=row.key, occurred_at=row.occurred_at,
+                     valid_from=row.valid_from, valid_to=row.valid_to, superseded_by=row.superseded_by,
+                     confidence=row.confidence, seen_count=row.seen_count, hits=row.hits,
+                     archived_at=row.archived_at, archive_reason=row.archive_reason, merged_into=row.merged_into,
+                     contested_by=row.contested_by)
+
+
+def memory_source(row: SourceRow) -> MemorySource:
+    """One memory merged into a kept memory."""
+    return MemorySource(id=row.id, agent=row.agent, created_at=row.created_at, stream=row.stream, seq=row.seq,
+                        sig_key=row.sig_key, sig=row.sig, verdict=row.verdict, how=row.how,
+                        merged_at=row.merged_at)
 
 
 def entry_hit(row: EntryRow, score: float, scores: dict[str, float]) -> EntryHit:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import psycopg
@@ -44,7 +44,7 @@ async def once_more(pool: AsyncConnectionPool, attempt: Callable[[], Awaitable[_
         return await attempt()
 
 
-async def fetch(pool: AsyncConnectionPool, query: str, params: Sequence[Any],
+async def fetch(pool: AsyncConnectionPool, query: str, params: Sequence[Any] | Mapping[str, Any],
                 row_factory: AsyncRowFactory[_T], *, kind: str, skipped: SkippedRows) -> list[_T]:
     """The rows of one read query, made by ``row_factory``, run once more on a broken
     connection (:func:`once_more`); a row that cannot be read back is left out, counted in

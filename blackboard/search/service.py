@@ -21,12 +21,18 @@ as_of       AsOfRequest             EntryRevision
 messages    MessageSearchRequest    MessageSearchResponse
 boards      (empty)                 BoardsResponse
 searchable  SearchableRequest       SearchableResponse
+memory      MemoryGetRequest        MemoryDetail
 status      (empty)                 worker status (lag, embedding backlog)
 =========== ======================= =========================
 
 ``searchable`` answers which of some memories of one readable board are not yet
 stored or not yet embedded (what ``remember(..., wait="searchable")`` polls); a
 board the principal may not read is refused like a search naming it.
+
+``memory`` reads one memory of a readable board by id (the id of a memory merged
+into another answers with the kept one), with the memories merged into it and
+the versions of its subject key (:mod:`blackboard.search.detail`); a board the
+principal may not read is refused like a search naming it.
 
 ``boards`` lists the boards of the board bucket that hold a live key and that
 the principal may read (:meth:`BoardStore.boards`, which reads the stream's
@@ -85,6 +91,8 @@ from blackboard.protocol.schemas.search import (
     ErrorReply,
     HistoryRequest,
     HistoryResponse,
+    MemoryDetail,
+    MemoryGetRequest,
     MemorySearchRequest,
     MemorySearchResponse,
     SearchableRequest,
@@ -92,6 +100,7 @@ from blackboard.protocol.schemas.search import (
 )
 from blackboard.protocol.subjects import SEARCH_SERVICE, Header, Subjects
 from blackboard.search.access import RightsLookup, check_boards, message_scope, scoped_search
+from blackboard.search.detail import memory_detail
 from blackboard.search.engine import SearchEngine
 from blackboard.search.history import EntryHistory
 from blackboard.search.messages import search_messages
@@ -105,7 +114,7 @@ __all__ = ["SEARCH_SESSION", "SEARCH_VERSION", "SearchService", "error_reply", "
 
 log = logging.getLogger("blackboard.worker.search")
 
-SEARCH_VERSION = "2.1.0"
+SEARCH_VERSION = "2.2.0"
 #: Session settings of the search pool's connections. psycopg prepares a
 #: statement run five times, and PostgreSQL then may switch it to a generic
 #: plan, made without the parameters' values: for a search (which boards,
@@ -261,7 +270,8 @@ class SearchService:
         assert self.engine is not None
         history = EntryHistory(self.engine.pool, skipped=self.skipped)
         svc = await add_service(self._nc, name=SEARCH_SERVICE, version=SEARCH_VERSION,
-                                description="blackboard search: memories, entries, history, as-of, messages, boards, searchable",
+                                description="blackboard search: memories, entries, history, as-of, messages, boards, searchable, "
+                                            "memory",
                                 queue_group=SEARCH_SERVICE)
         engine = self.engine
         store = BoardStore(self._nc, self._settings)
@@ -286,6 +296,10 @@ class SearchService:
             check_boards(rights, [req.board], "searchable")
             return await engine.searchable(req)
 
+        async def memory(req: MemoryGetRequest, rights: Rights) -> MemoryDetail:
+            check_boards(rights, [req.board], "memory read")
+            return await memory_detail(engine.pool, req, skipped=self.skipped)
+
         async def boards(_: Any, rights: Rights) -> BoardsResponse:
             if rights.boards(Right.READ) == frozenset():
                 return BoardsResponse(boards=[])
@@ -300,6 +314,7 @@ class SearchService:
             "messages": (MessageSearchRequest, self._search_messages),
             "boards": (None, boards),
             "searchable": (SearchableRequest, searchable),
+            "memory": (MemoryGetRequest, memory),
         }
         for name, (model, fn) in routes.items():
             await svc.add_endpoint(name=name, subject=Subjects.search_endpoint(name),

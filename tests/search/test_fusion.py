@@ -133,12 +133,13 @@ def test_sql_filters_take_the_value_and_apply_each_targets_own() -> None:
                       since=_AT, metadata={"k": 1})
     conds, params = q.filters("memory", f)
     assert conds == ["m.board = ANY(%s)", "m.kind = ANY(%s)", "m.agent = %s", "m.tags && %s::text[]",
-                     "m.created_at >= %s", "m.metadata @> %s"]
+                     "m.created_at >= %s", "m.metadata @> %s", q.LIVE_MEMORY, q.CURRENT_MEMORY]
     assert params[:5] == [["b"], ["semantic"], "ann", ["t"], _AT]
     conds, params = q.filters("entry", f, boards=False)
     assert conds[0].startswith("NOT e.deleted") and "e.section = ANY(%s)" in conds and "e.author = %s" in conds
     assert not any("kind" in c or "board" in c for c in conds)
-    assert q.filters("memory", SearchFilters()) == ([], [])
+    assert q.filters("memory", SearchFilters()) == ([q.LIVE_MEMORY, q.CURRENT_MEMORY], [])
+    assert q.filters("memory", SearchFilters(include_superseded=True, include_archived=True)) == ([], [])
 
 
 # ---------------------------------------------------------------- rows by column name
@@ -212,11 +213,15 @@ def test_revision_statements_name_their_columns_after_the_row_type() -> None:
 def test_hits_are_built_from_rows_by_name() -> None:
     row = q.MemoryRow(item=7, score=0.5, flag=True, mid=7, id="m7", board="b", agent="a", kind="semantic",
                       text="t", tags=["x"], metadata='{"k": [1, 2]}', importance=0.3, source=None,
-                      created_at=_AT, updated_at=_AT, revision=42, verdict="verified")
+                      created_at=_AT, updated_at=_AT, revision=42, verdict="verified", key="price:1",
+                      occurred_at=None, valid_from=_AT, valid_to=None, superseded_by=None, confidence=0.75,
+                      seen_count=3, hits=5, archived_at=None, archive_reason=None, merged_into=None,
+                      contested_by=None)
     hit = memory_hit(row, 0.9, {"semantic": 0.5})
     assert (hit.id, hit.metadata, hit.revision, hit.score, hit.scores) == ("m7", {"k": [1, 2]}, 42, 0.9,
                                                                             {"semantic": 0.5})
     assert hit.verdict is Verdict.VERIFIED
+    assert (hit.key, hit.valid_from, hit.confidence, hit.seen_count, hit.hits) == ("price:1", _AT, 0.75, 3, 5)
     entry = q.EntryRow(item=1, score=1.0, flag=None, eid=1, board="b", section="s", key="k", revision=3,
                        value=None, value_raw=codec.encode(b"\x00raw"), content_type=None, tags=[], metadata="{}",
                        author=None, created_at=None, updated_at=_AT, verdict="unsigned")

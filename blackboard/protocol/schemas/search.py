@@ -54,9 +54,12 @@ __all__ = [
     "ErrorReply",
     "HistoryRequest",
     "HistoryResponse",
+    "MemoryDetail",
+    "MemoryGetRequest",
     "MemoryHit",
     "MemorySearchRequest",
     "MemorySearchResponse",
+    "MemorySource",
     "SearchFilters",
     "SearchMode",
     "SearchTarget",
@@ -123,12 +126,22 @@ class _Scope(WireModel):
         # An empty where is left out: a request without one encodes as it did before it existed.
         # A request with one is schema version 2: a service from before where refuses v 2
         # (its v is Literal[1]) rather than skip the unknown field and widen the search.
+        # Likewise the lifecycle filters (memories): left out at their defaults, and a request
+        # setting one is version 3, which a service from before them refuses.
         out = handler(self)
         if isinstance(out, dict):
+            version = 1
             if not self.where:
                 out.pop("where", None)
-            elif "v" in out:
-                out["v"] = 2
+            else:
+                version = 2
+            for name, default in _LIFECYCLE_DEFAULTS.items():
+                if name in out and out[name] == default:
+                    del out[name]
+                elif name in out:
+                    version = 3
+            if "v" in out and version > 1:
+                out["v"] = max(version, out["v"])
         return out
 
 
@@ -136,17 +149,45 @@ class _Kinds(WireModel):
     kinds: list[MemoryKind] = Field(default_factory=list, description="Only these kinds (all when empty).")
 
 
+class _Lifecycle(WireModel):
+    """The filters of a memory's lifecycle (docs/memory-lifecycle.md): which versions, by valid
+    time, by what the board knew, by event time and confidence. Memory searches only."""
+
+    include_superseded: bool = Field(False, description=(
+        "Closed versions (superseded on their subject key) and contested ones too. Default: only "
+        "current memories (live, not superseded, not contested)."))
+    include_archived: bool = Field(False, description="Archived memories (pruned or merged) too.")
+    as_of: Timestamp | None = Field(None, description=(
+        "Valid time: the versions valid at this instant (valid_from <= as_of < valid_to, or no "
+        "valid_to; a memory without a key: valid_from <= as_of); superseded versions are eligible."))
+    known_at: Timestamp | None = Field(None, description=(
+        "What the board knew then: memories written (created_at) at or before this instant and, per "
+        "subject key, only the newest version (by valid_from, then stream order) among those."))
+    occurred_after: Timestamp | None = Field(None, description=(
+        "Event time (occurred_at, else the write time) at or after this instant."))
+    occurred_before: Timestamp | None = Field(None, description="Event time before this instant.")
+    min_confidence: float | None = Field(None, ge=0.0, le=1.0, description=(
+        "Confidence at least this (a memory without a confidence fails it)."))
+
+
+#: The lifecycle filters and their defaults (a request leaves them out at these).
+_LIFECYCLE_DEFAULTS: dict[str, Any] = {name: f.default for name, f in _Lifecycle.model_fields.items()}
+
+
 class _Sections(WireModel):
     sections: list[Name] = Field(default_factory=list, description="Only these sections (all when empty).")
 
 
-class SearchFilters(_Sections, _Kinds, _Scope):
+class SearchFilters(_Sections, _Lifecycle, _Kinds, _Scope):
     """Which items a search may return: a frozen value object that carries the filters from
     the SDK's signatures through the search request to the SQL that applies them.
 
-    The filters are ANDed; an empty list or None leaves its field free. ``kinds``
-    apply to memories only and ``sections`` to entries only (a request for the other
-    target refuses them). Unknown fields are refused: a misspelt filter would
+    The filters are ANDed; an empty list or None leaves its field free. ``kinds`` and the
+    lifecycle filters (``include_superseded``, ``include_archived``, ``as_of``, ``known_at``,
+    ``occurred_after``, ``occurred_before``, ``min_confidence``) apply to memories only and
+    ``sections`` to entries only (a request for the other target refuses them). Without a
+    lifecycle filter a memory search returns current memories only: live (not archived),
+    not superseded, not contested. Unknown fields are refused: a misspelt filter would
     otherwise widen the search without a word.
 
     Raises:
@@ -158,8 +199,9 @@ class SearchFilters(_Sections, _Kinds, _Scope):
 
 
 class _Query(WireModel):
-    v: Literal[1, 2] = Field(1, description="Schema version: 2 when the request carries a where (a service "
-                             "that predates where refuses it), else 1.")
+    v: Literal[1, 2, 3] = Field(1, description=(
+        "Schema version: 3 when a memory request sets a lifecycle filter, 2 when a request carries a where "
+        "(a service that predates them refuses it), else 1."))
     query: str = Field(min_length=1, max_length=10_000, description="What to look for, in words.")
     mode: SearchMode = "hybrid"
     top_k: int = Field(10, ge=1, le=1000)
@@ -171,9 +213,9 @@ class _SearchRequest(_Scope, _Query):
     ``query``, ``mode``, ``top_k``, ``min_score``, then the filters; :attr:`filters`
     gathers them)."""
 
-    #: The target searched, and the filter of the other target this request refuses.
+    #: The target searched, and the filters of the other target this request refuses.
     target: ClassVar[SearchTarget]
-    _foreign: ClassVar[str]
+    _foreign: ClassVar[tuple[str, ...]]
 
     @classmethod
     def of(cls, query: str, filters: SearchFilters, *, mode: SearchMode = "hybrid", top_k: int = 10,
@@ -185,9 +227,11 @@ class _SearchRequest(_Scope, _Query):
                 memories, ``kinds`` for entries, a ``where`` path on ``value.`` for memories); pydantic's ``ValidationError`` (a
                 ``ValueError``) for an invalid query or option.
         """
-        fields = filters.model_dump(exclude={cls._foreign, "where"})
-        if getattr(filters, cls._foreign):
-            raise ValueError(f"{cls._foreign} do not filter {cls.target} searches")
+        fields = filters.model_dump(exclude={*cls._foreign, "where"})
+        for name in cls._foreign:
+            if getattr(filters, name) != _FILTER_DEFAULTS[name]:
+                verb = "do" if name in ("kinds", "sections") else "does"
+                raise ValueError(f"{name} {verb} not filter {cls.target} searches")
         if cls.target == "memory" and filters.where.reads_value:
             raise ValueError(_no_value(filters.where))
         # (the parsed where as it is: parse_where passes a Where through)
@@ -199,16 +243,18 @@ class _SearchRequest(_Scope, _Query):
         # Every field given (the other target's empty): for a missing one, model_construct
         # calls its default factory through inspect.signature, ~0.2 ms a request.
         own = type(self).model_fields
-        return SearchFilters.model_construct(**{name: getattr(self, name) if name in own else []
+        return SearchFilters.model_construct(**{name: getattr(self, name) if name in own
+                                                else [] if _FILTER_DEFAULTS[name] == [] else _FILTER_DEFAULTS[name]
                                                 for name in _FILTER_FIELDS})
 
 
-class MemorySearchRequest(_Kinds, _SearchRequest):
+class MemorySearchRequest(_Lifecycle, _Kinds, _SearchRequest):
     """``bb.search.<principal>.memories``: search long-term memories (a ``where`` path on
-    ``value.`` is refused: memories have no value)."""
+    ``value.`` is refused: memories have no value). Current memories only unless a lifecycle
+    filter says otherwise (:class:`SearchFilters`)."""
 
     target: ClassVar[SearchTarget] = "memory"
-    _foreign: ClassVar[str] = "sections"
+    _foreign: ClassVar[tuple[str, ...]] = ("sections",)
 
     @model_validator(mode="after")
     def _no_value_paths(self) -> Self:
@@ -226,10 +272,13 @@ class EntrySearchRequest(_Sections, _SearchRequest):
     """``bb.search.<principal>.entries``: search the current (not deleted) board entries."""
 
     target: ClassVar[SearchTarget] = "entry"
-    _foreign: ClassVar[str] = "kinds"
+    _foreign: ClassVar[tuple[str, ...]] = ("kinds", *_LIFECYCLE_DEFAULTS)
 
 
 _FILTER_FIELDS = tuple(SearchFilters.model_fields)
+#: Each filter's default (a list for the list filters).
+_FILTER_DEFAULTS: dict[str, Any] = {
+    name: [] if f.default_factory is not None else f.default for name, f in SearchFilters.model_fields.items()}
 
 
 class MemoryHit(WireModel):
@@ -250,6 +299,56 @@ class MemoryHit(WireModel):
     score: float
     scores: dict[str, float] = Field(default_factory=dict, description="Per-retriever scores (hybrid).")
     verdict: Verdict = Field(Verdict.UNSIGNED, description=_VERDICT)
+    key: str | None = Field(None, description="Its subject key: what it is about (versions share it).")
+    occurred_at: datetime | None = Field(None, description="Its event time, when the writer gave one.")
+    valid_from: datetime | None = Field(None, description="Valid from (its event time, else its write time).")
+    valid_to: datetime | None = Field(None, description="Valid until (a newer version's valid_from); None: open.")
+    superseded_by: str | None = Field(None, description="The id of the memory that closed it.")
+    confidence: float | None = Field(None, description="The writer's confidence, 0..1 (None: not given).")
+    seen_count: int = Field(1, description="How many memories were merged into it (itself included).")
+    hits: int = Field(0, description="How often recall returned it.")
+    archived_at: datetime | None = Field(None, description="When it was archived (None: live).")
+    archive_reason: str | None = Field(None, description="Why: a pruning strategy, or 'merged'.")
+    merged_into: str | None = Field(None, description="The id of the memory it was merged into.")
+    contested_by: str | None = Field(None, description="The proposal deciding a contradiction it is part of.")
+
+
+class MemoryGetRequest(WireModel):
+    """``bb.search.<principal>.memory``: one memory of a readable board by id, with its
+    provenance and the versions of its subject key. The id of a memory merged into another
+    answers with the kept memory."""
+
+    v: Literal[1] = 1
+    board: Name
+    id: Id
+
+
+class MemorySource(WireModel):
+    """One memory merged into a kept memory (its provenance): the merged memory's id, author,
+    write time, where it was stored (stream, seq) with the signature it carried, and how it
+    was merged (``exact``, ``near`` or ``llm``)."""
+
+    id: str
+    agent: str
+    created_at: datetime
+    stream: str
+    seq: int
+    sig_key: str | None = None
+    sig: str | None = None
+    verdict: str = Field("unsigned", description=_VERDICT)
+    how: str = Field(description="exact (same normalised text), near (cosine), or llm (merged by a model).")
+    merged_at: datetime
+
+
+class MemoryDetail(WireModel):
+    """The reply of ``memory``: the memory (score 0), the memories merged into it (oldest
+    first) and every version of its subject key (valid-time order, itself included; empty
+    without a key)."""
+
+    v: Literal[1] = 1
+    memory: MemoryHit
+    sources: list[MemorySource] = Field(default_factory=list)
+    versions: list[MemoryHit] = Field(default_factory=list)
 
 
 class EntryHit(WireModel):
