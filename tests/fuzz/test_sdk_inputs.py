@@ -48,7 +48,8 @@ calls = st.lists(st.one_of(
     st.tuples(st.just("remember"), st.fixed_dictionaries({"text": _maybe(st.just("a memory"))}, optional={
         "kind": _maybe(st.just("semantic")), "tags": _maybe(st.lists(_names, max_size=2)),
         "metadata": _maybe(st.just({"a": 1})), "importance": _maybe(st.just(0.5)), "board": _maybe(_names),
-        "source": args(), "id": _maybe(st.just("m1"))})),
+        "source": args(), "id": _maybe(st.just("m1")), "key": _maybe(_keys), "occurred_at": args(),
+        "confidence": _maybe(st.just(0.5), 0, 1)})),
     st.tuples(st.just("send"), st.fixed_dictionaries({"to": _maybe(st.just("peer"), ["peer", 1], []),
                                                       "type": _maybe(st.just("note")), "body": args()},
                                                      optional={"correlation_id": args(), "metadata": args(),
