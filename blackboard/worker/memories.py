@@ -23,11 +23,13 @@ from blackboard.security.verifier import Signed
 from blackboard.settings import Settings
 from blackboard.worker.decode import ForgetRow, MemoryRow, RawMessage, decode_memory
 from blackboard.worker.stream_handler import Conn, StreamHandler
+from blackboard.worker.supersession import ContradictionPolicy, keys_before_write, settle_keys
 
 __all__ = ["memory_handler", "memory_signed", "write_memories"]
 
 
-async def write_memories(conn: Conn, rows: Sequence[MemoryRow | ForgetRow]) -> None:
+async def write_memories(conn: Conn, rows: Sequence[MemoryRow | ForgetRow], *,
+                         policy: ContradictionPolicy | None = None) -> None:
     """Store (or replace, by id, forward only) memories and queue their embeddings; apply forgets.
 
     A forget deletes the stored versions older than itself and leaves a
@@ -35,6 +37,11 @@ async def write_memories(conn: Conn, rows: Sequence[MemoryRow | ForgetRow]) -> N
     with forgets first locks out concurrent memory writers (see
     ``LOCK_MEMORIES_FOR_FORGET``), so a memory and its forget committed at the
     same time by two batches cannot miss each other.
+
+    The subject keys the batch changes are settled after it is stored (versions
+    linked, contradictions contested under ``policy``: :mod:`.supersession`);
+    their locks are taken first, before any row is written (a batch with
+    forgets holds the table instead).
     """
     forgets = [r for r in rows if isinstance(r, ForgetRow)]
     if forgets:
@@ -44,13 +51,19 @@ async def write_memories(conn: Conn, rows: Sequence[MemoryRow | ForgetRow]) -> N
                                                       for f in forgets for i in f.ids])
     memories = [r for r in rows if isinstance(r, MemoryRow)]
     if memories:
+        keys = await keys_before_write(conn, [r.id for r in memories],
+                                       [(r.board, r.key, (r.valid_from, r.seq)) for r in memories if r.key is not None],
+                                       lock=not forgets)
         await _write_memory_rows(conn, memories)
+        await settle_keys(conn, keys, policy)
     if forgets:
         ids = sorted({i for f in forgets for i in f.ids})
+        keys = await keys_before_write(conn, ids, (), lock=False)
         cur = await conn.execute(q.DELETE_FORGOTTEN, (ids,))
         mids = [int(r[0]) for r in await cur.fetchall()]
         if mids:
             await _delete_vectors(conn, mids)
+        await settle_keys(conn, keys)  # a forgotten version leaves its key's versions
 
 
 async def _delete_vectors(conn: Conn, mids: list[int]) -> None:
@@ -99,8 +112,13 @@ def memory_handler(settings: Settings) -> StreamHandler:
     max_bytes = settings.worker.max_message_bytes or settings.board.max_value_size
     chars = settings.worker.max_index_chars
 
+    policy = ContradictionPolicy.from_settings(settings.memory)
+
     def decode(msg: RawMessage) -> MemoryRow | ForgetRow:
         return decode_memory(msg, max_bytes=max_bytes, index_chars=chars)
 
-    return StreamHandler("memories", MEMORY_STREAM, Subjects.memory_all(), decode, write_memories,
+    async def write(conn: Conn, rows: Sequence[MemoryRow | ForgetRow]) -> None:
+        await write_memories(conn, rows, policy=policy)
+
+    return StreamHandler("memories", MEMORY_STREAM, Subjects.memory_all(), decode, write,
                          embeds=True, concurrent_writes=True, signed=memory_signed)

@@ -18,6 +18,7 @@ from typing import Any
 import psycopg
 import pytest
 
+from agents_sdk import Agent
 from blackboard.db import migrate
 from blackboard.settings import MemorySettings, Settings
 from blackboard.worker.supersession import (
@@ -29,6 +30,7 @@ from blackboard.worker.supersession import (
     plan_key,
     settle_keys,
 )
+from tests._worker_helpers import StartWorker, board_memories_handler
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -240,3 +242,47 @@ async def test_a_contradiction_is_contested_once_and_recorded_for_the_publisher(
         await _write(conn, other, [("a1x", 3, 10, "alice", "price 10")], vote)
         await _write(conn, other, [("b1x", 4, 20, "bob", "price 12")], vote)
         assert await _chain(conn, other) == {"a1x": (at(20), "b1x", None), "b1x": (None, None, None)}
+
+
+# -- end to end: remembered through the SDK, stored by a worker ---------------------------
+
+async def _versions(settings: Settings, board: str, count: int, timeout: float = 30) -> dict[str, tuple[Any, ...]]:
+    """(text, valid_from, valid_to, superseded_by id's text) by text, once ``count`` memories of the
+    board are settled."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    async with await _connect(settings) as conn:
+        while True:
+            cur = await conn.execute(
+                "SELECT m.text, m.valid_from, m.valid_to, n.text FROM bb_memories m "
+                "LEFT JOIN bb_memories n ON n.id = m.superseded_by "
+                "WHERE m.board = %s AND m.checked_seq = m.seq", (board,))
+            rows = {r[0]: tuple(r[1:]) for r in await cur.fetchall()}
+            if len(rows) == count or asyncio.get_running_loop().time() > deadline:
+                return rows
+            await asyncio.sleep(0.05)
+
+
+@pytest.mark.asyncio
+async def test_remembered_versions_of_a_key_supersede_by_event_time_and_a_forget_reopens_the_previous(
+        pg_settings: Settings, start_worker: StartWorker, unique: str) -> None:
+    await start_worker(pg_settings, name=f"w{unique}", embed=False, serve_search=False,
+                       handlers=[board_memories_handler(pg_settings, unique)])
+    key = "price:shop.example.com:sku-1"
+    june, july, august = (datetime(2025, m, 1, tzinfo=UTC) for m in (6, 7, 8))
+    async with Agent.connect(f"{unique}-a", settings=pg_settings) as alice, \
+            Agent.connect(f"{unique}-b", settings=pg_settings) as bob:
+        await alice.remember("SKU-1 costs 10 EUR", board=unique, key=key, occurred_at=june)
+        newest = await bob.remember("SKU-1 costs 12 EUR", board=unique, key=key, occurred_at=august)
+        # Written last, happened in between: it takes its place in valid time.
+        await alice.remember("SKU-1 costs 11 EUR", board=unique, key=key, occurred_at=july)
+        await alice.remember("another key, untouched", board=unique, key="price:shop.example.com:sku-2")
+        got = await _versions(pg_settings, unique, 4)
+        assert got["SKU-1 costs 10 EUR"] == (june, july, "SKU-1 costs 11 EUR")
+        assert got["SKU-1 costs 11 EUR"] == (july, august, "SKU-1 costs 12 EUR")
+        assert got["SKU-1 costs 12 EUR"] == (august, None, None)
+        assert got["another key, untouched"][1:] == (None, None)
+        # Forgetting the current version: the one before it is current again.
+        await bob.forget([newest], board=unique)
+        got = await _versions(pg_settings, unique, 3)
+        assert got["SKU-1 costs 11 EUR"] == (july, None, None)
+        assert got["SKU-1 costs 10 EUR"] == (june, july, "SKU-1 costs 11 EUR")
