@@ -202,8 +202,10 @@ def _select_list(row: type[tuple[Any, ...]], alias: str, first: str, last: int,
 
 # The JSON columns come as text: a search reads every candidate's row and parses only the
 # results' (psycopg's jsonb loader parses each value: ~2 µs a row of LoCoMo metadata).
+# (confidence is a real: through numeric it reads as written, 0.9 rather than 0.8999999761581421.)
 _MEMORY_EXPRS = {"metadata": "m.metadata::text", "revision": "m.seq", "key": "m.subject_key",
-                 "valid_from": "coalesce(m.valid_from, m.created_at)"}
+                 "valid_from": "coalesce(m.valid_from, m.created_at)",
+                 "confidence": "m.confidence::numeric::float8"}
 _MEMORY_COLS = _select_list(MemoryRow, "m", "mid", 2, _MEMORY_EXPRS)
 _ENTRY_COLS = _select_list(EntryRow, "e", "eid", 0, {"value": "e.value::text", "metadata": "e.metadata::text"})
 
@@ -434,7 +436,7 @@ def _lifecycle(f: SearchFilters, conds: list[str], params: list[Any]) -> None:
         conds.append(f"{valid_from} < %s")
         params.append(f.occurred_before)
     if f.min_confidence is not None:
-        conds.append("m.confidence >= %s")
+        conds.append("m.confidence >= %s::real")  # (as stored: 0.9 is at least 0.9)
         params.append(f.min_confidence)
 
 

@@ -202,6 +202,7 @@ async def test_event_time_and_confidence_filters(life: Lifecycle, mode: str) -> 
     # A memory without a confidence fails min_confidence.
     assert await life.find(mode, min_confidence=0.5) == {"p3", "e1"}
     assert await life.find(mode, min_confidence=0.0) == {"p3", "e1", "e2"}
+    assert await life.find(mode, min_confidence=0.9) == {"e1"}  # as stored (a real): 0.9 is at least 0.9
 
 
 @pytest.mark.asyncio
@@ -215,7 +216,7 @@ async def test_hits_carry_the_lifecycle(life: Lifecycle) -> None:
     assert p3.valid_to is None and p3.superseded_by is None and p3.confidence == pytest.approx(0.8)
     assert p3.seen_count == 2 and p3.hits >= 0
     assert a1.archived_at is not None and a1.archive_reason == "lru" and a1.merged_into is None
-    assert e1.occurred_at == t("2020-01-01") and e1.key is None and e1.confidence == pytest.approx(0.9)
+    assert e1.occurred_at == t("2020-01-01") and e1.key is None and e1.confidence == 0.9  # as written
     assert n1.occurred_at is None and n1.valid_from == n1.created_at  # valid from its write
     assert c1.contested_by == "proposal-1"
 

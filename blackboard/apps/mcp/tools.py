@@ -314,17 +314,41 @@ def register_tools(server: BlackboardMCP, source: AgentSource) -> None:
                             tags_any: Tags = None, tags_all: Tags = None,
                             author: Annotated[str | None, Field(description="Only memories of this agent.")] = None,
                             since: Since = None, until: Until = None, where: Where = None,
-                            top_k: TopK = None, min_score: MinScore = None, mode: Mode = "hybrid") -> MemoryHits:
+                            top_k: TopK = None, min_score: MinScore = None, mode: Mode = "hybrid",
+                            include_superseded: Annotated[bool, Field(
+                                description="Also older versions that a newer memory on the same key replaced, "
+                                            "and contested ones.")] = False,
+                            include_archived: Annotated[bool, Field(
+                                description="Also archived memories (pruned or merged).")] = False,
+                            as_of: Annotated[datetime | None, Field(
+                                description="The versions valid at this instant (ISO 8601), e.g. what the "
+                                            "price was then.")] = None,
+                            known_at: Annotated[datetime | None, Field(
+                                description="What the board knew at this instant (ISO 8601): memories written "
+                                            "by then, the newest version of each key.")] = None,
+                            occurred_after: Annotated[datetime | None, Field(
+                                description="Only events at or after this instant (event time, else "
+                                            "write time; ISO 8601).")] = None,
+                            occurred_before: Annotated[datetime | None, Field(
+                                description="Only events before this instant (ISO 8601).")] = None,
+                            min_confidence: Annotated[float | None, Field(
+                                description="Only memories with a confidence of at least this (0 to 1).",
+                                ge=0, le=1)] = None) -> MemoryHits:
         """Search the shared long-term memory, best first (needs a running worker; a memory is found
-        once embedded).
+        once embedded). Only current memories unless include_superseded / include_archived / as_of /
+        known_at say otherwise.
 
         Example: {"query": "how did we fix the flaky deploy?", "kind": "episodic",
-        "where": {"metadata.confidence": {"$gt": 0.8}}}.
+        "where": {"metadata.confidence": {"$gt": 0.8}}}; {"query": "price of sku-1",
+        "as_of": "2026-01-31T00:00:00Z"}.
         """
         agent = await agent_of(ctx)
         args: RecallArgs = {"board": board, "kind": kind, "tags_any": tags_any or [], "tags_all": tags_all or [],
                             "author": author, "since": since, "until": until, "where": _where(where),
-                            "top_k": top_k, "min_score": min_score, "mode": mode}
+                            "top_k": top_k, "min_score": min_score, "mode": mode,
+                            "include_superseded": include_superseded, "include_archived": include_archived,
+                            "as_of": as_of, "known_at": known_at, "occurred_after": occurred_after,
+                            "occurred_before": occurred_before, "min_confidence": min_confidence}
         return MemoryHits(hits=await agent.recall(query, **args))
 
     @tool("memory_remember", _WRITE, "Store a long-term memory")
