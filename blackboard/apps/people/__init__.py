@@ -1,5 +1,5 @@
-"""The commands for people: ``blackboard get / put / ls / history / watch / search / recall /
-send / inbox / status`` (docs/cli.md), acting as an agent identity."""
+"""The commands for people: ``blackboard get / put / delete / ls / history / watch / search /
+recall / remember / send / inbox / status`` (docs/cli.md), acting as an agent identity."""
 
 from blackboard.apps.people.parsers import PEOPLE_COMMANDS, add_people_commands
 

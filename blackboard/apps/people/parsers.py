@@ -1,6 +1,6 @@
 """The command lines of the commands for people, added to ``blackboard``'s parser.
 
-Each command runs in its module (:mod:`.board`, :mod:`.find`, :mod:`.messages`,
+Each command runs in its module (:mod:`.board`, :mod:`.find`, :mod:`.memory`, :mod:`.messages`,
 :mod:`.status`), imported when it runs: ``blackboard --help`` and the server commands do
 not load the SDK.
 """
@@ -15,7 +15,8 @@ from typing import Any
 __all__ = ["PEOPLE_COMMANDS", "add_people_commands"]
 
 #: The commands, in the order ``blackboard --help`` lists them.
-PEOPLE_COMMANDS = ("get", "put", "delete", "ls", "history", "watch", "search", "recall", "send", "inbox", "status")
+PEOPLE_COMMANDS = ("get", "put", "delete", "ls", "history", "watch", "search", "recall", "remember", "send", "inbox",
+                   "status")
 
 Command = Callable[[argparse.Namespace], Coroutine[Any, Any, int]]
 
@@ -149,6 +150,27 @@ def add_people_commands(sub: Any) -> None:
                    choices=("episodic", "semantic", "procedural", "knowledge", "summary"),
                    help="memories of this kind (repeatable)")
     _filters(p)
+
+    p = add("remember", "write a long-term memory", "Store TEXT (- reads stdin) as a long-term memory any "
+            "agent can recall; prints its id once JetStream has it. --key, --occurred-at and --confidence "
+            "describe a fact that may change (docs/memory-lifecycle.md).", _lazy("memory", "remember"))
+    p.add_argument("text", metavar="TEXT|-")
+    p.add_argument("--board", help="scope it to this board (default 'default')")
+    p.add_argument("--kind", default="episodic",
+                   choices=("episodic", "semantic", "procedural", "knowledge", "summary"),
+                   help="what it is (default episodic)")
+    p.add_argument("--tag", action="append", dest="tags", metavar="TAG", help="a label (repeatable)")
+    p.add_argument("--metadata", metavar="JSON", help="a JSON object of metadata")
+    p.add_argument("--importance", type=float, default=0.5, metavar="X", help="0 to 1 (default 0.5)")
+    p.add_argument("--key", metavar="KEY",
+                   help="what it is about, e.g. price:sku-1: a newer memory on the same key supersedes it")
+    p.add_argument("--occurred-at", metavar="TIME",
+                   help="when what it says happened, ISO 8601 with an offset, e.g. 2026-01-31T12:00:00Z")
+    p.add_argument("--confidence", type=float, metavar="X", help="how sure, 0 to 1")
+    p.add_argument("--id", help="its id (the same id again: a new version of that memory)")
+    p.add_argument("--wait", action="store_true",
+                   help="return once a worker has stored and embedded it (recall finds it)")
+    p.add_argument("--timeout", type=float, metavar="S", help="with --wait: seconds at most (default 30)")
 
     p = add("send", "send a message to an agent", "Send a direct message of TYPE to agent TO (several: "
             "a,b,c); BODY as put's VALUE (JSON, else a string; - reads stdin).", _lazy("messages", "send"))
