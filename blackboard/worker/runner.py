@@ -35,6 +35,7 @@ from blackboard.security.credentials import FoundCredentials, find_system_creden
 from blackboard.security.verifier import Verifier
 from blackboard.settings import Settings
 from blackboard.worker.committer import VoteCommitter
+from blackboard.worker.contradictions import ContradictionPublisher
 from blackboard.worker.embed_inbox import EmbedInbox
 from blackboard.worker.embedder import Embedder, EmbeddingProvider, load_provider
 from blackboard.worker.handlers import StreamHandler, default_handlers
@@ -83,6 +84,9 @@ class Worker:
         self.committer: VoteCommitter | None = None
         #: Checks the ingested records' signatures (None: ``worker.verify`` off, or no credential).
         self.verifier: Verifier | None = None
+        #: Publishes the proposals of contradictions put to a vote (None: ``memory.contradictions``
+        #: is ``supersede``).
+        self.contradictions: ContradictionPublisher | None = None
         self.started_at = 0.0
 
     # -- lifecycle ---------------------------------------------------------
@@ -162,7 +166,10 @@ class Worker:
             self.embedder = Embedder(self.pool, provider, s)
             await self.embedder.setup()
             self.inbox = EmbedInbox(self.pool, s, on_moved=self.embedder.wake)
-        wake = self.inbox.wake if self.inbox else None
+        if s.memory.contradictions == "vote":
+            self.contradictions = ContradictionPublisher(self.pool, nc, s)
+        wake = _wakes(self.inbox.wake if self.inbox else None,
+                      self.contradictions.wake if self.contradictions else None)
         self.loops = []
         for handler in self._handlers or default_handlers(s):
             loop = IngestLoop(handler, js, self.pool, s, on_written=wake, verifier=self.verifier)
@@ -209,6 +216,8 @@ class Worker:
             self._spawn(group, f"ingest {loop.handler.name}", loop.run)
         if self.committer is not None:
             self._spawn(group, "vote committer", self.committer.run)
+        if self.contradictions is not None:
+            self._spawn(group, "contradiction proposals", self.contradictions.run)
 
     async def _start_search(self, group: asyncio.TaskGroup, services: contextlib.AsyncExitStack) -> None:
         if not self._serve_search:
@@ -396,6 +405,19 @@ async def _quietly(close: Callable[[], Awaitable[object]]) -> None:
         log.warning("closing %r took more than %.0f s: left behind", close, _CLOSE_TIMEOUT)
     except Exception as exc:
         log.debug("closing %r failed: %r", close, exc)
+
+
+def _wakes(*wakes: Callable[[], None] | None) -> Callable[[], None] | None:
+    """One callback calling each of ``wakes`` (None: there is none)."""
+    todo = [w for w in wakes if w is not None]
+    if len(todo) <= 1:
+        return todo[0] if todo else None
+
+    def wake() -> None:
+        for w in todo:
+            w()
+
+    return wake
 
 
 def _log_crash(host: asyncio.Task[None]) -> None:

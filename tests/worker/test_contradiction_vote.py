@@ -8,17 +8,29 @@ memories in the transaction that stores it; recall shows the winner.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import dataclasses
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
+import psycopg
 import pytest
 
+from agents_sdk import Agent
 from blackboard.protocol.schemas import Proposal
+from blackboard.protocol.signing import Verdict
+from blackboard.protocol.subjects import Subjects
+from blackboard.settings import MemorySettings, Settings
 from blackboard.worker.contradictions import (
     CONTRADICTION_SECTION,
     ContestRow,
     contest_proposal,
     winner_of,
 )
+from blackboard.worker.handlers import default_handlers
+from tests._worker_helpers import StartWorker, board_memories_handler
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -56,3 +68,86 @@ def test_a_contest_proposes_the_two_memories_incumbent_first_open_to_any_agent_u
 ])
 def test_the_winner_is_the_accepted_candidate_else_the_incumbent(status: str, value: object, winner: str) -> None:
     assert winner_of(status, value, "m1", "m2") == winner
+
+
+# -- on real servers --------------------------------------------------------------------------
+
+async def _rows(settings: Settings, board: str) -> dict[str, tuple[Any, ...]]:
+    """(valid_from, valid_to, superseded_by, contested_by) of the board's memories by id."""
+    async with await psycopg.AsyncConnection.connect(settings.postgres.dsn.get_secret_value()) as conn:
+        cur = await conn.execute("SELECT id, valid_from, valid_to, superseded_by, contested_by FROM bb_memories "
+                                 "WHERE board = %s", (board,))
+        return {r[0]: tuple(r[1:]) for r in await cur.fetchall()}
+
+
+async def _until(check: Callable[[], Awaitable[bool]], timeout: float = 30) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not await check():
+        assert asyncio.get_running_loop().time() < deadline, "not in time"
+        await asyncio.sleep(0.05)
+
+
+@pytest.mark.asyncio
+async def test_a_contradiction_is_settled_by_a_vote_and_the_winner_supersedes(
+        pg_settings: Settings, start_worker: StartWorker, unique: str) -> None:
+    settings = pg_settings.model_copy(update={"memory": MemorySettings(
+        contradictions="vote", vote_boards=[f"{unique}*"], vote_deadline=3.0)})
+    votes = dataclasses.replace(default_handlers(settings)[3], filter_subject=Subjects.vote_filter(unique))
+    worker = await start_worker(settings, name=f"w{unique}", embed=False, serve_search=False, deadline_interval=0.1,
+                       handlers=[board_memories_handler(settings, unique), votes])
+    price, stock = "price:shop.example.com:sku-1", "stock:sku-1"
+    async with contextlib.AsyncExitStack() as stack:
+        alice, bob, carol, dave = [await stack.enter_async_context(Agent.connect(f"{unique}-{n}", settings=settings))
+                                   for n in ("alice", "bob", "carol", "dave")]
+        watch = await stack.enter_async_context(carol.board(unique).watch_votes(start="all"))
+        old_price = await alice.remember("SKU-1 costs 10 EUR", board=unique, key=price)
+        old_stock = await alice.remember("12 units of SKU-1 in stock", board=unique, key=stock)
+        new_price = await bob.remember("SKU-1 costs 12 EUR", board=unique, key=price)
+        new_stock = await bob.remember("SKU-1 is out of stock", board=unique, key=stock)
+        # The worker puts each contradiction to a vote, as its own identity (the watch shows only
+        # what verifies): the incumbent first, both texts in the question.
+        proposals: dict[str, Proposal] = {}
+        while len(proposals) < 2:
+            event = await watch.next(timeout=30)
+            if event.kind == "proposal":
+                assert isinstance(event.message, Proposal) and event.verdict is Verdict.VERIFIED
+                proposals[event.message.key] = event.message
+        assert proposals[price].candidates == [old_price, new_price]
+        assert proposals[stock].candidates == [old_stock, new_stock]
+        assert proposals[price].section == CONTRADICTION_SECTION and worker.committer is not None
+        assert proposals[price].proposer == worker.committer.store.name  # the worker's identity
+        assert "SKU-1 costs 10 EUR" in proposals[price].question and "SKU-1 costs 12 EUR" in proposals[price].question
+        # Meanwhile the challengers are contested, the incumbents current.
+        rows = await _rows(settings, unique)
+        assert rows[new_price][3] == proposals[price].id and rows[new_stock][3] == proposals[stock].id
+        assert rows[old_price][1:] == (None, None, None) and rows[old_stock][1:] == (None, None, None)
+        # Two votes for the new price, two for the old stock.
+        for voter in (carol, dave):
+            await voter.board(unique).vote(proposals[price].id, new_price)
+            await voter.board(unique).vote(proposals[stock].id, old_stock)
+        outcome = await alice.board(unique).proposal(proposals[price].id)
+        assert (await outcome.outcome(timeout=30)).value == new_price
+        assert (await (await alice.board(unique).proposal(proposals[stock].id)).outcome(timeout=30)).status == "accepted"
+
+        async def settled() -> bool:
+            r = await _rows(settings, unique)
+            return r[new_price][3] is None and r[new_stock][1] is not None
+
+        await _until(settled)
+        rows = await _rows(settings, unique)
+        # The winning challenger supersedes the incumbent (closed at its valid_from) and is current.
+        assert rows[old_price][1:] == (rows[new_price][0], new_price, None)
+        assert rows[new_price][1:] == (None, None, None)
+        # The losing challenger was never valid: closed at its own valid_from, superseded by the
+        # incumbent, contested by the vote that rejected it; the incumbent stays current.
+        assert rows[new_stock][1:] == (rows[new_stock][0], old_stock, proposals[stock].id)
+        assert rows[old_stock][1:] == (None, None, None)
+        # The accepted value is the winner's id, on the board entry the proposal targets.
+        assert (await alice.board(unique).get(CONTRADICTION_SECTION, price)).value == new_price
+        # A later version of the stock by its author is no contradiction: it supersedes at once.
+        newer = await alice.remember("3 units of SKU-1 in stock", board=unique, key=stock)
+
+        async def superseded() -> bool:
+            return bool((await _rows(settings, unique))[old_stock][2] == newer)
+
+        await _until(superseded)
