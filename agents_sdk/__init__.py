@@ -45,7 +45,14 @@ from blackboard.protocol.errors import (
     VoteError,
 )
 from blackboard.protocol.schemas import Ballot, Outcome, Policy, Proposal, TallyCounts
-from blackboard.protocol.schemas.search import EntryHit, EntryRevision, MemoryHit, SearchFilters
+from blackboard.protocol.schemas.search import (
+    EntryHit,
+    EntryRevision,
+    MemoryDetail,
+    MemoryHit,
+    MemorySource,
+    SearchFilters,
+)
 from blackboard.protocol.signing import Verdict
 from blackboard.settings import Settings
 
@@ -75,8 +82,10 @@ __all__ = [
     "InvalidPayloadError",
     "LLMError",
     "LimitExceededError",
+    "MemoryDetail",
     "MemoryHit",
     "MemoryInput",
+    "MemorySource",
     "Message",
     "MessagingError",
     "Messenger",

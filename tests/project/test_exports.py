@@ -13,7 +13,7 @@ AGENTS_SDK = {
     "Agent", "AuthenticationError", "Ballot", "BallotReceipt", "BlackboardError", "Board", "BoardPipeline", "BudgetExceededError",
     "Change", "ConfigurationError", "ConflictError", "ConsumerLimitError", "DeadlinePassedError", "Entry", "EntryHit", "EntryRevision", "Handler", "Inbox",
     "InboxBusyError", "IneligibleVoterError", "InvalidBallotError", "InvalidKeyError", "InvalidPayloadError",
-    "LLMError", "LimitExceededError", "MemoryHit", "MemoryInput", "Message", "MessagingError", "Messenger", "NoHandlerError", "NoResponderError",
+    "LLMError", "LimitExceededError", "MemoryDetail", "MemoryHit", "MemoryInput", "MemorySource", "Message", "MessagingError", "Messenger", "NoHandlerError", "NoResponderError",
     "NotConnectedError", "NotFoundError", "NotSearchableError", "ObjectRef", "ObjectStore", "Operation",
     "OperationTimeoutError",
     "Outcome", "OutcomeTimeoutError", "PermissionDeniedError", "PayloadTooLargeError", "Policy", "Proposal", "ProposalClosedError",

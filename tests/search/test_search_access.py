@@ -26,7 +26,7 @@ from agents_sdk.search import SearchClient
 from blackboard.client.connection import connect_nats
 from blackboard.client.streams import ensure_streams
 from blackboard.protocol import codec
-from blackboard.protocol.errors import PermissionDeniedError
+from blackboard.protocol.errors import NotFoundError, PermissionDeniedError
 from blackboard.protocol.subjects import Header, Subjects
 from blackboard.search.service import SearchService
 from blackboard.security.policy import AccessPolicy
@@ -204,3 +204,18 @@ async def test_searchable_answers_only_about_readable_boards(world: World) -> No
     assert later.unstored == [mine]
     bob = world.client(world.bob)
     assert (await bob.searchable(world.b, [(theirs, 0)])).unstored == []
+
+
+async def test_memory_read_answers_only_about_readable_boards(world: World) -> None:
+    """One memory by id: the board named must be readable; an id of another board is not found
+    on a readable one (an agent cannot probe a board it may not read)."""
+    alice = world.client(world.alice)
+    mine, theirs = f"{world.a}-m", f"{world.b}-m"
+    detail = await alice.memory(world.a, mine)
+    assert (detail.memory.id, detail.memory.board, detail.sources, detail.versions) == (mine, world.a, [], [])
+    with pytest.raises(PermissionDeniedError, match=world.b) as caught:
+        await alice.memory(world.b, theirs)
+    assert caught.value.operation == f"memory read on board {world.b}"
+    with pytest.raises(NotFoundError):
+        await alice.memory(world.a, theirs)
+    assert (await world.client(world.bob).memory(world.b, theirs)).memory.id == theirs
