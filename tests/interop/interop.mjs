@@ -44,6 +44,8 @@
 // connection without a credential, and a write to `board` (one the agent holds
 // no right on), next to a write to `own_board` (one it does), a direct get on
 // `board`, and the bare direct get whose body names the subject.
+// With `"mode": "memory_canonical"` it connects nowhere: it prints the canonical encoding
+// of each memory record of `records` (version 1 and 2, §13.2).
 // With `"mode": "example"` it connects nowhere: it computes the worked example
 // of docs/protocol.md §14.9 from the scenario's inputs and prints the record's
 // canonical bytes, the signing input and the signature; with
@@ -57,7 +59,7 @@ import { readFileSync } from "node:fs";
 import { connect, createInbox, credsAuthenticator, headers as natsHeaders, Empty } from "nats";
 import { decode as mpDecode } from "@msgpack/msgpack";
 import {
-  batchMessage, canonicalEnvelope, canonicalOfPayload, issuerOf, leafHash, readCertificate, sign, signBatch,
+  batchMessage, canonicalEnvelope, canonicalMemory, canonicalOfPayload, issuerOf, leafHash, readCertificate, sign, signBatch,
   signerFromCreds, signerFromSeed, signingInput, SIG, SIG_PATH, timestampUs, verdict,
 } from "./signing.mjs";
 
@@ -601,6 +603,11 @@ function exampleBatch(sc) {
     times: writes.map((w) => w.headers.get("Bb-Sig-Time")), paths: writes.map((w) => w.headers.get(SIG_PATH)) };
 }
 
+/** The canonical encodings (§13) of the memory records `records` (JSON texts), as hex (no server). */
+function memoryCanonical(sc) {
+  return { ok: true, hex: sc.records.map((r) => Buffer.from(canonicalMemory(JSON.parse(r))).toString("hex")) };
+}
+
 const raw = process.argv[2] ?? process.env.BB_INTEROP_SCENARIO;
 if (!raw) {
   console.error("usage: node interop.mjs '<json scenario>'");
@@ -608,7 +615,7 @@ if (!raw) {
 }
 try {
   const sc = JSON.parse(raw);
-  const modes = { refusals, example, example_batch: exampleBatch, run };
+  const modes = { refusals, example, example_batch: exampleBatch, memory_canonical: memoryCanonical, run };
   const result = await (modes[sc.mode ?? "run"] ?? run)(sc);
   console.log(JSON.stringify(result));
 } catch (err) {

@@ -146,6 +146,47 @@ export function canonicalEnvelope(env) {
   return out.done();
 }
 
+/** A map of string keys to encoded values, in the order given (a record map: rule 2). */
+function recordMap(out, fields) {
+  header(out, fields.length, 0x80, 15, [0, 0xde, 0xdf]);
+  for (const [name, write] of fields) { str(out, name); write(); }
+}
+
+/** The canonical encoding of a long-term memory record (§13.2): its twelve fields in schema
+ *  order, defaults written, then the version-2 extensions `key`, `occurred_at`, `confidence`
+ *  and `provenance`, each only when set (rule 2: an extension that is null is left out). */
+export function canonicalMemory(rec, out = new Out()) {
+  const present = (v) => v !== null && v !== undefined;
+  const fields = [
+    ["v", () => int(out, rec.v ?? 1)],
+    ["id", () => str(out, rec.id)],
+    ["board", () => str(out, rec.board)],
+    ["agent", () => str(out, rec.agent)],
+    ["kind", () => str(out, rec.kind ?? "episodic")],
+    ["text", () => str(out, rec.text)],
+    ["tags", () => canonicalValue(rec.tags ?? [], out, 1)],
+    ["metadata", () => canonicalValue(rec.metadata ?? {}, out, 1)],
+    ["importance", () => canonicalValue(rec.importance ?? 0.5, out, 1)],
+    ["source", () => canonicalValue(rec.source ?? null, out, 1)],
+    ["read_only", () => canonicalValue(rec.read_only ?? false, out, 1)],
+    ["created_at", () => str(out, canonicalTimestamp(rec.created_at))],
+  ];
+  if (present(rec.key)) fields.push(["key", () => str(out, rec.key)]);
+  if (present(rec.occurred_at)) fields.push(["occurred_at", () => str(out, canonicalTimestamp(rec.occurred_at))]);
+  if (present(rec.confidence)) fields.push(["confidence", () => canonicalValue(rec.confidence, out, 1)]);
+  if (present(rec.provenance)) {
+    fields.push(["provenance", () => {
+      header(out, rec.provenance.length, 0x90, 15, [0, 0xdc, 0xdd]);
+      for (const ref of rec.provenance) {  // a SourceRef: every field, nil when absent
+        recordMap(out, [["stream", () => str(out, ref.stream)], ["seq", () => int(out, ref.seq)],
+          ["key", () => canonicalValue(ref.key ?? null, out, 2)], ["sig", () => canonicalValue(ref.sig ?? null, out, 2)]]);
+      }
+    }]);
+  }
+  recordMap(out, fields);
+  return out.done();
+}
+
 // ---------------------------------------------------------------- signing (§14.1-14.3)
 const b64url = (bytes) => Buffer.from(bytes).toString("base64url");
 const unb64url = (text) => new Uint8Array(Buffer.from(text, "base64url"));
