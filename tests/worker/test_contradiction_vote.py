@@ -30,7 +30,7 @@ from blackboard.worker.contradictions import (
     winner_of,
 )
 from blackboard.worker.handlers import default_handlers
-from tests._worker_helpers import StartWorker, board_memories_handler
+from tests._worker_helpers import HashProvider, StartWorker, board_memories_handler
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -93,8 +93,8 @@ async def test_a_contradiction_is_settled_by_a_vote_and_the_winner_supersedes(
     settings = pg_settings.model_copy(update={"memory": MemorySettings(
         contradictions="vote", vote_boards=[f"{unique}*"], vote_deadline=3.0)})
     votes = dataclasses.replace(default_handlers(settings)[3], filter_subject=Subjects.vote_filter(unique))
-    worker = await start_worker(settings, name=f"w{unique}", embed=False, serve_search=False, deadline_interval=0.1,
-                       handlers=[board_memories_handler(settings, unique), votes])
+    worker = await start_worker(settings, name=f"w{unique}", embed=False, deadline_interval=0.1,
+                                handlers=[board_memories_handler(settings, unique), votes], provider=HashProvider())
     price, stock = "price:shop.example.com:sku-1", "stock:sku-1"
     async with contextlib.AsyncExitStack() as stack:
         alice, bob, carol, dave = [await stack.enter_async_context(Agent.connect(f"{unique}-{n}", settings=settings))
@@ -117,10 +117,16 @@ async def test_a_contradiction_is_settled_by_a_vote_and_the_winner_supersedes(
         assert proposals[price].section == CONTRADICTION_SECTION and worker.committer is not None
         assert proposals[price].proposer == worker.committer.store.name  # the worker's identity
         assert "SKU-1 costs 10 EUR" in proposals[price].question and "SKU-1 costs 12 EUR" in proposals[price].question
-        # Meanwhile the challengers are contested, the incumbents current.
+        # Meanwhile the challengers are contested, the incumbents current: recall finds these.
         rows = await _rows(settings, unique)
         assert rows[new_price][3] == proposals[price].id and rows[new_stock][3] == proposals[stock].id
         assert rows[old_price][1:] == (None, None, None) and rows[old_stock][1:] == (None, None, None)
+
+        async def recalled(**filters: Any) -> set[str]:
+            return {h.id for h in await carol.recall("SKU-1", board=unique, mode="keyword", top_k=20, **filters)}
+
+        assert await recalled() == {old_price, old_stock}
+        assert await recalled(include_superseded=True) == {old_price, old_stock, new_price, new_stock}
         # Two votes for the new price, two for the old stock.
         for voter in (carol, dave):
             await voter.board(unique).vote(proposals[price].id, new_price)
@@ -142,6 +148,9 @@ async def test_a_contradiction_is_settled_by_a_vote_and_the_winner_supersedes(
         # incumbent, contested by the vote that rejected it; the incumbent stays current.
         assert rows[new_stock][1:] == (rows[new_stock][0], old_stock, proposals[stock].id)
         assert rows[old_stock][1:] == (None, None, None)
+        assert await recalled() == {new_price, old_stock}
+        lost = (await carol.memory(new_stock, board=unique)).memory
+        assert (lost.contested_by, lost.superseded_by) == (proposals[stock].id, old_stock)
         # The accepted value is the winner's id, on the board entry the proposal targets.
         assert (await alice.board(unique).get(CONTRADICTION_SECTION, price)).value == new_price
         # A later version of the stock by its author is no contradiction: it supersedes at once.
