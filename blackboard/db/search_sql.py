@@ -678,12 +678,19 @@ def searchable_query(space: Space | None, board: str, ids: Sequence[str],
     """Rows ``(id, stored, embedded)`` of the memories ``ids`` of ``board``: ``stored`` when
     the board holds the memory at stream sequence ``seqs[i]`` or later, ``embedded`` when that
     stored version also has its vector in ``space`` (the embedder writes a vector with the
-    revision it embedded; without a space, none has). One row per id, in any order."""
+    revision it embedded; without a space, none has). A memory merged into another (that
+    version or a later one; ``bb_memory_sources``: exact deduplication, near-duplicate
+    consolidation) is answered for by the memory it was merged into. One row per id, in any order."""
     vec = sql.SQL("LEFT JOIN {} v ON v.item = m.mid AND v.revision = m.seq").format(space.table("memory")) \
         if space is not None else sql.SQL("LEFT JOIN (SELECT NULL::bigint AS item) v ON false")
     text = sql.SQL(
         "SELECT r.id, m.mid IS NOT NULL AS stored, v.item IS NOT NULL AS embedded "
         "FROM unnest(%s::text[], %s::bigint[]) AS r(id, seq) "
-        "LEFT JOIN bb_memories m ON m.id = r.id AND m.board = %s AND m.seq >= r.seq {vec}"
+        "LEFT JOIN LATERAL ("
+        " SELECT k.mid, k.seq FROM bb_memories k WHERE k.mid = (SELECT x.mid FROM bb_memory_sources x"
+        "  WHERE x.id = r.id AND x.board = %s AND x.seq >= r.seq)"
+        " UNION ALL"
+        " SELECT m.mid, m.seq FROM bb_memories m WHERE m.id = r.id AND m.board = %s AND m.seq >= r.seq"
+        " LIMIT 1) m ON true {vec}"
     ).format(vec=vec).as_string()
-    return text, [list(ids), list(seqs), board]
+    return text, [list(ids), list(seqs), board, board]

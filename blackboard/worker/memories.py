@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from typing import Any
 
-from psycopg import sql
+from psycopg import AsyncCursor, sql
 
 from blackboard.db import ingest_sql as q
+from blackboard.db import memory_sql as dq
 from blackboard.db import pgcopy
 from blackboard.db.spaces import Space
 from blackboard.protocol import codec, records
@@ -22,6 +24,7 @@ from blackboard.protocol.subjects import MEMORY_STREAM, Subjects
 from blackboard.security.verifier import Signed
 from blackboard.settings import Settings
 from blackboard.worker.decode import ForgetRow, MemoryRow, RawMessage, decode_memory
+from blackboard.worker.dedup import lock_keys
 from blackboard.worker.stream_handler import Conn, StreamHandler
 from blackboard.worker.supersession import ContradictionPolicy, keys_before_write, settle_keys
 
@@ -29,7 +32,8 @@ __all__ = ["memory_handler", "memory_signed", "write_memories"]
 
 
 async def write_memories(conn: Conn, rows: Sequence[MemoryRow | ForgetRow], *,
-                         policy: ContradictionPolicy | None = None) -> None:
+                         policy: ContradictionPolicy | None = None, dedup: bool = True,
+                         dedup_per_agent: bool = False) -> None:
     """Store (or replace, by id, forward only) memories and queue their embeddings; apply forgets.
 
     A forget deletes the stored versions older than itself and leaves a
@@ -42,6 +46,13 @@ async def write_memories(conn: Conn, rows: Sequence[MemoryRow | ForgetRow], *,
     linked, contradictions contested under ``policy``: :mod:`.supersession`);
     their locks are taken first, before any row is written (a batch with
     forgets holds the table instead).
+
+    With ``dedup`` (``memory.dedup``), a new memory whose normalised text is that
+    of a live memory of its scope (its board, and its agent with
+    ``dedup_per_agent``; its subject key) is merged into it rather than stored: a
+    ``bb_memory_sources`` row, the kept memory seen once more
+    (:mod:`blackboard.db.memory_sql`). A forget of a merged id removes that
+    source; a forget of a kept memory takes its sources with it.
     """
     forgets = [r for r in rows if isinstance(r, ForgetRow)]
     if forgets:
@@ -54,13 +65,16 @@ async def write_memories(conn: Conn, rows: Sequence[MemoryRow | ForgetRow], *,
         keys = await keys_before_write(conn, [r.id for r in memories],
                                        [(r.board, r.key, (r.valid_from, r.seq)) for r in memories if r.key is not None],
                                        lock=not forgets)
-        await _write_memory_rows(conn, memories)
+        await _write_memory_rows(conn, memories, dedup=dedup, per_agent=dedup_per_agent,
+                                 table_locked=bool(forgets))
         await settle_keys(conn, keys, policy)
     if forgets:
         ids = sorted({i for f in forgets for i in f.ids})
         keys = await keys_before_write(conn, ids, (), lock=False)
+        cur = await conn.execute(dq.FORGET_MERGED, {"ids": ids})
+        mids = [int(r[0]) for r in await cur.fetchall()]  # near-duplicates archived into a forgotten memory
         cur = await conn.execute(q.DELETE_FORGOTTEN, (ids,))
-        mids = [int(r[0]) for r in await cur.fetchall()]
+        mids += [int(r[0]) for r in await cur.fetchall()]
         if mids:
             await _delete_vectors(conn, mids)
         await settle_keys(conn, keys)  # a forgotten version leaves its key's versions
@@ -86,12 +100,43 @@ def _memory_row(r: MemoryRow) -> bytes:
     ))
 
 
-async def _write_memory_rows(conn: Conn, rows: Sequence[MemoryRow]) -> None:
+async def _write_memory_rows(conn: Conn, rows: Sequence[MemoryRow], *, dedup: bool, per_agent: bool,
+                             table_locked: bool) -> None:
     await conn.execute(q.CREATE_STAGE_MEMORIES)
     async with conn.cursor() as cur:
         async with cur.copy(q.COPY_MEMORIES) as copy:
             await copy.write(pgcopy.stream(_memory_row(r) for r in rows))
+        followers = await _merge_staged(cur, rows, per_agent, table_locked) if dedup else 0
         await cur.execute(q.MOVE_MEMORIES)
+        if followers:
+            await cur.execute(dq.MERGE_FOLLOWERS, {"per_agent": per_agent})
+            await cur.execute(dq.RESTAGE_FOLLOWERS)
+            back = await cur.fetchone()
+            if back is not None and back[0]:  # none found its first stored: not expected, but never lost
+                await cur.execute(q.MOVE_MEMORIES)
+
+
+#: The ``source`` of the worker's derived merges (``worker.derived.MERGE_SOURCE``): such a
+#: memory takes its sources' place, it is never merged into one of them.
+_DERIVED_MERGE = "bb:merge"
+
+
+async def _merge_staged(cur: AsyncCursor[Any], rows: Sequence[MemoryRow], per_agent: bool,
+                        table_locked: bool) -> int:
+    """Exact deduplication of the staged batch, before it is stored: the batch's locks, then
+    the duplicates of stored memories merged, and the followers (duplicates of an earlier
+    memory of the batch) set aside; their number."""
+    locks = lock_keys(rows, per_agent=per_agent)
+    if not locks:
+        return 0
+    if not table_locked:
+        await cur.execute(dq.LOCK_MEMORIES_FOR_DEDUP)
+    await cur.execute(dq.LOCK_DEDUP_KEYS, (locks.spaces, locks.keys, locks.shared))
+    await cur.execute(dq.CREATE_FOLLOWERS)
+    await cur.execute(dq.DROP_STALE_SOURCES)
+    await cur.execute(dq.MERGE_STAGED, {"per_agent": per_agent, "unmerged_source": _DERIVED_MERGE})
+    found = await cur.fetchone()
+    return int(found[0]) if found is not None else 0
 
 
 def _canonical(msg: RawMessage) -> bytes:
@@ -117,8 +162,10 @@ def memory_handler(settings: Settings) -> StreamHandler:
     def decode(msg: RawMessage) -> MemoryRow | ForgetRow:
         return decode_memory(msg, max_bytes=max_bytes, index_chars=chars)
 
+    dedup, per_agent = settings.memory.dedup, settings.memory.dedup_per_agent
+
     async def write(conn: Conn, rows: Sequence[MemoryRow | ForgetRow]) -> None:
-        await write_memories(conn, rows, policy=policy)
+        await write_memories(conn, rows, policy=policy, dedup=dedup, dedup_per_agent=per_agent)
 
     return StreamHandler("memories", MEMORY_STREAM, Subjects.memory_all(), decode, write,
                          embeds=True, concurrent_writes=True, signed=memory_signed)

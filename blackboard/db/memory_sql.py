@@ -1,0 +1,216 @@
+"""SQL of exact deduplication at ingest and of the provenance of merged memories.
+
+A batch of memories is COPYed into ``bb_stage_memories`` (:mod:`.ingest_sql`);
+with deduplication on (``memory.dedup``), the worker then runs, in the batch's
+transaction, before ``MOVE_MEMORIES``:
+
+1. ``LOCK_MEMORIES_FOR_DEDUP`` and ``LOCK_DEDUP_KEYS``: transaction-scoped
+   advisory locks on the batch's scopes (a scope is a board, or a board and an
+   agent), texts and ids, in one sorted order (see
+   :func:`blackboard.worker.dedup.lock_keys`), so two batches writing the same
+   text or the same id commit one after the other and the second sees the first.
+2. ``DROP_STALE_SOURCES``: a staged memory already merged (exactly) at this
+   version or a later one (a redelivery) is dropped from the stage; a newer
+   version of such a merged id drops that source (the kept memory's
+   ``seen_count`` - 1) and is ingested afresh. (A near-duplicate merged away is
+   still a row, archived: ``MOVE_MEMORIES`` stores its newer version and
+   ``worker.derived.revive_merged`` makes it live again.)
+3. ``MERGE_STAGED``: a new memory (its id not stored) whose text hash matches a
+   live memory of its scope (same subject key; for a keyed memory, the current
+   version, valid from no later than it) is merged into it: no row, a
+   ``bb_memory_sources`` row (``how = 'exact'``), ``seen_count`` + 1,
+   ``last_seen`` the greatest. Of the new memories of one scope and text that
+   match nothing, the first (by valid time for a keyed one, then by stream
+   order) stays staged and the others are set aside in ``bb_dedup_followers``.
+
+``MOVE_MEMORIES`` then stores what is staged, and ``MERGE_FOLLOWERS`` merges
+the followers into the rows just stored (``RESTAGE_FOLLOWERS`` puts back any
+that found none, for a second ``MOVE_MEMORIES``: a safety net).
+
+Forgets: ``FORGET_MERGED`` (before ``DELETE_FORGOTTEN``) removes the source row
+of a forgotten merged id (``seen_count`` - 1) and, for a forgotten kept memory,
+leaves tombstones for its sources (so a late or replayed copy of one does not
+come back as a memory of its own) and deletes the near-duplicates archived
+into it; its sources' rows go with it (``ON DELETE CASCADE``).
+"""
+
+from __future__ import annotations
+
+from blackboard.db.ingest_sql import MEMORY_COLUMNS
+
+__all__ = [
+    "CREATE_FOLLOWERS",
+    "DROP_STALE_SOURCES",
+    "FORGET_MERGED",
+    "LOCK_DEDUP_KEYS",
+    "LOCK_MEMORIES_FOR_DEDUP",
+    "MERGE_FOLLOWERS",
+    "MERGE_STAGED",
+    "RESTAGE_FOLLOWERS",
+]
+
+#: Taken by a batch without forgets before its dedup locks: the forget path takes
+#: ``SHARE ROW EXCLUSIVE`` on the table and then its dedup locks, so every
+#: batch takes the table lock first (one lock order, no deadlock).
+LOCK_MEMORIES_FOR_DEDUP = "LOCK TABLE bb_memories IN ROW EXCLUSIVE MODE"
+
+#: The advisory locks of a batch, in the order given (sorted by the caller):
+#: arrays of lock spaces, keys, and whether each is taken shared.
+LOCK_DEDUP_KEYS = """
+SELECT count(*) FROM (
+    SELECT CASE WHEN t.shared THEN pg_advisory_xact_lock_shared(t.space, t.key)
+                ELSE pg_advisory_xact_lock(t.space, t.key) END
+    FROM unnest(%s::int[], %s::int[], %s::boolean[]) WITH ORDINALITY AS t(space, key, shared, ord)
+    ORDER BY t.ord
+) l"""
+
+#: Followers: new memories of the batch that duplicate an earlier one of the
+#: same batch, merged once that one is stored.
+CREATE_FOLLOWERS = """
+CREATE TEMP TABLE IF NOT EXISTS bb_dedup_followers (LIKE bb_stage_memories) ON COMMIT DELETE ROWS"""
+
+#: The staged versions the ingest would store: the newest of each id, unless forgotten.
+_LATEST = """
+SELECT DISTINCT ON (s.id) s.*
+FROM bb_stage_memories s
+WHERE NOT EXISTS (SELECT 1 FROM bb_memory_forgets f
+                  WHERE f.id = s.id AND f.board = s.board AND f.seq > s.seq)
+ORDER BY s.id, s.seq DESC"""
+
+DROP_STALE_SOURCES = """
+WITH src AS (
+    -- (a forgotten staged version needs no care here: its tombstone removes the source)
+    SELECT l.id, l.seq AS new_seq, x.seq AS src_seq
+    FROM (SELECT id, max(seq) AS seq FROM bb_stage_memories GROUP BY id) l
+    CROSS JOIN LATERAL (SELECT x.seq FROM bb_memory_sources x WHERE x.id = l.id AND x.how = 'exact' LIMIT 1) x
+), done AS (
+    -- merged at this version or a later one: nothing to store
+    DELETE FROM bb_stage_memories st USING src
+    WHERE st.id = src.id AND src.src_seq >= src.new_seq
+), stale AS (
+    -- a newer version of a merged id: it is no longer that memory's source
+    DELETE FROM bb_memory_sources x USING src
+    WHERE x.id = src.id AND src.src_seq < src.new_seq
+    RETURNING x.mid
+)
+UPDATE bb_memories m SET seen_count = greatest(1, m.seen_count - d.n)
+FROM (SELECT mid, count(*)::int AS n FROM stale GROUP BY mid) d
+WHERE m.mid = d.mid"""
+
+
+def _match(new: str, per_agent: str) -> str:
+    """The live memory a new memory ``new`` merges into (one ``mid`` row, or none)."""
+    return f"""
+    SELECT m.mid FROM bb_memories m
+    WHERE m.board = {new}.board AND m.content_hash = {new}.content_hash AND m.archived_at IS NULL
+      AND ({per_agent} IS NOT TRUE OR m.agent = {new}.agent)
+      AND m.subject_key IS NOT DISTINCT FROM {new}.subject_key
+      AND ({new}.subject_key IS NULL
+           OR (m.valid_to IS NULL AND coalesce(m.valid_from, m.created_at) <= coalesce({new}.occurred_at, {new}.created_at)))
+      AND m.id <> {new}.id
+    ORDER BY m.mid LIMIT 1"""
+
+
+def _merge() -> str:
+    """CTEs ``bump`` (the kept memories' counts, conditional on their still being live
+    with that text) and ``merged`` (the source rows written; RETURNING ``id``) for the
+    rows of a CTE ``hit``: new memories (the stage's columns) and the ``kept`` memory each
+    merges into."""
+    return """
+bump AS (
+    UPDATE bb_memories m SET seen_count = m.seen_count + h.n, last_seen = greatest(m.last_seen, h.last)
+    FROM (SELECT kept, content_hash, count(*)::int AS n, max(created_at) AS last
+          FROM hit GROUP BY kept, content_hash) h
+    WHERE m.mid = h.kept AND m.archived_at IS NULL AND m.content_hash = h.content_hash
+    RETURNING m.mid
+), merged AS (
+    INSERT INTO bb_memory_sources (id, mid, board, agent, stream, seq, created_at, sig_key, sig, verdict, how)
+    SELECT h.id, h.kept, h.board, h.agent, h.stream, h.seq, h.created_at, h.sig_key, h.sig, h.verdict, 'exact'
+    FROM hit h WHERE h.kept IN (SELECT mid FROM bump)
+    ON CONFLICT (id) DO NOTHING
+    RETURNING id
+)"""
+
+
+_COLUMNS = ", ".join(MEMORY_COLUMNS)
+
+#: Merge the staged new memories that duplicate a stored live one, and set aside
+#: the followers (see the module's docstring). Params: ``per_agent`` (bool),
+#: ``unmerged_source``: the ``source`` of memories never merged (the worker's
+#: derived merges, which take their sources' place: ``worker.derived``).
+#: Returns the number of followers set aside.
+MERGE_STAGED = f"""
+WITH latest AS ({_LATEST}
+), new AS (
+    -- new ids (probed one by one: LATERAL ... LIMIT 1), each with the memory it duplicates
+    SELECT l.*, k.mid AS kept FROM latest l
+    CROSS JOIN LATERAL (SELECT count(*) AS n FROM (SELECT 1 FROM bb_memories m WHERE m.id = l.id LIMIT 1) e) e
+    LEFT JOIN LATERAL ({_match("l", "%(per_agent)s::boolean")}) k ON true
+    WHERE l.content_hash IS NOT NULL AND e.n = 0 AND l.source IS DISTINCT FROM %(unmerged_source)s
+), hit AS (
+    SELECT * FROM new WHERE kept IS NOT NULL
+), {_merge()},
+ranked AS (
+    SELECT n.*, row_number() OVER (
+        PARTITION BY n.board, CASE WHEN %(per_agent)s THEN n.agent END, n.subject_key, n.content_hash
+        ORDER BY CASE WHEN n.subject_key IS NOT NULL THEN coalesce(n.occurred_at, n.created_at) END, n.seq) AS rn
+    FROM new n WHERE n.kept IS NULL
+), aside AS (
+    INSERT INTO bb_dedup_followers ({_COLUMNS}) SELECT {_COLUMNS} FROM ranked WHERE rn > 1
+    RETURNING id
+), gone AS (
+    DELETE FROM bb_stage_memories st
+    WHERE st.id IN (SELECT id FROM merged UNION ALL SELECT id FROM aside)
+)
+SELECT count(*) FROM aside"""
+
+#: Merge the followers into the memories stored since (their batch's first of
+#: each text). Param: ``per_agent``. Returns the number merged.
+MERGE_FOLLOWERS = f"""
+WITH hit AS (
+    SELECT f.*, k.mid AS kept FROM bb_dedup_followers f
+    CROSS JOIN LATERAL ({_match("f", "%(per_agent)s::boolean")}) k
+), {_merge()}
+SELECT count(*) FROM merged"""
+
+#: Followers that found nothing to merge into, back to the stage (then stored
+#: by a second ``MOVE_MEMORIES``). Returns the number put back.
+RESTAGE_FOLLOWERS = """
+WITH back AS (
+    INSERT INTO bb_stage_memories
+    SELECT f.* FROM bb_dedup_followers f
+    WHERE NOT EXISTS (SELECT 1 FROM bb_memory_sources x WHERE x.id = f.id AND x.seq >= f.seq)
+    RETURNING 1
+)
+SELECT count(*) FROM back"""
+
+#: After the tombstones of a batch's forgets are written and before
+#: ``DELETE_FORGOTTEN``: a forgotten merged id is no longer a source of its kept
+#: memory (``seen_count`` - 1); a forgotten kept memory's sources get tombstones
+#: too, and the near-duplicates archived into it are deleted (RETURNING their
+#: ``mid``: their vectors go too). Param: ``ids`` (the forgotten ids).
+FORGET_MERGED = """
+WITH kept AS (
+    SELECT m.mid, m.id, f.stream, f.seq, f.verdict
+    FROM bb_memories m JOIN bb_memory_forgets f ON f.id = m.id AND f.board = m.board AND f.seq > m.seq
+    WHERE m.id = ANY(%(ids)s)
+), src AS (
+    SELECT x.id, x.board, x.seq AS src_seq, kept.id AS kept_id, kept.stream, kept.seq, kept.verdict
+    FROM kept JOIN bb_memory_sources x ON x.mid = kept.mid
+), tomb AS (
+    INSERT INTO bb_memory_forgets AS t (id, board, stream, seq, verdict)
+    SELECT id, board, stream, seq, verdict FROM src WHERE src_seq < seq
+    ON CONFLICT (id, board) DO UPDATE SET stream = EXCLUDED.stream, seq = EXCLUDED.seq, verdict = EXCLUDED.verdict
+    WHERE t.seq < EXCLUDED.seq
+), gone AS (
+    DELETE FROM bb_memory_sources x USING bb_memory_forgets f
+    WHERE f.id = x.id AND f.board = x.board AND f.seq > x.seq AND x.id = ANY(%(ids)s)
+    RETURNING x.mid
+), dec AS (
+    UPDATE bb_memories m SET seen_count = greatest(1, m.seen_count - d.n)
+    FROM (SELECT mid, count(*)::int AS n FROM gone GROUP BY mid) d
+    WHERE m.mid = d.mid
+)
+DELETE FROM bb_memories a USING src
+WHERE a.id = src.id AND a.merged_into = src.kept_id AND a.archived_at IS NOT NULL
+RETURNING a.mid"""
