@@ -6,7 +6,7 @@ from psycopg import sql
 
 from blackboard.db.spaces import ItemType, Space
 
-__all__ = ["BACKLOG", "CLAIM", "DONE", "LOAD_ENTRIES", "LOAD_MEMORIES", "RELEASE", "upsert_vectors"]
+__all__ = ["BACKLOG", "CLAIM", "CONTEXT", "DONE", "LOAD_ENTRIES", "LOAD_MEMORIES", "RELEASE", "upsert_vectors"]
 
 #: Lease up to %(n)s queued items whose lease is free or expired.
 CLAIM = """
@@ -22,7 +22,16 @@ FROM (
 WHERE q.item_type = c.item_type AND q.item = c.item
 RETURNING q.item_type, q.item, q.enqueued_at, q.attempts"""
 
-LOAD_MEMORIES = "SELECT mid, seq, text, metadata, board, embed_meta FROM bb_memories WHERE mid = ANY(%s)"
+#: The text of the memory before ``m`` on its board and thread (``metadata.thread``, compared
+#: as JSON), by ``(created_at, mid)``: a threaded memory's context (worker/embed_text.py,
+#: contextual indexing); NULL for a memory without a thread or the first of its thread. One
+#: probe of the partial index bb_memories_thread (migration 0017).
+CONTEXT = ("CASE WHEN m.metadata ? 'thread' THEN (SELECT p.text FROM bb_memories p "
+           "WHERE p.board = m.board AND p.metadata ? 'thread' AND p.metadata -> 'thread' = m.metadata -> 'thread' "
+           "AND (p.created_at, p.mid) < (m.created_at, m.mid) ORDER BY p.created_at DESC, p.mid DESC LIMIT 1) END")
+
+LOAD_MEMORIES = (f"SELECT m.mid, m.seq, m.text, m.metadata, m.board, m.embed_meta, {CONTEXT} AS context "
+                 "FROM bb_memories m WHERE m.mid = ANY(%s)")
 LOAD_ENTRIES = "SELECT eid, revision, search_text, deleted, board FROM bb_entries WHERE eid = ANY(%s)"
 
 #: Remove finished queue rows, unless they were re-enqueued meanwhile.

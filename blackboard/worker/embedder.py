@@ -360,8 +360,8 @@ class Embedder:
         found: set[tuple[ItemType, int]] = set()
         if mids:
             cur = await conn.execute(q.LOAD_MEMORIES, (mids,))
-            for mid, seq, text, metadata, board, lines in await cur.fetchall():
-                texts.append(memory_embed_text(text, metadata, lines=lines))
+            for mid, seq, text, metadata, board, lines, context in await cur.fetchall():
+                texts.append(memory_embed_text(text, metadata, lines=lines, context=context))
                 targets.append(("memory", int(mid), int(seq), str(board)))
                 found.add(("memory", int(mid)))
         if eids:

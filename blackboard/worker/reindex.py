@@ -19,7 +19,7 @@ from typing import Any
 
 from psycopg import sql
 
-from blackboard.db import migrate
+from blackboard.db import embed_sql, migrate
 from blackboard.db.pool import connect
 from blackboard.db.spaces import (
     ItemType,
@@ -39,7 +39,8 @@ __all__ = ["reindex"]
 log = logging.getLogger("blackboard.reindex")
 
 _SELECT: dict[str, str] = {
-    "memory": "SELECT mid, seq, text, metadata, board, embed_meta FROM bb_memories WHERE mid > %s ORDER BY mid LIMIT %s",
+    "memory": (f"SELECT m.mid, m.seq, m.text, m.metadata, m.board, m.embed_meta, {embed_sql.CONTEXT} "
+               "FROM bb_memories m WHERE m.mid > %s ORDER BY m.mid LIMIT %s"),
     "entry": ("SELECT eid, revision, search_text, NULL, board FROM bb_entries WHERE eid > %s AND NOT deleted "
               "AND search_text <> '' ORDER BY eid LIMIT %s"),
 }
@@ -98,7 +99,7 @@ async def reindex(settings: Settings, *, progress: bool = True, provider: Embedd
                 rows = await (await conn.execute(_SELECT[item_type], (last, batch_size))).fetchall()
                 if not rows:
                     break
-                texts = [memory_embed_text(r[2], r[3], lines=r[5]) if item_type == "memory" else str(r[2])[:MAX_EMBED_CHARS]
+                texts = [memory_embed_text(r[2], r[3], lines=r[5], context=r[6]) if item_type == "memory" else str(r[2])[:MAX_EMBED_CHARS]
                          for r in rows]
                 t1 = time.perf_counter()
                 vectors, ok = storable_vectors(await prov.embed(texts), len(texts), prov.dimensions)

@@ -1,8 +1,10 @@
-"""What the worker embeds for a memory: short metadata lines in the writer's key order, ids left out."""
+"""What the worker embeds for a memory: short metadata lines in the writer's key order, ids left out;
+a threaded memory with the text of the one before it in its thread (contextual indexing)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
 
 import numpy as np
 import psycopg
@@ -12,7 +14,13 @@ from blackboard.client.connection import connect_nats
 from blackboard.client.streams import ensure_streams
 from blackboard.devstack import EmbeddedPostgres
 from blackboard.settings import Settings
-from blackboard.worker.embed_text import is_identifier_like, memory_embed_lines, memory_embed_text
+from blackboard.worker.embed_text import (
+    MAX_CONTEXT_CHARS,
+    MAX_EMBED_CHARS,
+    is_identifier_like,
+    memory_embed_lines,
+    memory_embed_text,
+)
 from blackboard.worker.reindex import reindex
 from tests._worker_helpers import (
     HashProvider,
@@ -116,3 +124,48 @@ async def test_the_worker_embeds_metadata_in_the_writers_order_without_ids_and_r
     fallback = next(t for t in old.texts if t.endswith("dawn"))
     assert sorted(fallback.splitlines()[:-1]) == sorted(_EXPECTED.splitlines()[:-1])
     assert "msg_" not in fallback and "9fceb02d" not in fallback
+
+
+def test_a_threaded_memory_is_embedded_with_the_previous_text_after_its_own() -> None:
+    meta = {"speaker": "Caroline", "thread": "session-3"}
+    # the thread links, it is not a line
+    assert memory_embed_lines(meta) == "speaker: Caroline"
+    assert memory_embed_text("Yes, twice!", meta, context="Have you been to Paris?") == (
+        "speaker: Caroline\nYes, twice!\nHave you been to Paris?")
+    assert memory_embed_text("Yes", meta, context="  ") == "speaker: Caroline\nYes"
+    # the context is bounded and never displaces the memory's own text
+    long = memory_embed_text("own", None, context="c" * 5000)
+    assert long == "own\n" + "c" * MAX_CONTEXT_CHARS
+    assert memory_embed_text("y" * 5000, None, context="ctx") == "y" * MAX_EMBED_CHARS
+
+
+@pytest.mark.asyncio
+async def test_the_worker_embeds_a_threaded_memory_with_the_one_before_it_and_reindex_agrees(
+        pg_settings: Settings, postgres_server: EmbeddedPostgres, unique: str) -> None:
+    own = make_settings(pg_settings.nats.url, fresh_db(postgres_server, unique))
+    s = worker_settings(own, name=f"w{unique}", serve_search=False)
+    nc = await connect_nats(s.nats, name="embed-context")
+    js = nc.jetstream()
+    await ensure_streams(js, s)
+    t0 = datetime(2026, 1, 1, tzinfo=UTC)
+    written = [  # (id, text, thread, created_at offset): stored out of thread order on purpose
+        ("a2", "Yes, twice last summer!", "t1", 2),
+        ("a1", "Have you been to Paris?", "t1", 1),
+        ("b1", "Shall we plan the release?", "t2", 3),
+        ("n1", "no thread here", None, 4),
+        ("a3", "The museums were the best part.", "t1", 5),
+    ]
+    for mid, text, thread, dt in written:
+        await remember(js, unique, "alice", f"{unique}-{mid}", text, created_at=t0 + timedelta(seconds=dt),
+                       metadata={"thread": thread} if thread else {})
+    await nc.close()
+    expected = sorted(["Have you been to Paris?", "Yes, twice last summer!\nHave you been to Paris?",
+                       "Shall we plan the release?", "no thread here",
+                       "The museums were the best part.\nYes, twice last summer!"])
+    live = _Recorder(32, f"rec-ctx-a-{unique}")
+    async with running_worker(s, provider=live, handlers=[board_memories_handler(s, unique)]) as w:
+        await w.wait_caught_up(30, embedded=True)
+    assert sorted(live.texts) == expected
+    again = _Recorder(32, f"rec-ctx-b-{unique}")
+    await reindex(s, progress=False, provider=again)
+    assert sorted(again.texts) == expected
