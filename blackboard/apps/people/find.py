@@ -6,6 +6,7 @@ import argparse
 from typing import Any
 
 from blackboard.apps.people.common import connect_agent, json_object
+from blackboard.apps.people.memory import parse_time
 from blackboard.apps.people.output import dumps, preview, table
 from blackboard.protocol.errors import InvalidPayloadError
 from blackboard.protocol.filters import parse_where
@@ -28,6 +29,22 @@ def _filters(args: argparse.Namespace) -> dict[str, Any]:
                              "metadata": json_object(args.metadata, what="--metadata"), "where": where}
     if args.tags:
         found["tags_all"] = args.tags
+    return {name: value for name, value in found.items() if value is not None}
+
+
+def _lifecycle(args: argparse.Namespace) -> dict[str, Any]:
+    """The lifecycle filters of ``recall`` given on the command line (docs/memory-lifecycle.md).
+
+    Raises:
+        InvalidPayloadError: a time that is not ISO 8601 with an offset.
+    """
+    found: dict[str, Any] = {name: parse_time(getattr(args, name), what=f"--{name.replace('_', '-')}")
+                             for name in ("as_of", "known_at", "occurred_after", "occurred_before")}
+    found["min_confidence"] = args.min_confidence
+    if args.include_superseded:
+        found["include_superseded"] = True
+    if args.include_archived:
+        found["include_archived"] = True
     return {name: value for name, value in found.items() if value is not None}
 
 
@@ -70,6 +87,7 @@ async def recall(args: argparse.Namespace) -> int:
     filters = _filters(args)
     if args.kinds:
         filters["kinds"] = args.kinds
+    filters.update(_lifecycle(args))
     async with connect_agent(args) as agent:
         hits = await agent.recall(args.query, **filters)
     _print_hits(args, hits, ["SCORE", "BOARD", "KIND", "AGENT", "TEXT"],

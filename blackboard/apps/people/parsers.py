@@ -150,6 +150,15 @@ def add_people_commands(sub: Any) -> None:
                    choices=("episodic", "semantic", "procedural", "knowledge", "summary"),
                    help="memories of this kind (repeatable)")
     _filters(p)
+    p.add_argument("--include-superseded", action="store_true",
+                   help="older versions of a key and contested memories too (default: current memories only)")
+    p.add_argument("--include-archived", action="store_true", help="archived memories (pruned, merged) too")
+    p.add_argument("--as-of", metavar="TIME", help="the versions valid at TIME (ISO 8601 with an offset)")
+    p.add_argument("--known-at", metavar="TIME",
+                   help="what the board knew at TIME: memories written by then, the newest version of each key")
+    p.add_argument("--occurred-after", metavar="TIME", help="event time at or after TIME")
+    p.add_argument("--occurred-before", metavar="TIME", help="event time before TIME")
+    p.add_argument("--min-confidence", type=float, metavar="X", help="confidence at least X (0 to 1)")
 
     p = add("remember", "write a long-term memory", "Store TEXT (- reads stdin) as a long-term memory any "
             "agent can recall; prints its id once JetStream has it. --key, --occurred-at and --confidence "
