@@ -62,9 +62,11 @@ async def write_memories(conn: Conn, rows: Sequence[MemoryRow | ForgetRow], *,
                                                       for f in forgets for i in f.ids])
     memories = [r for r in rows if isinstance(r, MemoryRow)]
     if memories:
-        keys = await keys_before_write(conn, [r.id for r in memories],
-                                       [(r.board, r.key, (r.valid_from, r.seq)) for r in memories if r.key is not None],
-                                       lock=not forgets)
+        keyed = [(r.board, r.key, (r.valid_from, r.seq)) for r in memories if r.key is not None]
+        # Where the batch's ids were, for a batch with keys only: a new version of a keyed id
+        # without a key leaves its old key's links as they were until that key's next write
+        # (docs/memory-lifecycle.md), and a batch without keys costs nothing more.
+        keys = await keys_before_write(conn, [r.id for r in memories] if keyed else [], keyed, lock=not forgets)
         await _write_memory_rows(conn, memories, dedup=dedup, per_agent=dedup_per_agent,
                                  table_locked=bool(forgets))
         await settle_keys(conn, keys, policy)

@@ -159,22 +159,23 @@ async def _connect(settings: Settings) -> psycopg.AsyncConnection[Any]:
 
 
 async def _write(conn: psycopg.AsyncConnection[Any], board: str, rows: Sequence[tuple[str, int, int, str, str]],
-                 policy: ContradictionPolicy | None = None, *, pause: asyncio.Event | None = None) -> None:
-    """Store memories (id, seq, valid-from minutes, agent, text) on key 'k' the way a batch does:
+                 policy: ContradictionPolicy | None = None, *, pause: asyncio.Event | None = None,
+                 key: str = "k") -> None:
+    """Store memories (id, seq, valid-from minutes, agent, text) on ``key`` the way a batch does:
     the keys locked, the rows upserted forward only, then settled, in one transaction. Ids are
     the board's (``<board>/<id>``), and so is the stream the sequences count in."""
     rows = [(f"{board}/{r[0]}", *r[1:]) for r in rows]
     async with conn.transaction():
         starts = await keys_before_write(conn, [r[0] for r in rows],
-                                         [(board, "k", (at(m), seq)) for _, seq, m, _, _ in rows])
+                                         [(board, key, (at(m), seq)) for _, seq, m, _, _ in rows])
         for mid_id, seq, minutes, agent, text in rows:
             await conn.execute(
                 "INSERT INTO bb_memories (id, board, agent, kind, text, created_at, updated_at, stream, seq, "
                 "subject_key, valid_from, content_hash) VALUES (%s, %s, %s, 'semantic', %s, now(), now(), "
-                "%s, %s, 'k', %s, %s) ON CONFLICT (id) DO UPDATE SET seq = EXCLUDED.seq, "
+                "%s, %s, %s, %s, %s) ON CONFLICT (id) DO UPDATE SET seq = EXCLUDED.seq, subject_key = EXCLUDED.subject_key, "
                 "valid_from = EXCLUDED.valid_from, text = EXCLUDED.text, content_hash = EXCLUDED.content_hash "
                 "WHERE bb_memories.seq < EXCLUDED.seq",
-                (mid_id, board, agent, text, board, seq, at(minutes), text.encode()))
+                (mid_id, board, agent, text, board, seq, key, at(minutes), text.encode()))
         if pause is not None:
             await pause.wait()
         await settle_keys(conn, starts, policy)
@@ -218,6 +219,10 @@ async def test_settled_in_postgresql_whatever_order_concurrent_batches_commit_in
         await _write(conns[0], f"{unique}-0", [("m1", 200, 50, "a", "v1 again")])
         got = await _chain(conns[0], f"{unique}-0")
         assert got["m4"] == (at(20), "m2", None) and got["m3"] == (at(50), "m1", None) and got["m1"] == (None,) * 3
+        # ... and a new version of m3 on another key leaves this one: m0 is current again.
+        await _write(conns[0], f"{unique}-0", [("m3", 201, 45, "a", "v3 elsewhere")], key="k2")
+        got = await _chain(conns[0], f"{unique}-0")
+        assert got["m0"] == (at(50), "m1", None) and got["m3"] == (None,) * 3 and got["m1"] == (None,) * 3
     finally:
         for c in conns:
             await c.close()
