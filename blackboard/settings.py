@@ -402,6 +402,33 @@ class SearchSettings(BaseModel):
     #: kept, least recently used out: a keyword or hybrid query whose words
     #: were all seen needs no round trip to find its lexemes; 0 turns it off.
     lexeme_cache_size: int = Field(100_000, ge=0)
+    #: Reranking of memory searches (blackboard/search/rerank.py): "off", "llm"
+    #: (an OpenAI-compatible chat model reads the query and the leading
+    #: candidates and orders them) or "cross-encoder" (a local ONNX
+    #: cross-encoder the user provides, rerank_model_path). A reranker that
+    #: fails leaves the fused order (logged); recall never fails for it.
+    rerank: Literal["off", "llm", "cross-encoder"] = "off"
+    #: Candidates reranked: retrieval is asked for max(top_k, rerank_depth),
+    #: the reranked list is cut to top_k.
+    rerank_depth: int = Field(30, ge=1, le=200)
+    #: Share of the reranker's score (min-max normalised over the reranked
+    #: candidates) in their final score, the rest the fused score; 1.0: the
+    #: reranker's order.
+    rerank_weight: float = Field(1.0, ge=0, le=1)
+    #: Chat model of the llm reranker.
+    rerank_model: str = "gpt-4o-mini"
+    #: API base URL of the llm reranker (None: api.openai.com).
+    rerank_base_url: str | None = None
+    #: API key of the llm reranker.
+    rerank_api_key: SecretStr | None = None
+    #: Seconds one llm reranker request may take.
+    rerank_timeout: float = Field(10.0, gt=0)
+    #: Characters of each candidate's text the llm reranker is shown.
+    rerank_max_chars: int = Field(1000, ge=50)
+    #: The cross-encoder: a directory holding model.onnx and its tokenizer.json
+    #: (or the .onnx file, tokenizer.json beside it), e.g. an ONNX export of
+    #: cross-encoder/ms-marco-MiniLM-L-6-v2. Nothing is downloaded.
+    rerank_model_path: Path | None = None
 
 
 class MessagingSettings(BaseModel):

@@ -12,6 +12,8 @@ service. One module per concept:
 * :mod:`~blackboard.search.history`: :class:`EntryHistory`, history and as-of reads (not search);
 * :mod:`~blackboard.search.detail`: one memory by id, its provenance and versions (not search);
 * :mod:`~blackboard.search.messages`: message search;
+* :mod:`~blackboard.search.rerank`: rerankers (the :class:`Reranker` protocol, an
+  OpenAI-compatible LLM, a local ONNX cross-encoder) of memory searches;
 * :mod:`~blackboard.search.pool`: reads through the search pool (one retry on a broken connection);
 * :mod:`~blackboard.search.service`: :class:`SearchService`, the NATS micro service.
 """
@@ -36,12 +38,21 @@ from blackboard.search.planning import (
     candidate_lexemes,
     exact_scan,
 )
+from blackboard.search.rerank import (
+    CrossEncoderReranker,
+    LLMReranker,
+    Reranker,
+    reranker_from_settings,
+)
 from blackboard.search.service import SearchService
 
 __all__ = [
     "BoardStats",
+    "CrossEncoderReranker",
     "EntryHistory",
     "Fused",
+    "LLMReranker",
+    "Reranker",
     "SearchEngine",
     "SearchService",
     "TermStats",
@@ -53,6 +64,7 @@ __all__ = [
     "fuse_convex",
     "fuse_hybrid",
     "neighbour_map",
+    "reranker_from_settings",
     "rrf",
     "search_messages",
     "smooth_neighbours",

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 import weakref
 from collections import OrderedDict
@@ -53,7 +54,7 @@ from blackboard.db import search_sql as q
 from blackboard.db.search_sql import EntryRow, MemoryRow
 from blackboard.db.spaces import Space, find_space
 from blackboard.embeddings import EmbeddingProvider
-from blackboard.protocol.errors import EmbeddingError, SearchError, StorageError
+from blackboard.protocol.errors import ConfigurationError, EmbeddingError, SearchError, StorageError
 from blackboard.protocol.schemas.search import (
     EntrySearchRequest,
     EntrySearchResponse,
@@ -74,12 +75,14 @@ from blackboard.search.planning import (
     exact_scan,
 )
 from blackboard.search.pool import once_more
+from blackboard.search.rerank import Reranker, apply_rerank, passage, reranker_from_settings
 from blackboard.search.rows import SkippedRows, fetch_readable, readable
 from blackboard.settings import SearchSettings
 
 __all__ = ["SearchEngine"]
 
 _T = TypeVar("_T")
+log = logging.getLogger("blackboard.search.engine")
 
 Request = MemorySearchRequest | EntrySearchRequest
 Row = MemoryRow | EntryRow
@@ -114,13 +117,19 @@ class SearchEngine:
             raise ``SearchError`` (keyword search still works).
         settings: search settings (ef_search, fusion, keyword limits).
         skipped: counts the stored rows skipped as unreadable (a new counter by default).
+        reranker: reranks memory searches (default: the one ``settings.rerank`` names, if any;
+            see :mod:`blackboard.search.rerank`).
     """
 
     def __init__(self, pool: AsyncConnectionPool, provider: EmbeddingProvider | None,
-                 settings: SearchSettings, *, skipped: SkippedRows | None = None) -> None:
+                 settings: SearchSettings, *, skipped: SkippedRows | None = None,
+                 reranker: Reranker | None = None) -> None:
         self.pool = pool
         self.provider = provider
         self.settings = settings
+        self.reranker = reranker if reranker is not None else reranker_from_settings(settings)
+        #: Memory searches whose reranker failed (their fused order was kept).
+        self.rerank_failures = 0
         #: Background work the searches leave (last access, ANALYZE).
         self.upkeep = Upkeep(pool)
         #: Stored rows the searches skipped because they cannot be read back (by kind).
@@ -444,14 +453,48 @@ class SearchEngine:
         return list(cut(fused, lambda f: f.score, req.top_k, req.min_score))
 
     async def search_memories(self, req: MemorySearchRequest) -> MemorySearchResponse:
-        """Search long-term memories (see :class:`MemorySearchRequest`)."""
+        """Search long-term memories (see :class:`MemorySearchRequest`); with a reranker, its
+        ``max(top_k, rerank_depth)`` leading results are reranked, then cut to ``top_k``."""
         t0 = time.perf_counter()
-        fused, rows = await self._search(req)
+        if self.reranker is not None:
+            deep = req.model_copy(update={"top_k": max(req.top_k, self.settings.rerank_depth)})
+            fused, rows = await self._search(deep)
+            fused = (await self._rerank(req.query, fused, rows, self.reranker))[:req.top_k]
+        else:
+            fused, rows = await self._search(req)
         hits = readable(((f, r) for f in fused if isinstance(r := rows.get(f.item), MemoryRow)),
                         lambda fr: memory_hit(fr[1], fr[0].score, fr[0].parts), "memory", self.skipped,
                         lambda fr: f"memory {fr[1].id!r}")
         self.upkeep.touch(f.item for f in fused)
         return MemorySearchResponse(hits=hits, took_ms=(time.perf_counter() - t0) * 1000)
+
+    async def _rerank(self, query: str, fused: list[Fused], rows: dict[int, Row], reranker: Reranker
+                      ) -> list[Fused]:
+        """``fused`` reranked (:func:`~blackboard.search.rerank.apply_rerank`), or as it is when
+        the reranker fails (logged, counted in :attr:`rerank_failures`)."""
+        head: list[Fused] = []
+        texts: list[str] = []
+        for f in fused:
+            row = rows.get(f.item)
+            if isinstance(row, MemoryRow):
+                head.append(f)
+                texts.append(passage(row.text, row.metadata))
+        if len(head) < 2:
+            return fused
+        try:
+            scores = await reranker.scores(query, texts)
+            if len(scores) != len(head):
+                raise SearchError(f"the reranker gave {len(scores)} scores for {len(head)} texts")
+        except (SearchError, ConfigurationError) as exc:
+            self.rerank_failures += 1
+            log.warning("reranker failed, fused order kept: %s", exc)
+            return fused
+        return apply_rerank(head, scores, weight=self.settings.rerank_weight)
+
+    async def aclose(self) -> None:
+        """Release the reranker's client or model, if any."""
+        if self.reranker is not None:
+            await self.reranker.aclose()
 
     async def search_entries(self, req: EntrySearchRequest) -> EntrySearchResponse:
         """Search current board entries (see :class:`EntrySearchRequest`)."""

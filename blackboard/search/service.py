@@ -235,20 +235,23 @@ class SearchService:
             async with open_pool(s.postgres, name=f"blackboard-{s.worker.name}-search", min_size=1,
                                  check=False, autocommit=True, session=search_session(s)) as pool:
                 self._pool = pool
-                self.engine = SearchEngine(pool, self._provider, s.search, skipped=self.skipped)
-                # Leaving the group waits for the requests in flight (the
-                # endpoints are stopped first); only the flusher is cancelled.
-                async with asyncio.TaskGroup() as group:
-                    self._group = group
-                    await self._register()
-                    flusher = group.create_task(self._flush_loop(), name="search flusher")
-                    if not ready.done():
-                        ready.set_result(None)
-                    try:
-                        await self._closing.wait()
-                    finally:
-                        flusher.cancel()
-                        await self._unregister()
+                self.engine = engine = SearchEngine(pool, self._provider, s.search, skipped=self.skipped)
+                try:
+                    # Leaving the group waits for the requests in flight (the
+                    # endpoints are stopped first); only the flusher is cancelled.
+                    async with asyncio.TaskGroup() as group:
+                        self._group = group
+                        await self._register()
+                        flusher = group.create_task(self._flush_loop(), name="search flusher")
+                        if not ready.done():
+                            ready.set_result(None)
+                        try:
+                            await self._closing.wait()
+                        finally:
+                            flusher.cancel()
+                            await self._unregister()
+                finally:
+                    await engine.aclose()  # the reranker's client, if any
         except BaseException as exc:
             if ready.done():
                 raise
