@@ -17,19 +17,29 @@ from typing import Any
 
 import psycopg
 import pytest
+from nats.aio.client import Client as NATS
 
 from agents_sdk import Agent
-from blackboard.protocol.schemas import Proposal
+from blackboard.db import migrate, open_pool
+from blackboard.protocol.schemas import Outcome, Proposal, TallyCounts
 from blackboard.protocol.signing import Verdict
 from blackboard.protocol.subjects import Subjects
 from blackboard.settings import MemorySettings, Settings
 from blackboard.worker.contradictions import (
     CONTRADICTION_SECTION,
     ContestRow,
+    ContradictionPublisher,
     contest_proposal,
+    settle_outcomes,
     winner_of,
 )
 from blackboard.worker.handlers import default_handlers
+from blackboard.worker.supersession import (
+    ContradictionPolicy,
+    contest_id,
+    keys_before_write,
+    settle_keys,
+)
 from tests._worker_helpers import HashProvider, StartWorker, board_memories_handler
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
@@ -160,3 +170,65 @@ async def test_a_contradiction_is_settled_by_a_vote_and_the_winner_supersedes(
             return bool((await _rows(settings, unique))[old_stock][2] == newer)
 
         await _until(superseded)
+
+
+@pytest.mark.asyncio
+async def test_the_publisher_is_idempotent_and_never_adopts_a_proposal_another_identity_took_its_id_for(
+        pg_settings: Settings, nc: NATS, unique: str) -> None:
+    """Contests are an outbox: publishing one twice stores one proposal; a proposal id someone else
+    used first (an agent guessing it) is not the contest's: it moves to the next free id. An outcome
+    settles a contest once, however often it is stored again (a replay)."""
+    await migrate(pg_settings)
+    dsn = pg_settings.postgres.dsn.get_secret_value()
+    vote = ContradictionPolicy("vote")
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        for mid, seq, agent, text in ((f"{unique}-a", 1, "alice", "price 10"), (f"{unique}-b", 2, "bob", "price 12")):
+            async with conn.transaction():
+                starts = await keys_before_write(conn, [mid], [(unique, "k", (NOW + timedelta(minutes=seq), seq))])
+                await conn.execute(
+                    "INSERT INTO bb_memories (id, board, agent, kind, text, created_at, updated_at, stream, seq, "
+                    "subject_key, valid_from, content_hash) VALUES (%s, %s, %s, 'semantic', %s, now(), now(), %s, %s, "
+                    "'k', %s, %s)", (mid, unique, agent, text, unique, seq, NOW + timedelta(minutes=seq), text.encode()))
+                await settle_keys(conn, starts, vote)
+    pid = contest_id(unique, f"{unique}-b", 2)
+    async with Agent.connect(f"{unique}-mallory", settings=pg_settings) as mallory, \
+            open_pool(pg_settings.postgres, name="test-contests") as pool:
+        # Mallory takes the contest's proposal id first, with herself as the only voter.
+        await mallory.board(unique).propose(CONTRADICTION_SECTION, "k", [f"{unique}-b", f"{unique}-a"],
+                                            voters=[f"{unique}-mallory"], proposal_id=pid)
+        publisher = ContradictionPublisher(pool, nc, pg_settings)
+        try:
+            assert await publisher.publish_once() == 1
+            assert await publisher.publish_once() == 0  # nothing pending any more
+            moved = f"{pid}-1"
+            async with pool.connection() as conn:
+                cur = await conn.execute("SELECT proposal_id, proposed_at IS NOT NULL FROM bb_memory_contests "
+                                         "WHERE board = %s", (unique,))
+                assert await cur.fetchall() == [(moved, True)]
+                # Published again (a worker that crashed before marking it): the proposal found is the
+                # worker's, with these candidates: adopted, not renamed.
+                await conn.execute("UPDATE bb_memory_contests SET proposed_at = NULL WHERE board = %s", (unique,))
+                await conn.commit()
+            assert await publisher.publish_once() == 1
+            assert publisher.published == 2
+        finally:
+            await publisher.store.close()
+        handle = await mallory.board(unique).proposal(moved)
+        assert handle.proposal.candidates == [f"{unique}-a", f"{unique}-b"] and handle.proposal.voters is None
+        assert (await _rows(pg_settings, unique))[f"{unique}-b"][3] == moved
+        # The outcome (stored by the votes handler; here by hand) settles it, once.
+        outcome = Outcome(proposal_id=moved, board=unique, section=CONTRADICTION_SECTION, key="k",
+                          status="accepted", candidate=1, value=f"{unique}-b", closed_by="deadline", deciding_sequence=None,
+                          counted_ballots=[],
+                          decided_at=NOW + timedelta(hours=1), counts=TallyCounts(ballots=0, votes=[0, 0], reject=0, abstain=0, support=[0.0, 0.0],
+                                                             reject_support=0.0))
+        async with pool.connection() as conn:
+            assert await settle_outcomes(conn, [outcome]) == 1
+            await conn.commit()
+        settled = await _rows(pg_settings, unique)
+        assert settled[f"{unique}-a"][1:] == (NOW + timedelta(minutes=2), f"{unique}-b", None)
+        assert settled[f"{unique}-b"][1:] == (None, None, None)
+        async with pool.connection() as conn:
+            await settle_outcomes(conn, [outcome])  # replayed
+            await conn.commit()
+        assert await _rows(pg_settings, unique) == settled
