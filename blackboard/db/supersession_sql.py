@@ -103,7 +103,7 @@ WITH c AS (
     RETURNING board, challenger, challenger_seq)
 UPDATE bb_memories m SET contested_by = %(pid)s
 FROM c WHERE m.board = c.board AND m.id = c.challenger AND m.seq = c.challenger_seq
-  AND m.contested_by = %(old)s"""
+  AND m.contested_by = %(old)s AND %(pid)s <> %(old)s"""
 
 #: Forget an unpublished contest whose challenger is gone (or is another version now).
 DROP_CONTEST = """

@@ -283,6 +283,8 @@ class ContradictionPublisher:
                      decided: tuple[str, Any, datetime] | None = None) -> None:
         """Mark the contest published under ``pid`` and settle it if its outcome is stored already."""
         async with self._pool.connection() as conn, conn.transaction():
+            # The key first, like every writer of its versions (then the challenger's row).
+            await lock_keys(conn, [(c.board, c.subject_key)])
             await conn.execute(q.ADOPT_CONTEST, {"board": c.board, "old": c.proposal_id, "pid": pid})
             if decided is None:
                 cur = await conn.execute(q.SELECT_OUTCOME, (c.board, pid))
