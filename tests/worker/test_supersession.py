@@ -30,7 +30,7 @@ from blackboard.worker.supersession import (
     plan_key,
     settle_keys,
 )
-from tests._worker_helpers import StartWorker, board_memories_handler
+from tests._worker_helpers import HashProvider, StartWorker, board_memories_handler
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -270,24 +270,42 @@ async def _versions(settings: Settings, board: str, count: int, timeout: float =
 @pytest.mark.asyncio
 async def test_remembered_versions_of_a_key_supersede_by_event_time_and_a_forget_reopens_the_previous(
         pg_settings: Settings, start_worker: StartWorker, unique: str) -> None:
-    await start_worker(pg_settings, name=f"w{unique}", embed=False, serve_search=False,
+    """Versions remembered through the SDK, stored by a worker, read back through recall (keyword
+    mode: no embeddings needed): the current version, as of a valid time, as known at an instant,
+    by event time."""
+    await start_worker(pg_settings, name=f"w{unique}", embed=False, provider=HashProvider(),
                        handlers=[board_memories_handler(pg_settings, unique)])
     key = "price:shop.example.com:sku-1"
     june, july, august = (datetime(2025, m, 1, tzinfo=UTC) for m in (6, 7, 8))
     async with Agent.connect(f"{unique}-a", settings=pg_settings) as alice, \
             Agent.connect(f"{unique}-b", settings=pg_settings) as bob:
-        await alice.remember("SKU-1 costs 10 EUR", board=unique, key=key, occurred_at=june)
-        newest = await bob.remember("SKU-1 costs 12 EUR", board=unique, key=key, occurred_at=august)
+        ten = await alice.remember("SKU-1 costs 10 EUR", board=unique, key=key, occurred_at=june)
+        twelve = await bob.remember("SKU-1 costs 12 EUR", board=unique, key=key, occurred_at=august)
+        await _versions(pg_settings, unique, 2)
+        before_the_late_report = datetime.now(UTC)
+        await asyncio.sleep(0.01)
         # Written last, happened in between: it takes its place in valid time.
-        await alice.remember("SKU-1 costs 11 EUR", board=unique, key=key, occurred_at=july)
-        await alice.remember("another key, untouched", board=unique, key="price:shop.example.com:sku-2")
+        eleven = await alice.remember("SKU-1 costs 11 EUR", board=unique, key=key, occurred_at=july)
+        other = await alice.remember("SKU-2 costs 5 EUR", board=unique, key="price:shop.example.com:sku-2")
         got = await _versions(pg_settings, unique, 4)
         assert got["SKU-1 costs 10 EUR"] == (june, july, "SKU-1 costs 11 EUR")
         assert got["SKU-1 costs 11 EUR"] == (july, august, "SKU-1 costs 12 EUR")
         assert got["SKU-1 costs 12 EUR"] == (august, None, None)
-        assert got["another key, untouched"][1:] == (None, None)
+        assert got["SKU-2 costs 5 EUR"][1:] == (None, None)
+
+        async def recalled(**filters: Any) -> set[str]:
+            return {h.id for h in await alice.recall("costs EUR", board=unique, mode="keyword", top_k=20,
+                                                     **filters)}
+
+        assert await recalled() == {twelve, other}
+        assert await recalled(include_superseded=True) == {ten, eleven, twelve, other}
+        assert await recalled(as_of=datetime(2025, 7, 15, tzinfo=UTC)) == {eleven}  # valid then, as known now
+        assert await recalled(known_at=before_the_late_report) == {twelve}  # the newest written by then
+        assert await recalled(known_at=before_the_late_report, as_of=datetime(2025, 7, 15, tzinfo=UTC)) == {ten}
+        assert await recalled(occurred_after=july, occurred_before=august, include_superseded=True) == {eleven}
         # Forgetting the current version: the one before it is current again.
-        await bob.forget([newest], board=unique)
+        await bob.forget([twelve], board=unique)
         got = await _versions(pg_settings, unique, 3)
         assert got["SKU-1 costs 11 EUR"] == (july, None, None)
         assert got["SKU-1 costs 10 EUR"] == (june, july, "SKU-1 costs 11 EUR")
+        assert await recalled() == {eleven, other}
