@@ -69,10 +69,12 @@ from blackboard.search.hits import entry_hit, memory_hit
 from blackboard.search.maintenance import Upkeep
 from blackboard.search.planning import (
     BoardStats,
+    DropRate,
     TermStats,
     board_share,
     candidate_lexemes,
     exact_scan,
+    probe_depth,
 )
 from blackboard.search.pool import once_more
 from blackboard.search.rerank import Reranker, apply_rerank, passage, reranker_from_settings
@@ -141,6 +143,8 @@ class SearchEngine:
         self._queries: OrderedDict[str, np.ndarray] = OrderedDict()
         # Query word -> its lexemes (a query whose words were all seen needs no round trip for them).
         self._word_lexemes: OrderedDict[str, tuple[str, ...]] = OrderedDict()
+        # The share of the nearest vectors the semantic probe found not current, lately.
+        self._dropped = DropRate()
         # ef_search each pooled connection was given (session settings survive checkouts).
         self._scan_ef: weakref.WeakKeyDictionary[Conn, int] = weakref.WeakKeyDictionary()
 
@@ -241,18 +245,25 @@ class SearchEngine:
         as there)."""
         space = await self.space()
         exact = await self._exact(conn, req)
+        probing = q.probes(req.target, req.filters)
+        # The probe takes a few more of the nearest when recent probes dropped some.
+        depth = probe_depth(limit, self._dropped.value) if probing else limit
         if not exact:
-            await self._scan_settings(conn, max(ef_search, limit))
-        found = await self._run(conn, *q.semantic_query(space, req.target, req.filters, vector, limit, exact=exact),
+            await self._scan_settings(conn, max(ef_search, depth))
+        found = await self._run(conn, *q.semantic_query(space, req.target, req.filters, vector, depth, exact=exact),
                                 target=req.target, linked=linked)
-        if q.probes(req.target, req.filters):
+        if probing:
             usable = [r for r in found if r.flag]
+            self._dropped.note(len(found), len(found) - len(usable))
             if len(usable) < len(found) and len(usable) < limit:
                 # Some of the nearest are not current (superseded, archived, contested) or
                 # moved board: apply the conditions in the scan instead, which fills `limit`.
                 usable = await self._run(conn, *q.semantic_query(space, req.target, req.filters, vector, limit,
                                                                  exact=exact, probe=False),
                                          target=req.target, linked=linked)
+            elif len(usable) > limit:
+                usable.sort(key=lambda r: -float(r.score))
+                del usable[limit:]
             found = usable
         elif not exact and sum(1 for r in found if r.flag) < limit and _has_filters(req):
             # A filter so selective that the index scan ran dry before filling

@@ -1,5 +1,7 @@
 """Query planning from ANALYZE's statistics (pure): which words generate keyword
-candidates, how many items the filtered boards hold, and whether to scan them exactly.
+candidates, how many items the filtered boards hold, and whether to scan them exactly;
+and how many nearest vectors the semantic probe takes to keep ``top_k`` current memories
+(:func:`probe_depth`, from the share the recent probes dropped: :class:`DropRate`).
 
 The search engine reads the statistics (:func:`blackboard.db.search_sql.term_stats_query`,
 :func:`~blackboard.db.search_sql.board_stats_query`) and caches them a while; the
@@ -11,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-__all__ = ["EXACT_MAX_SHARE", "BoardStats", "TermStats", "board_rows", "board_share", "candidate_lexemes",
-           "exact_scan"]
+__all__ = ["EXACT_MAX_SHARE", "BoardStats", "DropRate", "TermStats", "board_rows", "board_share",
+           "candidate_lexemes", "exact_scan", "probe_depth"]
 
 #: Largest share of a table's items that the filtered boards may hold for an exact board scan: above
 #: it, the HNSW scan keeps so many of the vectors it visits that it is the cheaper one (measured: a
@@ -114,3 +116,40 @@ def board_share(boards: Sequence[str], stats: BoardStats | None) -> float:
         return 1.0
     rows = board_rows(boards, stats)
     return 1.0 if rows is None or stats is None or stats.rows <= 0 else rows / stats.rows
+
+
+#: Most nearest vectors the semantic probe takes, as a multiple of the rows asked for.
+PROBE_MAX_FACTOR = 4
+
+
+def probe_depth(limit: int, dropped: float) -> int:
+    """How many nearest vectors the semantic probe of the common memory query takes to return
+    ``limit`` current memories when a share ``dropped`` (0..1) of the nearest is not current
+    (superseded, archived, contested): ``limit`` itself when none is, else enough for the
+    expected losses with a quarter to spare, at most :data:`PROBE_MAX_FACTOR` times ``limit``.
+    When the probe still comes back short the engine re-runs the query with the conditions in
+    the scan, so this only makes that rarer."""
+    if dropped <= 0.0:
+        return limit
+    kept = max(1.0 - min(dropped, 0.75), 0.25)
+    return min(limit * PROBE_MAX_FACTOR, int(limit / kept * 1.25) + 1)
+
+
+class DropRate:
+    """The share of the nearest vectors that the semantic probe dropped, as an exponential moving
+    average over recent searches (weight ``alpha`` for the newest); below ``floor`` it counts as 0,
+    so a board without superseded or archived memories keeps the probe at ``limit``."""
+
+    __slots__ = ("alpha", "floor", "value")
+
+    def __init__(self, alpha: float = 0.1, floor: float = 0.002) -> None:
+        self.alpha = alpha
+        self.floor = floor
+        self.value = 0.0
+
+    def note(self, probed: int, dropped: int) -> None:
+        """One probe: ``probed`` rows came back, ``dropped`` of them not current."""
+        if probed > 0:
+            self.value += self.alpha * (dropped / probed - self.value)
+            if self.value < self.floor:
+                self.value = 0.0

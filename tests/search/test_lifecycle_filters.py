@@ -27,6 +27,7 @@ from blackboard.devstack import EmbeddedPostgres
 from blackboard.protocol.errors import InvalidPayloadError, NotFoundError
 from blackboard.protocol.schemas.search import MemoryHit, MemorySearchRequest, SearchFilters
 from blackboard.protocol.subjects import Subjects
+from blackboard.search.planning import DropRate, probe_depth
 from blackboard.settings import Settings
 from tests._worker_helpers import (
     HashProvider,
@@ -286,40 +287,19 @@ def test_event_time_bounds_are_half_open() -> None:
     assert any(">= %s" in c for c in conds) and any("< %s" in c for c in conds)
 
 
-@pytest.mark.asyncio
-async def test_recall_of_versions_written_through_remember(nats_server: Any, postgres_server: EmbeddedPostgres,
-                                                           unique: str) -> None:
-    """End to end: versions of a key written with remember (one of them a late report of an older
-    price) are settled by the worker; recall finds the current one by default, every one on
-    request, the one valid at an instant with as_of, and agent.memory lists them in valid-time order."""
-    s = make_settings(nats_server.url, fresh_db(postgres_server, f"lce{unique}"))
-    board, key = unique, "price:shop.example.com:sku-1"
-    try:
-        async with running_worker(worker_settings(s, name=f"lce{unique}", batch_wait=0.02),
-                                  handlers=[board_memories_handler(s, board)], provider=HashProvider()), \
-                Agent.connect(f"{unique}-w", settings=s) as agent:
-            ten = await agent.remember("sku one costs ten euros", kind="semantic", board=board, key=key,
-                                       occurred_at=t("2025-02-01"), wait="searchable")
-            twelve = await agent.remember("sku one costs twelve euros", kind="semantic", board=board, key=key,
-                                          occurred_at=t("2025-03-01"), confidence=0.9, wait="searchable")
-            eight = await agent.remember("sku one costs eight euros", kind="semantic", board=board, key=key,
-                                         occurred_at=t("2025-01-01"), wait="searchable")  # late, and oldest
-            other = await agent.remember("the shop opens at nine", kind="semantic", board=board,
-                                         wait="searchable")
 
-            async def ids(**filters: Any) -> set[str]:
-                hits = await agent.recall("sku one costs euros", board=board, top_k=10, **filters)
-                return {h.id for h in hits}
-
-            assert await ids() == {twelve, other}
-            assert await ids(include_superseded=True) == {eight, ten, twelve, other}
-            assert await ids(as_of=t("2025-01-15")) == {eight}
-            assert await ids(as_of=t("2025-02-15")) == {ten}
-            assert await ids(min_confidence=0.5) == {twelve}
-            detail = await agent.memory(ten, board=board)
-            assert [v.id for v in detail.versions] == [eight, ten, twelve]
-            assert [(v.valid_from, v.valid_to) for v in detail.versions] == [
-                (t("2025-01-01"), t("2025-02-01")), (t("2025-02-01"), t("2025-03-01")), (t("2025-03-01"), None)]
-            assert detail.memory.superseded_by == twelve
-    finally:
-        drop_db(postgres_server, f"lce{unique}")
+def test_the_probe_takes_more_of_the_nearest_only_after_drops() -> None:
+    # Nothing dropped lately: the probe takes top_k (the common query unchanged).
+    assert probe_depth(10, 0.0) == 10
+    # A tenth dropped: enough for the expected losses with a quarter to spare; bounded.
+    assert probe_depth(10, 0.1) == 14
+    assert probe_depth(10, 0.9) == probe_depth(10, 1.0) == 40
+    rate = DropRate()
+    for _ in range(50):
+        rate.note(10, 1)
+    assert rate.value == pytest.approx(0.1, abs=0.01)
+    for _ in range(80):  # the board's superseded memories are gone: back to top_k
+        rate.note(10, 0)
+    assert rate.value == 0.0 and probe_depth(10, rate.value) == 10
+    rate.note(0, 0)  # an empty probe says nothing
+    assert rate.value == 0.0
