@@ -245,8 +245,16 @@ class ContradictionPublisher:
         pid = c.proposal_id
         for attempt in range(_MAX_RENAMES + 1):
             pid = c.proposal_id if attempt == 0 else f"{c.proposal_id}-{attempt}"
-            proposal = contest_proposal(c, proposer=self.store.name, now=datetime.now(UTC),
-                                        deadline=self._settings.memory.vote_deadline, proposal_id=pid)
+            try:
+                proposal = contest_proposal(c, proposer=self.store.name, now=datetime.now(UTC),
+                                            deadline=self._settings.memory.vote_deadline, proposal_id=pid)
+            except ValueError as exc:
+                # Not a valid proposal (not expected): no vote can settle it, so it is settled as
+                # the default policy would have, rather than block the outbox.
+                log.error("contradictions: contest %s.%s cannot be proposed (%s); the challenger supersedes",
+                          c.board, c.proposal_id, exc)
+                await self._adopt(c, c.proposal_id, decided=("accepted", c.challenger, datetime.now(UTC)))
+                return
             try:
                 await self.store.publish_proposal(proposal)
                 break
