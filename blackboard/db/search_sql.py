@@ -392,11 +392,12 @@ _DEFAULT_CONDS = frozenset({LIVE_MEMORY, CURRENT_MEMORY})
 _VALID_FROM = "coalesce({m}.valid_from, {m}.created_at)"
 #: No version of ``m``'s subject key written by then (``%s``) is newer than ``m`` by
 #: (valid_from, seq); ``{bound}``: more conditions on that version (as-of). A version that
-#: ``m`` closed (a lost vote's challenger) or one still contested does not count.
+#: ``m`` closed (a lost vote's challenger), one still contested, or one merged into another
+#: memory (which stands for it) does not count.
 _NEWEST_KNOWN = (
     "(m.subject_key IS NULL OR NOT EXISTS (SELECT FROM bb_memories o WHERE o.board = m.board "
     "AND o.subject_key = m.subject_key AND o.created_at <= %s{bound} "
-    "AND o.contested_by IS NULL AND o.superseded_by IS DISTINCT FROM m.id "
+    "AND o.contested_by IS NULL AND o.merged_into IS NULL AND o.superseded_by IS DISTINCT FROM m.id "
     "AND (" + _VALID_FROM.format(m="o") + ", o.seq) > (" + _VALID_FROM.format(m="m") + ", m.seq)))")
 
 

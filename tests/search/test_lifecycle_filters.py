@@ -62,6 +62,7 @@ MEMORIES: dict[str, tuple[str, str | None, str | None, str | None, str | None, s
     "e2": ("price note: a discount week ran in june", None, "2025-06-01", None, None, "2025-06-02", 0.2),
     "n1": ("price note: prices are listed without tax", None, None, None, None, None, None),
     "a1": ("price note: an old price list was pruned", None, None, None, None, None, None),
+    "mg": ("price note: sku one costs fifteen euros now", "price:sku-1", None, None, None, None, None),
 }
 
 
@@ -99,12 +100,19 @@ def _seed(dsn: str, board: str) -> None:
         conn.execute("UPDATE bb_memories SET contested_by = 'proposal-1' WHERE id = %s", (f"{board}-c1",))
         conn.execute("UPDATE bb_memories SET archived_at = now(), archive_reason = 'lru' WHERE id = %s",
                      (f"{board}-a1",))
+        # mg, a near-duplicate of p3 merged into it after embedding: archived, and a source of p3.
+        conn.execute("UPDATE bb_memories SET archived_at = now(), archive_reason = 'merged', merged_into = %s "
+                     "WHERE id = %s", (f"{board}-p3", f"{board}-mg"))
+        conn.execute(
+            "INSERT INTO bb_memory_sources (id, mid, board, agent, stream, seq, created_at, how) "
+            "SELECT m.id, k.mid, m.board, m.agent, m.stream, m.seq, m.created_at, 'near' "
+            "FROM bb_memories m, bb_memories k WHERE m.id = %s AND k.id = %s", (f"{board}-mg", f"{board}-p3"))
         # A memory merged into p3 at ingest (exact duplicate): only its provenance row is left.
         conn.execute(
             "INSERT INTO bb_memory_sources (id, mid, board, agent, stream, seq, created_at, sig_key, sig, verdict, how) "
             "SELECT %s, mid, board, 'dora', stream, seq + 1000, created_at, NULL, NULL, 'unsigned', 'exact' "
             "FROM bb_memories WHERE id = %s", (f"{board}-dup", f"{board}-p3"))
-        conn.execute("UPDATE bb_memories SET seen_count = 2 WHERE id = %s", (f"{board}-p3",))
+        conn.execute("UPDATE bb_memories SET seen_count = 3 WHERE id = %s", (f"{board}-p3",))
 
 
 @pytest_asyncio.fixture(scope="module")
@@ -145,7 +153,7 @@ async def test_default_recall_returns_current_memories_only(life: Lifecycle, mod
 @pytest.mark.asyncio
 async def test_include_flags_widen_recall(life: Lifecycle, mode: str) -> None:
     assert await life.find(mode, include_superseded=True) == {"p0", "p1", "p2", "p3", "o1", "c1", "e1", "e2", "n1"}
-    assert await life.find(mode, include_archived=True) == {"p3", "o1", "e1", "e2", "n1", "a1"}
+    assert await life.find(mode, include_archived=True) == {"p3", "o1", "e1", "e2", "n1", "a1", "mg"}
     assert await life.find(mode, include_superseded=True, include_archived=True) == set(MEMORIES)
 
 
@@ -185,6 +193,8 @@ async def test_known_at_reads_what_the_board_knew_then(life: Lifecycle, mode: st
     assert await life.find(mode, known_at=t("2025-04-15")) == {"p3", "o1", "e1"}
     # Mid-May the challenger c1 was known but contested: o1 stays.
     assert await life.find(mode, known_at=t("2025-05-15")) == {"p3", "o1", "e1"}
+    # Now: mg, merged into p3, is no version of its own (p3 stands for it).
+    assert await life.find(mode, known_at=datetime.now(UTC)) == {"p3", "o1", "e1", "e2", "n1"}
     # Everything known by then, every version.
     assert await life.find(mode, known_at=t("2025-03-15"), include_superseded=True) == {"p1", "p2", "o1", "e1"}
     # Known then and valid at an earlier instant: the version of that instant among those known.
@@ -215,7 +225,8 @@ async def test_hits_carry_the_lifecycle(life: Lifecycle) -> None:
     assert (p1.key, p1.valid_from, p1.valid_to, p1.superseded_by) == (
         "price:sku-1", t("2025-02-01"), t("2025-03-01"), life.id("p2"))
     assert p3.valid_to is None and p3.superseded_by is None and p3.confidence == pytest.approx(0.8)
-    assert p3.seen_count == 2 and p3.hits >= 0
+    assert p3.seen_count == 3 and p3.hits >= 0
+    assert (by["mg"].archive_reason, by["mg"].merged_into) == ("merged", life.id("p3"))
     assert a1.archived_at is not None and a1.archive_reason == "lru" and a1.merged_into is None
     assert e1.occurred_at == t("2020-01-01") and e1.key is None and e1.confidence == 0.9  # as written
     assert n1.occurred_at is None and n1.valid_from == n1.created_at  # valid from its write
@@ -227,14 +238,20 @@ async def test_memory_reads_one_memory_with_its_versions_and_sources(life: Lifec
     detail = await life.agent.memory(life.id("p1"), board=life.board)
     assert detail.memory.id == life.id("p1") and detail.memory.score == 0
     assert detail.memory.superseded_by == life.id("p2")
-    assert [v.id for v in detail.versions] == [life.id(n) for n in ("p0", "p1", "p2", "p3")]
+    assert [v.id for v in detail.versions] == [life.id(n) for n in ("p0", "p1", "p2", "p3", "mg")]
     assert detail.sources == []
     # The kept memory lists what was merged into it; a merged id answers with the kept memory.
     kept = await life.agent.memory(life.id("p3"), board=life.board)
-    assert [(s.id, s.agent, s.how) for s in kept.sources] == [(life.id("dup"), "dora", "exact")]
+    assert sorted((s.id, s.agent, s.how) for s in kept.sources) == [
+        (life.id("dup"), "dora", "exact"), (life.id("mg"), "alice", "near")]
     merged = await life.agent.memory(life.id("dup"), board=life.board)
-    assert merged.memory.id == life.id("p3") and merged.memory.seen_count == 2
-    assert [s.id for s in merged.sources] == [life.id("dup")]
+    assert merged.memory.id == life.id("p3") and merged.memory.seen_count == 3
+    assert {s.id for s in merged.sources} == {life.id("dup"), life.id("mg")}
+    # A near-duplicate merged away keeps its archived row, but its id answers with the kept memory.
+    near = await life.agent.memory(life.id("mg"), board=life.board)
+    assert near.memory.id == life.id("p3")
+    # The versions of the key: mg too (archived), in valid-time order.
+    assert [v.id for v in near.versions] == [life.id(n) for n in ("p0", "p1", "p2", "p3", "mg")]
     # An archived memory is read as it is; a memory without a key has no versions.
     archived = await life.agent.memory(life.id("a1"), board=life.board)
     assert archived.memory.archive_reason == "lru" and archived.versions == []
