@@ -5,10 +5,9 @@ with deduplication on (``memory.dedup``), the worker then runs, in the batch's
 transaction, before ``MOVE_MEMORIES``:
 
 1. ``LOCK_MEMORIES_FOR_DEDUP`` and ``LOCK_DEDUP_KEYS``: transaction-scoped
-   advisory locks on the batch's scopes (a scope is a board, or a board and an
-   agent), texts and ids, in one sorted order (see
-   :func:`blackboard.worker.dedup.lock_keys`), so two batches writing the same
-   text or the same id commit one after the other and the second sees the first.
+   advisory locks on the batch's boards (shared) and ids (see
+   :func:`blackboard.worker.dedup.id_locks`), so that two batches writing the
+   same id commit one after the other.
 2. ``DROP_STALE_SOURCES``: a staged memory already merged (exactly) at this
    version or a later one (a redelivery) is dropped from the stage; a newer
    version of such a merged id drops that source (the kept memory's
@@ -21,11 +20,17 @@ transaction, before ``MOVE_MEMORIES``:
    ``bb_memory_sources`` row (``how = 'exact'``), ``seen_count`` + 1,
    ``last_seen`` the greatest. Of the new memories of one scope and text that
    match nothing, the first (by valid time for a keyed one, then by stream
-   order) stays staged and the others are set aside in ``bb_dedup_followers``.
+   order: the leader) stays staged and the others are set aside in
+   ``bb_dedup_followers``.
+4. ``LOCK_DEDUP_KEYS`` on the leaders' texts (:func:`blackboard.worker.dedup.text_locks`),
+   then ``MERGE_LEADERS``: a leader whose text a concurrent batch has stored
+   since (it committed before the lock was granted) is merged into that memory.
+   Only new texts are locked, so batches that merely repeat what is stored do
+   not wait for each other.
 
 ``MOVE_MEMORIES`` then stores what is staged, and ``MERGE_FOLLOWERS`` merges
-the followers into the rows just stored (``RESTAGE_FOLLOWERS`` puts back any
-that found none, for a second ``MOVE_MEMORIES``: a safety net).
+the followers into the rows just stored (and puts back any that found none, for
+a second ``MOVE_MEMORIES``: a safety net).
 
 Forgets: ``FORGET_MERGED`` (before ``DELETE_FORGOTTEN``) removes the source row
 of a forgotten merged id (``seen_count`` - 1) and, for a forgotten kept memory,
@@ -45,8 +50,8 @@ __all__ = [
     "LOCK_DEDUP_KEYS",
     "LOCK_MEMORIES_FOR_DEDUP",
     "MERGE_FOLLOWERS",
+    "MERGE_LEADERS",
     "MERGE_STAGED",
-    "RESTAGE_FOLLOWERS",
 ]
 
 #: Taken by a batch without forgets before its dedup locks: the forget path takes
@@ -73,8 +78,10 @@ CREATE TEMP TABLE IF NOT EXISTS bb_dedup_followers (LIKE bb_stage_memories) ON C
 _LATEST = """
 SELECT DISTINCT ON (s.id) s.*
 FROM bb_stage_memories s
-WHERE NOT EXISTS (SELECT 1 FROM bb_memory_forgets f
-                  WHERE f.id = s.id AND f.board = s.board AND f.seq > s.seq)
+-- a probe per row (LATERAL ... LIMIT 1), whatever the planner thinks of the tombstones
+CROSS JOIN LATERAL (SELECT count(*) AS n FROM (SELECT 1 FROM bb_memory_forgets f
+                    WHERE f.id = s.id AND f.board = s.board AND f.seq > s.seq LIMIT 1) f) f
+WHERE f.n = 0
 ORDER BY s.id, s.seq DESC"""
 
 DROP_STALE_SOURCES = """
@@ -120,7 +127,7 @@ def _merge() -> str:
 bump AS (
     UPDATE bb_memories m SET seen_count = m.seen_count + h.n, last_seen = greatest(m.last_seen, h.last)
     FROM (SELECT kept, content_hash, count(*)::int AS n, max(created_at) AS last
-          FROM hit GROUP BY kept, content_hash) h
+          FROM hit GROUP BY kept, content_hash ORDER BY kept) h
     WHERE m.mid = h.kept AND m.archived_at IS NULL AND m.content_hash = h.content_hash
     RETURNING m.mid
 ), merged AS (
@@ -138,7 +145,8 @@ _COLUMNS = ", ".join(MEMORY_COLUMNS)
 #: the followers (see the module's docstring). Params: ``per_agent`` (bool),
 #: ``unmerged_source``: the ``source`` of memories never merged (the worker's
 #: derived merges, which take their sources' place: ``worker.derived``).
-#: Returns the number of followers set aside.
+#: Returns the ids of the leaders (the new memories left to store, each the first of
+#: its text in the batch; an array, NULL when none) and the number of followers.
 MERGE_STAGED = f"""
 WITH latest AS ({_LATEST}
 ), new AS (
@@ -162,24 +170,35 @@ ranked AS (
     DELETE FROM bb_stage_memories st
     WHERE st.id IN (SELECT id FROM merged UNION ALL SELECT id FROM aside)
 )
-SELECT count(*) FROM aside"""
+SELECT (SELECT array_agg(id) FROM ranked WHERE rn = 1), (SELECT count(*) FROM aside)"""
 
-#: Merge the followers into the memories stored since (their batch's first of
-#: each text). Param: ``per_agent``. Returns the number merged.
+#: The leaders again (``ids``), once their texts are locked: one that now has a
+#: live memory to merge into (stored by a batch that committed since) is merged
+#: into it. Param: ``per_agent``. Returns the number merged.
+MERGE_LEADERS = f"""
+WITH hit AS (
+    SELECT s.*, k.mid AS kept
+    FROM (SELECT DISTINCT ON (s.id) s.* FROM bb_stage_memories s WHERE s.id = ANY(%(ids)s)
+          ORDER BY s.id, s.seq DESC) s
+    CROSS JOIN LATERAL ({_match("s", "%(per_agent)s::boolean")}) k
+), {_merge()},
+gone AS (
+    DELETE FROM bb_stage_memories st WHERE st.id IN (SELECT id FROM merged)
+)
+SELECT count(*) FROM merged"""
+
+#: Merge the followers into the memories stored since (their batch's first of each
+#: text), and put back on the stage any that found none (then stored by a second
+#: ``MOVE_MEMORIES``: not expected, a safety net). Param: ``per_agent``. Returns the
+#: number put back.
 MERGE_FOLLOWERS = f"""
 WITH hit AS (
     SELECT f.*, k.mid AS kept FROM bb_dedup_followers f
     CROSS JOIN LATERAL ({_match("f", "%(per_agent)s::boolean")}) k
-), {_merge()}
-SELECT count(*) FROM merged"""
-
-#: Followers that found nothing to merge into, back to the stage (then stored
-#: by a second ``MOVE_MEMORIES``). Returns the number put back.
-RESTAGE_FOLLOWERS = """
-WITH back AS (
+), {_merge()},
+back AS (
     INSERT INTO bb_stage_memories
-    SELECT f.* FROM bb_dedup_followers f
-    WHERE NOT EXISTS (SELECT 1 FROM bb_memory_sources x WHERE x.id = f.id AND x.seq >= f.seq)
+    SELECT f.* FROM bb_dedup_followers f WHERE f.id NOT IN (SELECT id FROM merged)
     RETURNING 1
 )
 SELECT count(*) FROM back"""

@@ -8,10 +8,10 @@ the worker stores it with each memory (``bb_memories.content_hash``) and merges
 a new memory into the live one of its scope with the same hash
 (docs/memory-lifecycle.md, "Deduplication and consolidation").
 
-:func:`lock_keys` names the advisory locks a batch takes before it merges, so
-that concurrent batches writing the same text or the same id commit one after
-the other (the statements are :mod:`blackboard.db.memory_sql`; the worker's
-writer :mod:`blackboard.worker.memories`).
+:func:`id_locks` and :func:`text_locks` name the advisory locks a batch takes
+to merge, so that concurrent batches writing the same id, or the same new text,
+commit one after the other (the statements are :mod:`blackboard.db.memory_sql`;
+the worker's writer :mod:`blackboard.worker.memories`).
 """
 
 from __future__ import annotations
@@ -31,8 +31,9 @@ __all__ = [
     "DedupLocks",
     "Dedupable",
     "content_hash",
-    "lock_keys",
+    "id_locks",
     "normalize_text",
+    "text_locks",
 ]
 
 #: The advisory lock spaces of exact deduplication: the first of
@@ -42,10 +43,10 @@ __all__ = [
 LOCK_BOARD = 0x6262_0001
 LOCK_TEXT = 0x6262_0002
 LOCK_ID = 0x6262_0003
-#: A batch needing more text and id locks than this locks its boards instead (each
-#: lock is an entry of PostgreSQL's shared lock table, sized for
-#: ``max_locks_per_transaction`` (64) per connection on average).
-MAX_ITEM_LOCKS = 2048
+#: A batch with more ids than this locks its boards instead (each lock is an entry
+#: of PostgreSQL's shared lock table, sized for ``max_locks_per_transaction`` (64)
+#: per connection on average).
+MAX_ITEM_LOCKS = 1024
 
 
 def normalize_text(text: str) -> str:
@@ -85,13 +86,16 @@ class Dedupable(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class DedupLocks:
-    """The advisory locks a batch takes before it merges duplicates, in the order to take
-    them (the parameters of ``memory_sql.LOCK_DEDUP_KEYS``)."""
+    """Advisory locks a batch takes to merge duplicates, in the order to take them (the
+    parameters of ``memory_sql.LOCK_DEDUP_KEYS``)."""
 
     spaces: list[int]
     keys: list[int]
-    #: Taken shared (a board, while its texts and ids are locked one by one).
+    #: Taken shared (a board, while its ids and texts are locked one by one).
     shared: list[bool]
+    #: The boards are locked exclusively (a batch over ``MAX_ITEM_LOCKS``): no text
+    #: lock is needed, no other batch writes them meanwhile.
+    coarse: bool = False
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -105,29 +109,38 @@ def _utf8(text: str) -> bytes:
     return text.encode("utf-8", "surrogatepass")
 
 
-def lock_keys(rows: Iterable[Dedupable], *, per_agent: bool,
-              max_item_locks: int = MAX_ITEM_LOCKS) -> DedupLocks:
-    """The locks that make a batch's deduplication safe beside concurrent batches.
+def id_locks(rows: Iterable[Dedupable], *, max_item_locks: int = MAX_ITEM_LOCKS) -> DedupLocks:
+    """The locks a batch takes before it merges: its boards shared and the ids of its
+    memories (those with a content hash) exclusively, so that two batches writing the
+    same id (two versions of it) commit one after the other; a batch with more than
+    ``max_item_locks`` ids takes its boards exclusively instead (``coarse``).
 
-    Each text in its scope (board, agent when ``per_agent``, subject key) and each id of
-    a memory with a content hash is locked exclusively, its board shared; a batch over
-    ``max_item_locks`` text and id locks takes its boards exclusively instead. Two
-    batches holding the same text or the same id thus commit one after the other, and
-    the later one sees what the earlier stored. The keys are CRC-32s (a collision only
-    makes two batches wait for each other). Sorted by (space, key), boards first: every
-    batch takes its locks in one order, so none deadlocks another.
+    The keys are CRC-32s (a collision only makes two batches wait for each other),
+    sorted by (space, key), boards first: every batch takes its locks in one order,
+    its ids before its texts (:func:`text_locks`), so none deadlocks another.
     """
     boards: set[int] = set()
-    items: set[tuple[int, int]] = set()
+    ids: set[int] = set()
+    for r in rows:
+        if r.content_hash is not None:
+            boards.add(_int4(zlib.crc32(_utf8(r.board))))
+            ids.add(_int4(zlib.crc32(_utf8(r.id))))
+    coarse = len(ids) > max_item_locks
+    order = [(LOCK_BOARD, b) for b in sorted(boards)] + ([] if coarse else [(LOCK_ID, i) for i in sorted(ids)])
+    return DedupLocks([s for s, _ in order], [k for _, k in order], [not coarse and s == LOCK_BOARD for s, _ in order],
+                      coarse)
+
+
+def text_locks(rows: Iterable[Dedupable], *, per_agent: bool) -> DedupLocks:
+    """The locks a batch takes on the texts it is about to store as new memories (each
+    text in its scope: board, agent when ``per_agent``, subject key), exclusively: two
+    batches storing the same new text commit one after the other, and the later one,
+    checking again under the lock, merges its copy into the earlier one's memory."""
+    keys: set[int] = set()
     for r in rows:
         digest = r.content_hash
-        if digest is None:
-            continue
-        board = _utf8(r.board)
-        scope = b"\x1f".join((board, _utf8(r.agent) if per_agent else b"", _utf8(r.key or "")))
-        boards.add(_int4(zlib.crc32(board)))
-        items.add((LOCK_TEXT, _int4(zlib.crc32(digest, zlib.crc32(scope)))))
-        items.add((LOCK_ID, _int4(zlib.crc32(_utf8(r.id)))))
-    coarse = len(items) > max_item_locks
-    order = [(LOCK_BOARD, b) for b in sorted(boards)] + ([] if coarse else sorted(items))
-    return DedupLocks([s for s, _ in order], [k for _, k in order], [not coarse and s == LOCK_BOARD for s, _ in order])
+        if digest is not None:
+            scope = b"\x1f".join((_utf8(r.board), _utf8(r.agent) if per_agent else b"", _utf8(r.key or "")))
+            keys.add(_int4(zlib.crc32(digest, zlib.crc32(scope))))
+    ordered = sorted(keys)
+    return DedupLocks([LOCK_TEXT] * len(ordered), ordered, [False] * len(ordered))

@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import Any
 
-from psycopg import AsyncCursor, sql
+from psycopg import sql
 
 from blackboard.db import ingest_sql as q
 from blackboard.db import memory_sql as dq
@@ -24,7 +23,7 @@ from blackboard.protocol.subjects import MEMORY_STREAM, Subjects
 from blackboard.security.verifier import Signed
 from blackboard.settings import Settings
 from blackboard.worker.decode import ForgetRow, MemoryRow, RawMessage, decode_memory
-from blackboard.worker.dedup import lock_keys
+from blackboard.worker.dedup import DedupLocks, id_locks, text_locks
 from blackboard.worker.stream_handler import Conn, StreamHandler
 from blackboard.worker.supersession import ContradictionPolicy, keys_before_write, settle_keys
 
@@ -105,17 +104,13 @@ def _memory_row(r: MemoryRow) -> bytes:
 async def _write_memory_rows(conn: Conn, rows: Sequence[MemoryRow], *, dedup: bool, per_agent: bool,
                              table_locked: bool) -> None:
     await conn.execute(q.CREATE_STAGE_MEMORIES)
-    async with conn.cursor() as cur:
-        async with cur.copy(q.COPY_MEMORIES) as copy:
-            await copy.write(pgcopy.stream(_memory_row(r) for r in rows))
-        followers = await _merge_staged(cur, rows, per_agent, table_locked) if dedup else 0
-        await cur.execute(q.MOVE_MEMORIES)
-        if followers:
-            await cur.execute(dq.MERGE_FOLLOWERS, {"per_agent": per_agent})
-            await cur.execute(dq.RESTAGE_FOLLOWERS)
-            back = await cur.fetchone()
-            if back is not None and back[0]:  # none found its first stored: not expected, but never lost
-                await cur.execute(q.MOVE_MEMORIES)
+    async with conn.cursor() as cur, cur.copy(q.COPY_MEMORIES) as copy:
+        await copy.write(pgcopy.stream(_memory_row(r) for r in rows))
+    locks = id_locks(rows) if dedup else None
+    if not locks:
+        await conn.execute(q.MOVE_MEMORIES)
+        return
+    await _deduplicated_move(conn, rows, locks, per_agent, table_locked)
 
 
 #: The ``source`` of the worker's derived merges (``worker.derived.MERGE_SOURCE``): such a
@@ -123,22 +118,35 @@ async def _write_memory_rows(conn: Conn, rows: Sequence[MemoryRow], *, dedup: bo
 _DERIVED_MERGE = "bb:merge"
 
 
-async def _merge_staged(cur: AsyncCursor[Any], rows: Sequence[MemoryRow], per_agent: bool,
-                        table_locked: bool) -> int:
-    """Exact deduplication of the staged batch, before it is stored: the batch's locks, then
-    the duplicates of stored memories merged, and the followers (duplicates of an earlier
-    memory of the batch) set aside; their number."""
-    locks = lock_keys(rows, per_agent=per_agent)
-    if not locks:
-        return 0
-    if not table_locked:
-        await cur.execute(dq.LOCK_MEMORIES_FOR_DEDUP)
-    await cur.execute(dq.LOCK_DEDUP_KEYS, (locks.spaces, locks.keys, locks.shared))
-    await cur.execute(dq.CREATE_FOLLOWERS)
-    await cur.execute(dq.DROP_STALE_SOURCES)
-    await cur.execute(dq.MERGE_STAGED, {"per_agent": per_agent, "unmerged_source": _DERIVED_MERGE})
-    found = await cur.fetchone()
-    return int(found[0]) if found is not None else 0
+async def _deduplicated_move(conn: Conn, rows: Sequence[MemoryRow], locks: DedupLocks, per_agent: bool,
+                             table_locked: bool) -> None:
+    """Store the staged batch with exact deduplication (``memory_sql``'s steps): the ids'
+    locks; the duplicates of stored memories merged, the followers (duplicates of an earlier
+    memory of the batch) set aside; the new texts' locks and their first memories (the
+    leaders) checked again; the rest stored; the followers merged into their leaders. Two
+    round trips (pipelined statements) more than without."""
+    async with conn.pipeline():
+        if not table_locked:
+            await conn.execute(dq.LOCK_MEMORIES_FOR_DEDUP)
+        await conn.execute(dq.LOCK_DEDUP_KEYS, (locks.spaces, locks.keys, locks.shared))
+        await conn.execute(dq.CREATE_FOLLOWERS)
+        await conn.execute(dq.DROP_STALE_SOURCES)
+        staged = await conn.execute(dq.MERGE_STAGED, {"per_agent": per_agent, "unmerged_source": _DERIVED_MERGE})
+    found = await staged.fetchone()
+    leaders: list[str] = (found[0] if found is not None else None) or []
+    back = None
+    async with conn.pipeline():
+        if leaders and not locks.coarse:
+            chosen = set(leaders)
+            texts = text_locks([r for r in rows if r.id in chosen], per_agent=per_agent)
+            await conn.execute(dq.LOCK_DEDUP_KEYS, (texts.spaces, texts.keys, texts.shared))
+            await conn.execute(dq.MERGE_LEADERS, {"per_agent": per_agent, "ids": leaders})
+        await conn.execute(q.MOVE_MEMORIES)
+        if found is not None and found[1]:
+            back = await conn.execute(dq.MERGE_FOLLOWERS, {"per_agent": per_agent})
+    restaged = await back.fetchone() if back is not None else None
+    if restaged is not None and restaged[0]:  # a follower that found no leader: not expected, never lost
+        await conn.execute(q.MOVE_MEMORIES)
 
 
 def _canonical(msg: RawMessage) -> bytes:

@@ -22,7 +22,7 @@ from blackboard.protocol import codec
 from blackboard.protocol.subjects import MEMORY_STREAM, Header, Subjects
 from blackboard.settings import Settings
 from blackboard.worker.decode import ForgetRow, MemoryRow, RawMessage, decode_memory
-from blackboard.worker.dedup import LOCK_BOARD, LOCK_ID, LOCK_TEXT, lock_keys
+from blackboard.worker.dedup import LOCK_BOARD, LOCK_ID, LOCK_TEXT, id_locks, text_locks
 from blackboard.worker.memories import write_memories
 from tests._worker_helpers import (
     HashProvider,
@@ -92,23 +92,23 @@ async def _sources(pool: AsyncConnectionPool, board: str) -> dict[str, tuple[Any
               "JOIN bb_memories m ON m.mid = x.mid WHERE x.board = %s", board)}
 
 
-def test_lock_keys_are_sorted_scoped_and_coarse_beyond_the_bound() -> None:
+def test_locks_are_sorted_and_scoped_and_coarse_beyond_the_bound() -> None:
     rows = [_row(1, "b1", "alice", "m1", "Same text"), _row(2, "b1", "bob", "m2", "same   TEXT"),
             _row(3, "b2", "alice", "m3", "same text")]
-    locks = lock_keys(rows, per_agent=False)
-    pairs = list(zip(locks.spaces, locks.keys, strict=True))
-    assert pairs == sorted(pairs) and len(set(pairs)) == len(pairs)
-    assert [s for s in locks.spaces if s == LOCK_BOARD] == [LOCK_BOARD] * 2  # two boards, shared, first
-    assert locks.shared == [s == LOCK_BOARD for s in locks.spaces]
-    assert locks.spaces.count(LOCK_TEXT) == 2  # the same text on b1 (one scope) and on b2
-    assert locks.spaces.count(LOCK_ID) == 3
-    per_agent = lock_keys(rows, per_agent=True)
-    assert per_agent.spaces.count(LOCK_TEXT) == 3  # alice's and bob's on b1 are two scopes
-    keyed = lock_keys([rows[0], _row(4, "b1", "alice", "m4", "same text", key="k1")], per_agent=False)
-    assert keyed.spaces.count(LOCK_TEXT) == 2  # a subject key is a scope of its own
-    coarse = lock_keys(rows, per_agent=False, max_item_locks=4)
-    assert coarse.spaces == [LOCK_BOARD] * 2 and coarse.shared == [False, False]
-    assert lock_keys([], per_agent=False).keys == []
+    ids = id_locks(rows)
+    pairs = list(zip(ids.spaces, ids.keys, strict=True))
+    assert pairs == sorted(pairs) and len(set(pairs)) == len(pairs) and not ids.coarse
+    assert ids.spaces == [LOCK_BOARD] * 2 + [LOCK_ID] * 3  # the boards first, shared
+    assert ids.shared == [True, True, False, False, False]
+    texts = text_locks(rows, per_agent=False)
+    assert texts.spaces == [LOCK_TEXT] * 2 and texts.keys == sorted(texts.keys)  # one text, two boards
+    assert not any(texts.shared)
+    assert len(text_locks(rows, per_agent=True)) == 3  # alice's and bob's on b1 are two scopes
+    keyed = [rows[0], _row(4, "b1", "alice", "m4", "same text", key="k1")]
+    assert len(text_locks(keyed, per_agent=False)) == 2  # a subject key is a scope of its own
+    coarse = id_locks(rows, max_item_locks=2)
+    assert coarse.coarse and coarse.spaces == [LOCK_BOARD] * 2 and coarse.shared == [False, False]
+    assert len(id_locks([])) == 0
 
 
 @pytest.mark.asyncio
