@@ -37,7 +37,13 @@ if TYPE_CHECKING:
     from agents_sdk.messaging.messenger import Messenger
     from agents_sdk.messaging.send import Sent
     from agents_sdk.search import EntrySearchArgs, RecallArgs, SearchClient
-    from blackboard.protocol.schemas.search import EntryHit, EntryRevision, MemoryHit, SearchFilters
+    from blackboard.protocol.schemas.search import (
+        EntryHit,
+        EntryRevision,
+        MemoryDetail,
+        MemoryHit,
+        SearchFilters,
+    )
 
 __all__ = ["Board", "BoardOwner", "BoardPipeline"]
 
@@ -314,6 +320,17 @@ class Board:
             TypeError: ``board`` (this board is searched) or a keyword that is not a filter.
         """
         return await self.agent.search.recall(query, filters=filters, **_on_board(self.name, args))
+
+    async def memory(self, id: str) -> MemoryDetail:
+        """``agent.memory(id, board=<this board>)``: one memory of this board, with the memories
+        merged into it and the versions of its subject key.
+
+        Raises:
+            NotFoundError: no memory of that id on this board.
+            PermissionDeniedError: this agent may not read the board.
+            SearchError: no worker is serving search, or it failed.
+        """
+        return await self.agent.search.memory(self.name, id)
 
     async def stored_history(self, section: str, key: str, *, limit: int | None = None) -> list[EntryRevision]:
         """Every revision of a key ever written, from PostgreSQL (JetStream keeps

@@ -240,6 +240,7 @@ async def test_memory_reads_one_memory_with_its_versions_and_sources(life: Lifec
     assert detail.memory.superseded_by == life.id("p2")
     assert [v.id for v in detail.versions] == [life.id(n) for n in ("p0", "p1", "p2", "p3", "mg")]
     assert detail.sources == []
+    assert await life.agent.board(life.board).memory(life.id("p1")) == detail  # the board's shortcut
     # The kept memory lists what was merged into it; a merged id answers with the kept memory.
     kept = await life.agent.memory(life.id("p3"), board=life.board)
     assert sorted((s.id, s.agent, s.how) for s in kept.sources) == [
