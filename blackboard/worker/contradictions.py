@@ -13,7 +13,7 @@ Then:
    question carries both texts, any agent may vote (``voters`` null), the
    deadline is ``memory.vote_deadline`` away, and the target entry is
    ``contradictions/<subject key>`` of the board (the committer writes the
-   winning memory id there). The contest table is an outbox: published
+   winning memory id there; :func:`entry_key`). The contest table is an outbox: published
    contests are marked, so a crash between the ingest transaction and the
    publish loses nothing; the publish is idempotent (the proposal id is
    derived from the challenger's id and version, and a proposal subject takes
@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -49,9 +50,14 @@ from psycopg_pool import AsyncConnectionPool
 from blackboard.client.consensus import WORKER_KIND, VoteStore
 from blackboard.consensus.log import decode_proposal
 from blackboard.db import supersession_sql as q
-from blackboard.protocol.errors import BlackboardError, ConflictError, InvalidPayloadError
+from blackboard.protocol.errors import (
+    BlackboardError,
+    ConflictError,
+    InvalidKeyError,
+    InvalidPayloadError,
+)
 from blackboard.protocol.schemas import Outcome, Policy, Proposal
-from blackboard.protocol.subjects import Header
+from blackboard.protocol.subjects import Header, encode_key
 from blackboard.settings import Settings
 from blackboard.worker.ingest import RETRYABLE, backoff_delays, error_line
 from blackboard.worker.stream_handler import Conn
@@ -62,6 +68,7 @@ __all__ = [
     "ContestRow",
     "ContradictionPublisher",
     "contest_proposal",
+    "entry_key",
     "settle_outcomes",
     "winner_of",
 ]
@@ -121,9 +128,19 @@ def contest_proposal(c: ContestRow, *, proposer: str, now: datetime, deadline: f
         f"[1] {c.challenger} (new; by {c.challenger_agent}, valid from {_iso(c.challenger_from)}): "
         f"{_quote(c.challenger_text)}")
     return Proposal(id=proposal_id or c.proposal_id, board=c.board, section=CONTRADICTION_SECTION,
-                    key=c.subject_key, question=question, candidates=[c.incumbent, c.challenger],
+                    key=entry_key(c.subject_key), question=question, candidates=[c.incumbent, c.challenger],
                     policy=Policy(), voters=None, proposer=proposer, created_at=now,
                     deadline=now + timedelta(seconds=deadline))
+
+
+def entry_key(subject_key: str) -> str:
+    """The key of a contest's target entry (``contradictions/<key>``): the subject key, or
+    ``sha256-`` and its digest when the subject key is too long for a board key once encoded."""
+    try:
+        encode_key(subject_key)
+    except InvalidKeyError:
+        return "sha256-" + hashlib.sha256(subject_key.encode()).hexdigest()
+    return subject_key
 
 
 def _iso(t: datetime | None) -> str:
@@ -278,7 +295,7 @@ class ContradictionPublisher:
             proposal = decode_proposal(msg.data, msg.headers)
         except InvalidPayloadError:
             return False
-        if (proposal.board, proposal.id) != (c.board, pid) or proposal.key != c.subject_key \
+        if (proposal.board, proposal.id) != (c.board, pid) or proposal.key != entry_key(c.subject_key) \
                 or proposal.candidates != [c.incumbent, c.challenger]:
             return False
         verifier = self.store.signing.verifier

@@ -30,6 +30,7 @@ from blackboard.worker.contradictions import (
     ContestRow,
     ContradictionPublisher,
     contest_proposal,
+    entry_key,
     settle_outcomes,
     winner_of,
 )
@@ -67,6 +68,14 @@ def test_a_contest_proposes_the_two_memories_incumbent_first_open_to_any_agent_u
     assert long.id == "p-1" and len(long.question) < 2500
     with pytest.raises(ValueError, match="gone"):
         contest_proposal(_row(incumbent_text=None), proposer="w", now=NOW, deadline=1)
+
+
+def test_the_target_entry_is_the_subject_key_unless_too_long_for_a_board_key() -> None:
+    assert entry_key("price:shop.example.com:sku-1") == "price:shop.example.com:sku-1"
+    huge = "価" * 256  # 256 characters, 768 bytes: too long for a board key once encoded
+    assert entry_key(huge).startswith("sha256-") and entry_key(huge) == entry_key(huge)
+    p = contest_proposal(_row(subject_key=huge), proposer="w", now=NOW, deadline=1)
+    assert p.key == entry_key(huge) and huge in p.question
 
 
 @pytest.mark.parametrize(("status", "value", "winner"), [
