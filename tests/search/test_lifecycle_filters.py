@@ -26,6 +26,7 @@ from blackboard.db import search_sql as q
 from blackboard.devstack import EmbeddedPostgres
 from blackboard.protocol.errors import InvalidPayloadError, NotFoundError
 from blackboard.protocol.schemas.search import MemoryHit, MemorySearchRequest, SearchFilters
+from blackboard.protocol.signing import Verdict
 from blackboard.protocol.subjects import Subjects
 from blackboard.search.planning import DropRate, probe_depth
 from blackboard.settings import Settings
@@ -245,6 +246,7 @@ async def test_memory_reads_one_memory_with_its_versions_and_sources(life: Lifec
     kept = await life.agent.memory(life.id("p3"), board=life.board)
     assert sorted((s.id, s.agent, s.how) for s in kept.sources) == [
         (life.id("dup"), "dora", "exact"), (life.id("mg"), "alice", "near")]
+    assert {s.verdict for s in kept.sources} == {Verdict.UNSIGNED}  # as stored with each source
     merged = await life.agent.memory(life.id("dup"), board=life.board)
     assert merged.memory.id == life.id("p3") and merged.memory.seen_count == 3
     assert {s.id for s in merged.sources} == {life.id("dup"), life.id("mg")}

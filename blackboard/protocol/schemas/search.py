@@ -335,7 +335,7 @@ class MemorySource(WireModel):
     seq: int
     sig_key: str | None = None
     sig: str | None = None
-    verdict: str = Field("unsigned", description=_VERDICT)
+    verdict: Verdict = Field(Verdict.UNSIGNED, description=_VERDICT)
     how: str = Field(description="exact (same normalised text), near (cosine), or llm (merged by a model).")
     merged_at: datetime
 
