@@ -243,8 +243,7 @@ class _SearchRequest(_Scope, _Query):
         # Every field given (the other target's empty): for a missing one, model_construct
         # calls its default factory through inspect.signature, ~0.2 ms a request.
         own = type(self).model_fields
-        return SearchFilters.model_construct(**{name: getattr(self, name) if name in own
-                                                else [] if _FILTER_DEFAULTS[name] == [] else _FILTER_DEFAULTS[name]
+        return SearchFilters.model_construct(**{name: getattr(self, name) if name in own else _default(name)
                                                 for name in _FILTER_FIELDS})
 
 
@@ -278,7 +277,14 @@ class EntrySearchRequest(_Sections, _SearchRequest):
 _FILTER_FIELDS = tuple(SearchFilters.model_fields)
 #: Each filter's default (a list for the list filters).
 _FILTER_DEFAULTS: dict[str, Any] = {
-    name: [] if f.default_factory is not None else f.default for name, f in SearchFilters.model_fields.items()}
+    name: f.default if f.default_factory is None else f.default_factory()  # type: ignore[call-arg]
+    for name, f in SearchFilters.model_fields.items()}
+
+
+def _default(name: str) -> Any:
+    """Filter ``name``'s default (a new one for a list or a mapping)."""
+    value = _FILTER_DEFAULTS[name]
+    return type(value)() if isinstance(value, list | dict) else value
 
 
 class MemoryHit(WireModel):
