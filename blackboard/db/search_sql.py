@@ -54,7 +54,6 @@ __all__ = [
     "MEMORY_SOURCES",
     "MEMORY_VERSIONS",
     "SET_SCAN_SESSION",
-    "TOUCH_MEMORIES",
     "WORD_LEXEMES",
     "EntryRow",
     "MemoryRow",
@@ -292,7 +291,6 @@ AS_OF_AT = f"SELECT {REVISION_COLS}, r.expires_at FROM bb_entry_revisions r WHER
 #: pooled connection, and again when ef_search changes).
 SET_SCAN_SESSION = ("SELECT set_config('hnsw.ef_search', %s, false), "
                     "set_config('hnsw.iterative_scan', 'relaxed_order', false)")
-TOUCH_MEMORIES = "UPDATE bb_memories SET last_accessed = now() WHERE mid = ANY(%s)"
 #: The lexemes of each of the given words (``%s``: text[]) under the index's text search
 #: configuration: rows ``(word's position from 1, lexeme)``; a word without one (a stop word,
 #: punctuation) has no row.

@@ -8,7 +8,9 @@ service. One module per concept:
 * :mod:`~blackboard.search.hits`: rows to wire hits (pure);
 * :mod:`~blackboard.search.engine`: :class:`SearchEngine`, semantic, keyword and
   hybrid search of memories and entries, and its caches;
-* :mod:`~blackboard.search.maintenance`: the upkeep searches leave (last access, ANALYZE);
+* :mod:`~blackboard.search.maintenance`: the upkeep searches leave (ANALYZE);
+* :mod:`~blackboard.search.usage`: :class:`~blackboard.search.usage.AccessRecorder`, recall hits
+  written off the read path;
 * :mod:`~blackboard.search.history`: :class:`EntryHistory`, history and as-of reads (not search);
 * :mod:`~blackboard.search.detail`: one memory by id, its provenance and versions (not search);
 * :mod:`~blackboard.search.messages`: message search;
@@ -45,8 +47,10 @@ from blackboard.search.rerank import (
     reranker_from_settings,
 )
 from blackboard.search.service import SearchService
+from blackboard.search.usage import AccessRecorder
 
 __all__ = [
+    "AccessRecorder",
     "BoardStats",
     "CrossEncoderReranker",
     "EntryHistory",

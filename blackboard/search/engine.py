@@ -31,7 +31,8 @@ and hit shaping (:mod:`blackboard.search.hits`) are pure functions.
 
 Rows come back through row factories (:func:`blackboard.db.search_sql.named_rows`),
 read by column name. History and as-of reads are :mod:`blackboard.search.history`;
-the background upkeep (last access, ANALYZE) is :mod:`blackboard.search.maintenance`.
+the background upkeep (ANALYZE) is :mod:`blackboard.search.maintenance`; the recall hits, which
+the service records, :mod:`blackboard.search.usage`.
 """
 
 from __future__ import annotations
@@ -132,7 +133,7 @@ class SearchEngine:
         self.reranker = reranker if reranker is not None else reranker_from_settings(settings)
         #: Memory searches whose reranker failed (their fused order was kept).
         self.rerank_failures = 0
-        #: Background work the searches leave (last access, ANALYZE).
+        #: Background work the searches leave (ANALYZE).
         self.upkeep = Upkeep(pool)
         #: Stored rows the searches skipped because they cannot be read back (by kind).
         self.skipped = skipped if skipped is not None else SkippedRows()
@@ -476,7 +477,6 @@ class SearchEngine:
         hits = readable(((f, r) for f in fused if isinstance(r := rows.get(f.item), MemoryRow)),
                         lambda fr: memory_hit(fr[1], fr[0].score, fr[0].parts), "memory", self.skipped,
                         lambda fr: f"memory {fr[1].id!r}")
-        self.upkeep.touch(f.item for f in fused)
         return MemorySearchResponse(hits=hits, took_ms=(time.perf_counter() - t0) * 1000)
 
     async def _rerank(self, query: str, fused: list[Fused], rows: dict[int, Row], reranker: Reranker
@@ -552,7 +552,3 @@ class SearchEngine:
     def _forget_statistics(self, target: SearchTarget) -> None:
         self._stats.pop(target, None)
         self._boards.pop(target, None)
-
-    async def flush_touched(self) -> None:
-        """Record ``last_accessed`` of the memories returned since the last flush."""
-        await self.upkeep.flush_touched()

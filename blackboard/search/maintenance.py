@@ -1,14 +1,15 @@
-"""What searches leave to do in the background: record when memories were last returned,
-and ANALYZE the tables searches found never analysed.
+"""What searches leave to do in the background: ANALYZE the tables searches found never
+analysed.
 
-The search service runs both every second (:meth:`SearchEngine.flush_touched`,
-:meth:`SearchEngine.analyze_missing`); the engine notes the work as it searches.
+The search service runs it every second (:meth:`SearchEngine.analyze_missing`); the engine
+notes the work as it searches. (The recall hits of memories are
+:mod:`blackboard.search.usage`'s.)
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 
 import psycopg
 from psycopg_pool import AsyncConnectionPool
@@ -31,28 +32,14 @@ class Upkeep:
 
     def __init__(self, pool: AsyncConnectionPool) -> None:
         self.pool = pool
-        #: Memories returned since the last flush (``mid``).
-        self.touched: set[int] = set()
         #: Tables found never analysed.
         self.unanalysed: set[SearchTarget] = set()
-
-    def touch(self, items: Iterable[int]) -> None:
-        """Note memories a search returned."""
-        self.touched.update(items)
 
     def note_rows(self, target: SearchTarget, reltuples: float) -> None:
         """Note a table's estimated row count as the statistics read it: ``reltuples`` is -1
         until the first VACUUM or ANALYZE of the table."""
         if reltuples < 0:
             self.unanalysed.add(target)
-
-    async def flush_touched(self) -> None:
-        """Record ``last_accessed`` of the memories returned since the last flush."""
-        if not self.touched:
-            return
-        mids, self.touched = sorted(self.touched), set()
-        async with self.pool.connection() as conn, conn.transaction():
-            await conn.execute(q.TOUCH_MEMORIES, (mids,))
 
     async def analyze_missing(self, space: Space | None, analysed: Callable[[SearchTarget], None]) -> None:
         """ANALYZE the tables found never analysed (and, with a ``space``, their vector tables),

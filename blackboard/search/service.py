@@ -51,6 +51,11 @@ checkout: two to four round trips less per query (the engine retries a query
 once on a connection found broken). Its statements are planned for their
 parameters every time, with random reads costed as for data in memory or on
 SSD, and without JIT compilation (:func:`search_session`).
+
+The memories each recall returns are noted (:class:`~blackboard.search.usage.AccessRecorder`)
+and their ``hits`` and ``last_accessed`` written every ``memory.access_flush_interval``
+seconds in one statement, off the read path (and once more when the service stops): the
+importance score and the ``lru`` prune read them (docs/memory-lifecycle.md, "Importance").
 """
 
 from __future__ import annotations
@@ -105,6 +110,7 @@ from blackboard.search.engine import SearchEngine
 from blackboard.search.history import EntryHistory
 from blackboard.search.messages import search_messages
 from blackboard.search.rows import SkippedRows, encode_response
+from blackboard.search.usage import AccessRecorder
 from blackboard.security.policy import Right, Rights
 from blackboard.security.source import RightsSource
 from blackboard.settings import Settings
@@ -191,6 +197,8 @@ class SearchService:
         self._rights: RightsLookup | None = rights
         self._pool: AsyncConnectionPool | None = None
         self.engine: SearchEngine | None = None
+        #: The recall hits noted and written off the read path (:mod:`blackboard.search.usage`).
+        self.access: AccessRecorder | None = None
         self._nc = nc
         self._status = status
         self._service: Service | None = None
@@ -236,6 +244,7 @@ class SearchService:
                                  check=False, autocommit=True, session=search_session(s)) as pool:
                 self._pool = pool
                 self.engine = engine = SearchEngine(pool, self._provider, s.search, skipped=self.skipped)
+                self.access = access = AccessRecorder(pool, s.memory.access_flush_interval)
                 try:
                     # Leaving the group waits for the requests in flight (the
                     # endpoints are stopped first); only the flusher is cancelled.
@@ -243,12 +252,14 @@ class SearchService:
                         self._group = group
                         await self._register()
                         flusher = group.create_task(self._flush_loop(), name="search flusher")
+                        recorder = group.create_task(access.run(), name="search access recorder")
                         if not ready.done():
                             ready.set_result(None)
                         try:
                             await self._closing.wait()
                         finally:
                             flusher.cancel()
+                            recorder.cancel()  # after one last flush of the recall hits noted
                             await self._unregister()
                 finally:
                     await engine.aclose()  # the reranker's client, if any
@@ -277,11 +288,17 @@ class SearchService:
                                             "memory",
                                 queue_group=SEARCH_SERVICE)
         engine = self.engine
+        access = self.access
+        assert access is not None
         store = BoardStore(self._nc, self._settings)
 
         async def memories(req: MemorySearchRequest, rights: Rights) -> MemorySearchResponse:
             scoped = scoped_search(req, rights)
-            return await engine.search_memories(scoped) if scoped is not None else MemorySearchResponse(hits=[])
+            if scoped is None:
+                return MemorySearchResponse(hits=[])
+            found = await engine.search_memories(scoped)
+            access.record(hit.id for hit in found.hits)  # hits and last_accessed, written later
+            return found
 
         async def entries(req: EntrySearchRequest, rights: Rights) -> EntrySearchResponse:
             scoped = scoped_search(req, rights)
@@ -384,10 +401,6 @@ class SearchService:
             await asyncio.sleep(1.0)
             if self.engine is None:
                 continue
-            try:
-                await self.engine.flush_touched()
-            except Exception as exc:
-                log.debug("cannot record last_accessed: %r", exc)
             try:
                 await self.engine.analyze_missing()
             except Exception as exc:

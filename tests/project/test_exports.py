@@ -37,7 +37,7 @@ MESSAGING = {
 }
 
 SEARCH = {
-    "BoardStats", "EntryHistory", "Fused", "SearchEngine", "SearchService", "TermStats", "Upkeep", "board_rows",
+    "AccessRecorder", "BoardStats", "EntryHistory", "Fused", "SearchEngine", "SearchService", "TermStats", "Upkeep", "board_rows",
     "candidate_lexemes", "cut", "exact_scan", "fuse_convex", "fuse_hybrid", "neighbour_map", "rrf",
     "search_messages", "smooth_neighbours", "Reranker", "LLMReranker", "CrossEncoderReranker",
     "reranker_from_settings",
