@@ -40,6 +40,7 @@ from blackboard.worker.embed_inbox import EmbedInbox
 from blackboard.worker.embedder import Embedder, EmbeddingProvider, load_provider
 from blackboard.worker.handlers import StreamHandler, default_handlers
 from blackboard.worker.ingest import ConsumerLag, IngestLoop, backoff_delays
+from blackboard.worker.pruning import Pruner
 
 __all__ = ["Worker", "run_worker"]
 
@@ -87,6 +88,9 @@ class Worker:
         #: Publishes the proposals of contradictions put to a vote (None: ``memory.contradictions``
         #: is ``supersede``).
         self.contradictions: ContradictionPublisher | None = None
+        #: Archives the memories least worth keeping on a schedule (None: ``memory.prune_interval``
+        #: is 0, or no strategy nor bound is set).
+        self.pruner: Pruner | None = None
         self.started_at = 0.0
 
     # -- lifecycle ---------------------------------------------------------
@@ -218,6 +222,10 @@ class Worker:
             self._spawn(group, "vote committer", self.committer.run)
         if self.contradictions is not None:
             self._spawn(group, "contradiction proposals", self.contradictions.run)
+        if Pruner.wanted(self.settings):
+            assert self.pool is not None
+            self.pruner = Pruner(self.pool, self.settings)
+            self._spawn(group, "pruner", self.pruner.run)
 
     async def _start_search(self, group: asyncio.TaskGroup, services: contextlib.AsyncExitStack) -> None:
         if not self._serve_search:
@@ -334,6 +342,8 @@ class Worker:
             "verification": ({"threads": self.verifier.threads, **self.verifier.stats}
                              if self.verifier is not None else None),
         }
+        if self.pruner is not None:
+            out["pruning"] = {"archived": dict(self.pruner.archived)}
         if self.embedder is not None:
             out["embedding"] = await self.embedder.status()
             if self.inbox is not None:

@@ -27,7 +27,7 @@ from blackboard.client.connection import connect_nats
 from blackboard.client.streams import ensure_streams
 from blackboard.devstack import EmbeddedPostgres
 from blackboard.protocol.errors import ConfigurationError
-from blackboard.settings import Settings
+from blackboard.settings import MemorySettings, Settings
 from blackboard.worker import Worker
 from tests._worker_helpers import (
     HashProvider,
@@ -36,6 +36,7 @@ from tests._worker_helpers import (
     remember,
     rows,
     running_worker,
+    wait_for,
 )
 from tests.conftest import make_settings
 
@@ -265,6 +266,19 @@ async def test_recalls_raise_a_memorys_importance(cli: Any, stack: Stack) -> Non
     code, out, _ = await acli(cli, stack, "prune", "--strategy", "max_per_board", "--threshold", "1",
                               "--board", stack.board, "--dry-run", "--json")
     assert code == 0 and _ids(out, stack) == ["idle"]
+
+
+@pytest.mark.asyncio
+async def test_the_worker_prunes_on_its_schedule(pg_settings: Settings, postgres_server: EmbeddedPostgres,
+                                                 unique: str) -> None:
+    base = make_settings(pg_settings.nats.url, fresh_db(postgres_server, unique))
+    settings = base.model_copy(update={"memory": MemorySettings(prune_interval=0.2,
+                                                                prune_strategies=["low_confidence"])})
+    async with _stack(settings, unique) as stack:
+        await _write(stack, {"weak": {"text": "a wren, perhaps", "confidence": 0.05},
+                             "strong": {"text": "a wren, surely", "confidence": 0.99}})
+        await wait_for(lambda: _archived(stack) == {"weak": "low_confidence"}, 30, "the scheduled prune")
+        assert await _recalled(stack, "wren") == {"strong"}
 
 
 def test_bad_input_is_one_line_and_exit_2(cli: Any) -> None:
