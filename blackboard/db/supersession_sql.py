@@ -14,6 +14,7 @@ from __future__ import annotations
 
 __all__ = [
     "ADOPT_CONTEST",
+    "CLEAR_VERSIONS",
     "DROP_CONTEST",
     "INSERT_CONTESTS",
     "LOAD_VERSIONS",
@@ -38,7 +39,7 @@ SELECT pg_advisory_xact_lock(h) FROM (
 #: The stored keys and valid-time positions of memories by id (``%s``: ids), before a batch
 #: replaces them: a new version of an id may move it, or take it to another key.
 OLD_KEYS = """
-SELECT board, subject_key, valid_from, seq FROM bb_memories
+SELECT id, board, subject_key, valid_from, seq FROM bb_memories
 WHERE id = ANY(%s) AND subject_key IS NOT NULL AND valid_from IS NOT NULL"""
 
 #: The versions of each key from a position on: from the version of the chain (neither
@@ -61,6 +62,13 @@ JOIN LATERAL (
     WHERE m.board = s.board AND m.subject_key = s.key
       AND (m.valid_from, m.seq) >= (coalesce(pred.valid_from, '-infinity'), coalesce(pred.seq, 0))) m ON true
 ORDER BY m.board, m.subject_key, m.valid_from, m.seq"""
+
+#: A memory written again without a subject key (``%(ids)s``/``%(seqs)s``: the versions
+#: written) is no version: neither closed nor contested.
+CLEAR_VERSIONS = """
+UPDATE bb_memories m SET valid_to = NULL, superseded_by = NULL, contested_by = NULL, checked_seq = NULL
+FROM unnest(%(ids)s::text[], %(seqs)s::bigint[]) AS w(id, seq)
+WHERE m.id = w.id AND m.seq = w.seq AND m.subject_key IS NULL"""
 
 #: Set the version columns of memories (parallel arrays by mid), in mid order.
 UPDATE_VERSIONS = """

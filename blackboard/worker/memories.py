@@ -25,7 +25,12 @@ from blackboard.settings import Settings
 from blackboard.worker.decode import ForgetRow, MemoryRow, RawMessage, decode_memory
 from blackboard.worker.dedup import DedupLocks, id_locks, text_locks
 from blackboard.worker.stream_handler import Conn, StreamHandler
-from blackboard.worker.supersession import ContradictionPolicy, keys_before_write, settle_keys
+from blackboard.worker.supersession import (
+    ContradictionPolicy,
+    keys_before_write,
+    settle_keys,
+    settle_written,
+)
 
 __all__ = ["memory_handler", "memory_signed", "write_memories"]
 
@@ -65,20 +70,20 @@ async def write_memories(conn: Conn, rows: Sequence[MemoryRow | ForgetRow], *,
         # Where the batch's ids were, for a batch with keys only: a new version of a keyed id
         # without a key leaves its old key's links as they were until that key's next write
         # (docs/memory-lifecycle.md), and a batch without keys costs nothing more.
-        keys = await keys_before_write(conn, [r.id for r in memories] if keyed else [], keyed, lock=not forgets)
+        changes = await keys_before_write(conn, [r.id for r in memories] if keyed else [], keyed, lock=not forgets)
         await _write_memory_rows(conn, memories, dedup=dedup, per_agent=dedup_per_agent,
                                  table_locked=bool(forgets))
-        await settle_keys(conn, keys, policy)
+        await settle_written(conn, changes, [(r.id, r.seq, r.key) for r in memories], policy)
     if forgets:
         ids = sorted({i for f in forgets for i in f.ids})
-        keys = await keys_before_write(conn, ids, (), lock=False)
+        forgotten = await keys_before_write(conn, ids, (), lock=False)
         cur = await conn.execute(dq.FORGET_MERGED, {"ids": ids})
         mids = [int(r[0]) for r in await cur.fetchall()]  # near-duplicates archived into a forgotten memory
         cur = await conn.execute(q.DELETE_FORGOTTEN, (ids,))
         mids += [int(r[0]) for r in await cur.fetchall()]
         if mids:
             await _delete_vectors(conn, mids)
-        await settle_keys(conn, keys)  # a forgotten version leaves its key's versions
+        await settle_keys(conn, forgotten.starts)  # a forgotten version leaves its key's versions
 
 
 async def _delete_vectors(conn: Conn, mids: list[int]) -> None:

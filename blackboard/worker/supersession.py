@@ -24,16 +24,19 @@ a proposal and the incumbent stays current until the vote's outcome
 the outcome). An agent's new version of its own fact, an older version arriving
 late (backfill) and a repeat of the current text are not contradictions.
 
-Each version is settled once (``checked_seq`` = its ``seq``), in the
-transaction that stores it, under its key's advisory lock; a redelivered batch
-settles nothing twice, a new version of the same id is settled afresh.
+Each new version is settled in the transaction that stores it, under its
+key's advisory lock. Where contradictions go to a vote, whether it contests is
+decided once (``checked_seq`` = its ``seq``): a redelivered batch settles
+nothing twice, a new version of the same id is settled afresh. Elsewhere
+nothing needs remembering (a redelivered batch links the same chain), so a
+new version that becomes the current one costs no write of its row.
 """
 
 from __future__ import annotations
 
 import fnmatch
 import hashlib
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
@@ -48,6 +51,7 @@ __all__ = [
     "CONTEST_PREFIX",
     "Contest",
     "ContradictionPolicy",
+    "KeyChanges",
     "KeyPlan",
     "Position",
     "Version",
@@ -57,6 +61,7 @@ __all__ = [
     "lock_keys",
     "plan_key",
     "settle_keys",
+    "settle_written",
 ]
 
 #: A position in a key's versions: (valid_from, seq).
@@ -154,31 +159,36 @@ def _same_text(a: Version, b: Version) -> bool:
     return a.content_hash is not None and a.content_hash == b.content_hash
 
 
-def plan_key(board: str, key: str, versions: Sequence[Version], *, vote: bool) -> KeyPlan:
+def plan_key(board: str, key: str, versions: Sequence[Version], *, vote: bool,
+             fresh: Collection[tuple[str, int]] = ()) -> KeyPlan:
     """Settle one key's versions (pure).
 
     ``versions``: the key's memories from the chain version before the first one
-    that changed (or from the first) on, in any order. The versions not settled
-    yet (``checked_seq`` is not their ``seq``) are settled in stream order, each
-    seeing the versions settled before it: with ``vote``, one that would become
-    the current version against a current version of another agent saying
-    something else opens a :class:`Contest` (it is stored contested); any other
-    joins the chain. Then the chain (versions neither merged nor contested) is
-    linked in ``(valid_from, seq)`` order. Returns the rows whose columns change.
+    that changed (or from the first) on, in any order. ``fresh``: ``(id, seq)`` of
+    the versions the caller just wrote. Those not settled yet (with ``vote``,
+    ``checked_seq`` is not their ``seq``) are settled in stream order, each seeing
+    the versions settled before it: what an earlier version of the id was (contested,
+    closed) is void; with ``vote``, one that would become the current version against
+    a current version of another agent saying something else opens a
+    :class:`Contest` (it is stored contested), and is marked checked; any other joins
+    the chain. Then the chain (versions neither merged nor contested) is linked in
+    ``(valid_from, seq)`` order. Returns the rows whose columns change.
     """
     state: dict[int, list[Any]] = {
         v.mid: [v.valid_to, v.superseded_by, v.contested_by, v.checked_seq] for v in versions}
-    settled = {v.mid for v in versions if v.checked_seq == v.seq}
+    new = [v for v in versions
+           if (v.id, v.seq) in fresh and not v.merged and not (vote and v.checked_seq == v.seq)]
+    settled = {v.mid for v in versions} - {v.mid for v in new}
     plan = KeyPlan()
 
     def in_chain(v: Version) -> bool:
         return not v.merged and v.mid in settled and state[v.mid][2] is None
 
-    for v in sorted((v for v in versions if v.mid not in settled and not v.merged), key=lambda v: v.seq):
+    for v in sorted(new, key=lambda v: v.seq):
         st = state[v.mid]
         st[0] = st[1] = st[2] = None  # what an earlier version of this id was is void
-        st[3] = v.seq
         if vote:
+            st[3] = v.seq
             chain = [w for w in versions if w.mid != v.mid and in_chain(w)]
             if not any(w.position > v.position for w in chain):
                 before = [w for w in chain if w.position < v.position]
@@ -211,8 +221,18 @@ async def lock_keys(conn: Conn, keys: Iterable[KeyRef]) -> None:
         await conn.execute(q.LOCK_KEYS, {"boards": [b for b, _ in refs], "keys": [k for _, k in refs]})
 
 
+@dataclass
+class KeyChanges:
+    """The keys a batch changes, found before it is written (:func:`keys_before_write`)."""
+
+    #: Each key changed, with the first position in it that changes.
+    starts: dict[KeyRef, Position] = field(default_factory=dict)
+    #: The batch's ids that were stored with a subject key.
+    keyed_before: set[str] = field(default_factory=set)
+
+
 async def keys_before_write(conn: Conn, ids: Sequence[str], new: Iterable[tuple[str, str, Position]],
-                            *, lock: bool = True) -> dict[KeyRef, Position]:
+                            *, lock: bool = True) -> KeyChanges:
     """The keys a batch changes and, for each, the first position that changes: the new
     versions' (``new``: board, key, position) and where the batch's ids were before (a new
     version of an id may move it in valid time, or take it off its key). With ``lock``,
@@ -220,7 +240,8 @@ async def keys_before_write(conn: Conn, ids: Sequence[str], new: Iterable[tuple[
     key, e.g. one writing a version and the other moving an older one, never wait for each
     other's rows while holding their keys).
     """
-    starts: dict[KeyRef, Position] = {}
+    changes = KeyChanges()
+    starts = changes.starts
 
     def at(key: KeyRef, pos: Position) -> None:
         if key not in starts or pos < starts[key]:
@@ -230,11 +251,24 @@ async def keys_before_write(conn: Conn, ids: Sequence[str], new: Iterable[tuple[
         at((board, key), pos)
     if ids:
         cur = await conn.execute(q.OLD_KEYS, (list(ids),))
-        for board, key, valid_from, seq in await cur.fetchall():
+        for mid_id, board, key, valid_from, seq in await cur.fetchall():
             at((board, key), (valid_from, int(seq)))
+            changes.keyed_before.add(mid_id)
     if lock:
         await lock_keys(conn, starts)
-    return starts
+    return changes
+
+
+async def settle_written(conn: Conn, changes: KeyChanges, written: Sequence[tuple[str, int, str | None]],
+                         policy: ContradictionPolicy | None = None) -> list[Contest]:
+    """Settle what a batch wrote (``written``: id, seq and subject key of each memory), the
+    keys' locks held: a version now without a key is no longer closed nor contested, and the
+    keys changed are settled (:func:`settle_keys`)."""
+    unkeyed = [(i, seq) for i, seq, key in written if key is None and i in changes.keyed_before]
+    if unkeyed:
+        await conn.execute(q.CLEAR_VERSIONS, {"ids": [i for i, _ in unkeyed], "seqs": [n for _, n in unkeyed]})
+    fresh = {(i, seq) for i, seq, key in written if key is not None}
+    return await settle_keys(conn, changes.starts, policy, fresh)
 
 
 def _version(r: Mapping[str, Any]) -> Version:
@@ -246,14 +280,16 @@ def _version(r: Mapping[str, Any]) -> Version:
 
 
 async def settle_keys(conn: Conn, starts: Mapping[KeyRef, Position],
-                      policy: ContradictionPolicy | None = None) -> list[Contest]:
-    """Settle the keys from the given positions on (their locks held): new versions are
-    checked, contests opened (``bb_memory_contests``, for the worker to publish), the
-    chains relinked. Returns the contests opened.
+                      policy: ContradictionPolicy | None = None,
+                      fresh: Collection[tuple[str, int]] = ()) -> list[Contest]:
+    """Settle the keys from the given positions on (their locks held): the versions just
+    written (``fresh``: ``(id, seq)``) settled, contests opened (``bb_memory_contests``,
+    for the worker to publish), the chains relinked. Returns the contests opened.
     """
     if not starts:
         return []
     policy = policy or ContradictionPolicy()
+    fresh = frozenset(fresh)
     refs = sorted(starts)
     params = {"boards": [b for b, _ in refs], "keys": [k for _, k in refs],
               "froms": [starts[r][0] for r in refs], "seqs": [starts[r][1] for r in refs]}
@@ -266,7 +302,7 @@ async def settle_keys(conn: Conn, starts: Mapping[KeyRef, Position],
     updates: list[VersionUpdate] = []
     contests: list[Contest] = []
     for (board, key), versions in by_key.items():
-        plan = plan_key(board, key, versions, vote=policy.votes_on(board))
+        plan = plan_key(board, key, versions, vote=policy.votes_on(board), fresh=fresh)
         updates += plan.updates
         contests += plan.contests
     if updates:

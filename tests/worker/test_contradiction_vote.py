@@ -39,7 +39,7 @@ from blackboard.worker.supersession import (
     ContradictionPolicy,
     contest_id,
     keys_before_write,
-    settle_keys,
+    settle_written,
 )
 from tests._worker_helpers import HashProvider, StartWorker, board_memories_handler
 
@@ -193,12 +193,12 @@ async def test_the_publisher_is_idempotent_and_never_adopts_a_proposal_another_i
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
         for mid, seq, agent, text in ((f"{unique}-a", 1, "alice", "price 10"), (f"{unique}-b", 2, "bob", "price 12")):
             async with conn.transaction():
-                starts = await keys_before_write(conn, [mid], [(unique, "k", (NOW + timedelta(minutes=seq), seq))])
+                changes = await keys_before_write(conn, [mid], [(unique, "k", (NOW + timedelta(minutes=seq), seq))])
                 await conn.execute(
                     "INSERT INTO bb_memories (id, board, agent, kind, text, created_at, updated_at, stream, seq, "
                     "subject_key, valid_from, content_hash) VALUES (%s, %s, %s, 'semantic', %s, now(), now(), %s, %s, "
                     "'k', %s, %s)", (mid, unique, agent, text, unique, seq, NOW + timedelta(minutes=seq), text.encode()))
-                await settle_keys(conn, starts, vote)
+                await settle_written(conn, changes, [(mid, seq, "k")], vote)
     pid = contest_id(unique, f"{unique}-b", 2)
     async with Agent.connect(f"{unique}-mallory", settings=pg_settings) as mallory, \
             open_pool(pg_settings.postgres, name="test-contests") as pool:

@@ -28,7 +28,7 @@ from blackboard.worker.supersession import (
     contest_id,
     keys_before_write,
     plan_key,
-    settle_keys,
+    settle_written,
 )
 from tests._worker_helpers import HashProvider, StartWorker, board_memories_handler
 
@@ -48,8 +48,10 @@ def v(mid: int, minutes: int, *, seq: int | None = None, agent: str = "a", text:
 
 
 def apply(versions: list[Version], board: str = "b", *, vote: bool = False) -> tuple[list[Version], list[str]]:
-    """The versions after settling (by mid), and the contests' challengers."""
-    plan = plan_key(board, "k", versions, vote=vote)
+    """The versions after settling those not checked as just written (by mid), and the
+    contests' challengers."""
+    fresh = {(x.id, x.seq) for x in versions if x.checked_seq != x.seq}
+    plan = plan_key(board, "k", versions, vote=vote, fresh=fresh)
     by_mid = {x.mid: x for x in versions}
     for u in plan.updates:
         by_mid[u.mid] = replace(by_mid[u.mid], valid_to=u.valid_to, superseded_by=u.superseded_by,
@@ -66,7 +68,17 @@ def test_each_version_is_closed_by_the_next_in_valid_time_and_the_newest_is_open
     out, contests = apply([v(1, 10), v(2, 20), v(3, 5)])
     assert contests == []
     assert links(out) == {"m3": (at(10), "m1"), "m1": (at(20), "m2"), "m2": (None, None)}
-    assert all(x.checked_seq == x.seq for x in out)
+    # Without votes nothing needs remembering: a new current version costs no write of its row.
+    assert all(x.checked_seq is None for x in out)
+    assert [u.mid for u in plan_key("b", "k", [v(1, 10), v(2, 20)], vote=False, fresh={("m2", 2)}).updates] == [1]
+
+
+def test_only_the_versions_just_written_are_settled() -> None:
+    """Versions stored without a check (under the supersede policy) are not new arrivals when a
+    board's contradictions start going to a vote."""
+    old = [v(1, 10, agent="alice", text="10"), v(2, 20, agent="bob", text="12")]  # not checked, not fresh
+    plan = plan_key("b", "k", [*old, v(3, 30, agent="carol", text="13")], vote=True, fresh={("m3", 3)})
+    assert [c.challenger.id for c in plan.contests] == ["m3"] and plan.contests[0].incumbent.id == "m2"
 
 
 def test_equal_valid_times_are_ordered_by_stream_sequence() -> None:
@@ -98,7 +110,7 @@ def test_merged_and_contested_memories_are_not_versions_but_archived_ones_are() 
 def test_a_settled_version_is_not_settled_again() -> None:
     """A redelivered batch: everything is checked and linked, nothing changes."""
     out, _ = apply([v(1, 10), v(2, 20)], vote=True)
-    assert plan_key("b", "k", out, vote=True).updates == []
+    assert plan_key("b", "k", out, vote=True, fresh={("m1", 1), ("m2", 2)}).updates == []
 
 
 def test_a_new_version_of_an_id_is_settled_afresh() -> None:
@@ -160,14 +172,14 @@ async def _connect(settings: Settings) -> psycopg.AsyncConnection[Any]:
 
 async def _write(conn: psycopg.AsyncConnection[Any], board: str, rows: Sequence[tuple[str, int, int, str, str]],
                  policy: ContradictionPolicy | None = None, *, pause: asyncio.Event | None = None,
-                 key: str = "k") -> None:
+                 key: str | None = "k") -> None:
     """Store memories (id, seq, valid-from minutes, agent, text) on ``key`` the way a batch does:
     the keys locked, the rows upserted forward only, then settled, in one transaction. Ids are
     the board's (``<board>/<id>``), and so is the stream the sequences count in."""
     rows = [(f"{board}/{r[0]}", *r[1:]) for r in rows]
     async with conn.transaction():
-        starts = await keys_before_write(conn, [r[0] for r in rows],
-                                         [(board, key, (at(m), seq)) for _, seq, m, _, _ in rows])
+        changes = await keys_before_write(conn, [r[0] for r in rows],
+                                          [(board, key, (at(m), seq)) for _, seq, m, _, _ in rows if key is not None])
         for mid_id, seq, minutes, agent, text in rows:
             await conn.execute(
                 "INSERT INTO bb_memories (id, board, agent, kind, text, created_at, updated_at, stream, seq, "
@@ -178,7 +190,7 @@ async def _write(conn: psycopg.AsyncConnection[Any], board: str, rows: Sequence[
                 (mid_id, board, agent, text, board, seq, key, at(minutes), text.encode()))
         if pause is not None:
             await pause.wait()
-        await settle_keys(conn, starts, policy)
+        await settle_written(conn, changes, [(r[0], r[1], key) for r in rows], policy)
 
 
 async def _chain(conn: psycopg.AsyncConnection[Any], board: str) -> dict[str, tuple[Any, ...]]:
@@ -223,6 +235,10 @@ async def test_settled_in_postgresql_whatever_order_concurrent_batches_commit_in
         await _write(conns[0], f"{unique}-0", [("m3", 201, 45, "a", "v3 elsewhere")], key="k2")
         got = await _chain(conns[0], f"{unique}-0")
         assert got["m0"] == (at(50), "m1", None) and got["m3"] == (None,) * 3 and got["m1"] == (None,) * 3
+        # ... and m0 written again without a key is no version: neither closed nor on the key.
+        await _write(conns[0], f"{unique}-0", [("m0", 202, 30, "a", "v0, no key")], key=None)
+        got = await _chain(conns[0], f"{unique}-0")
+        assert got["m5"] == (at(50), "m1", None) and got["m0"] == (None,) * 3
     finally:
         for c in conns:
             await c.close()
@@ -253,14 +269,14 @@ async def test_a_contradiction_is_contested_once_and_recorded_for_the_publisher(
 
 async def _versions(settings: Settings, board: str, count: int, timeout: float = 30) -> dict[str, tuple[Any, ...]]:
     """(text, valid_from, valid_to, superseded_by id's text) by text, once ``count`` memories of the
-    board are settled."""
+    board are stored (a batch's keys are settled in the transaction that stores it)."""
     deadline = asyncio.get_running_loop().time() + timeout
     async with await _connect(settings) as conn:
         while True:
             cur = await conn.execute(
                 "SELECT m.text, m.valid_from, m.valid_to, n.text FROM bb_memories m "
                 "LEFT JOIN bb_memories n ON n.id = m.superseded_by "
-                "WHERE m.board = %s AND m.checked_seq = m.seq", (board,))
+                "WHERE m.board = %s", (board,))
             rows = {r[0]: tuple(r[1:]) for r in await cur.fetchall()}
             if len(rows) == count or asyncio.get_running_loop().time() > deadline:
                 return rows
