@@ -36,6 +36,7 @@ from typing import Literal
 
 __all__ = [
     "ARCHIVED_STATE",
+    "DELETE_MERGED_INTO",
     "PRUNE_LOCK",
     "RESTORE",
     "STRATEGIES",
@@ -162,6 +163,15 @@ def delete_query(strategy: PruneStrategy) -> str:
             "SELECT c.mid, c.id, c.board, c.agent, c.kind, c.text, c.confidence, c.hits, c.importance, "
             "c.used_at, c.event_at, c.score FROM c JOIN d ON d.mid = c.mid")
 
+
+#: After :func:`delete_query`: the memories archived into the deleted ones (near-duplicates and
+#: the sources of a derived merge: ``merged_into``; their tombstones were left with the deleted
+#: memories' sources) go too, as a forget of the memory kept takes them. Param: the deleted ids
+#: (text[]). Returns their ``mid`` (their vectors go too).
+DELETE_MERGED_INTO = """
+DELETE FROM bb_memories a WHERE a.merged_into = ANY(%s::text[]) AND a.archived_at IS NOT NULL
+  AND a.archive_reason = 'merged'
+RETURNING a.mid"""
 
 #: Memories deleted are not checked for near-duplicates any more. Param: mids (bigint[]).
 UNQUEUE_CONSOLIDATION = "DELETE FROM bb_consolidate_queue WHERE mid = ANY(%s)"

@@ -186,7 +186,9 @@ async def prune(conn: psycopg.AsyncConnection[Any], memory: MemorySettings, stra
                 await cur.execute(query, params)
                 found = await cur.fetchall()
             if hard and found:
-                await _delete_vectors(conn, [p.mid for p in found])
+                deleted = await conn.execute(q.DELETE_MERGED_INTO, ([p.id for p in found],))
+                merged = [int(r[0]) for r in await deleted.fetchall()]
+                await _delete_vectors(conn, [p.mid for p in found] + merged)
     except psycopg.Error as exc:
         raise StorageError(f"prune ({strategy}) failed: {exc}") from exc
     found.sort(key=_order(strategy))

@@ -213,26 +213,42 @@ async def test_limit_takes_the_least_worth_keeping_first(cli: Any, stack: Stack)
 @pytest.mark.asyncio
 async def test_hard_delete_leaves_nothing_and_a_replay_does_not_bring_it_back(
         cli: Any, stack: Stack, unique: str) -> None:
+    # "twin" says what "gone" says: deduplicated at ingest, it is a source of "gone", not a row.
     await _write(stack, {"gone": {"text": "a kestrel, unsure", "confidence": 0.1},
+                         "twin": {"text": "a kestrel, unsure", "confidence": 0.1},
+                         "near": {"text": "a kestrel, not sure", "confidence": 0.8},
                          "kept": {"text": "a kestrel, sure", "confidence": 0.9}})
     await stack.worker.wait_caught_up(60, embedded=True)
-    code, out, err = await acli(cli, stack, "prune", "--strategy", "low_confidence", "--board", stack.board,
-                                "--hard")
+    b = stack.board
+    assert rows(stack.settings, "SELECT s.id FROM bb_memory_sources s JOIN bb_memories m ON m.mid = s.mid "
+                                "WHERE m.id = %s", f"{b}-gone") == [(f"{b}-twin",)]
+    # "near" as the consolidator leaves a near-duplicate merged into "gone" (archived, a source of it).
+    rows(stack.settings, """
+        WITH n AS (UPDATE bb_memories SET archived_at = now(), archive_reason = 'merged', merged_into = %s
+                   WHERE id = %s RETURNING id, board, agent, stream, seq, created_at)
+        INSERT INTO bb_memory_sources (id, mid, board, agent, stream, seq, created_at, how)
+        SELECT n.id, k.mid, n.board, n.agent, n.stream, n.seq, n.created_at, 'near'
+        FROM n, bb_memories k WHERE k.id = %s RETURNING 1""", f"{b}-gone", f"{b}-near", f"{b}-gone")
+    code, out, err = await acli(cli, stack, "prune", "--strategy", "low_confidence", "--board", b, "--hard")
     assert code == 0, err
     assert out.strip().splitlines()[-1].startswith("1 memory deleted")
-    gone = f"{stack.board}-gone"
-    assert rows(stack.settings, "SELECT count(*) FROM bb_memories WHERE id = %s", gone) == [(0,)]
+    assert rows(stack.settings, "SELECT id FROM bb_memories WHERE board = %s", b) == [(f"{b}-kept",)]
+    assert rows(stack.settings, "SELECT count(*) FROM bb_memory_sources WHERE board = %s", b) == [(0,)]
     (space,) = rows(stack.settings, "SELECT id FROM bb_embedding_spaces")
     # The database is the test's: the one vector left is the kept memory's.
     assert rows(stack.settings, f"SELECT count(*) FROM bb_vec_{space[0]}_memories") == [(1,)]
-    code, out, _ = await acli(cli, stack, "restore", gone)
+    code, out, _ = await acli(cli, stack, "restore", f"{b}-gone")
     assert code == 3 and "not found" in out
-    # Another worker group reads the whole stream again into the same database: not stored again.
+    # Another worker group reads the whole stream again into the same database: none comes back.
     async with running_worker(stack.settings, name=f"replay{unique}",
-                              handlers=[board_memories_handler(stack.settings, stack.board)], embed=False,
+                              handlers=[board_memories_handler(stack.settings, b)], embed=False,
                               serve_search=False) as again:
         await again.wait_caught_up(60)
-    assert await _recalled(stack, "kestrel") == {"kept"}
+    assert rows(stack.settings, "SELECT id FROM bb_memories WHERE board = %s", b) == [(f"{b}-kept",)]
+    async with Agent.connect(f"{b}-r", settings=stack.settings) as agent:
+        hits = await agent.recall("kestrel", mode="keyword", board=b, include_archived=True,
+                                  include_superseded=True)
+    assert [h.id for h in hits] == [f"{b}-kept"]
 
 
 @pytest.mark.asyncio
