@@ -170,6 +170,8 @@ async def settle_outcomes(conn: Conn, outcomes: Sequence[Outcome]) -> int:
     async with conn.cursor(row_factory=dict_row) as cur:
         await cur.execute(q.SELECT_CONTESTS_OF, {"boards": [b for b, _ in refs], "pids": [p for _, p in refs]})
         contests = await cur.fetchall()
+    # All their keys at once, in the one order every writer of versions takes them in.
+    await lock_keys(conn, [(c["board"], c["subject_key"]) for c in contests])
     for c in contests:
         o = decided[(c["board"], c["proposal_id"])]
         await _settle(conn, c, o.status, o.value, o.decided_at)
