@@ -11,26 +11,30 @@ transaction, before ``MOVE_MEMORIES``:
 2. ``DROP_STALE_SOURCES``: a staged memory already merged (exactly) at this
    version or a later one (a redelivery) is dropped from the stage; a newer
    version of such a merged id drops that source (the kept memory's
-   ``seen_count`` - 1) and is ingested afresh. (A near-duplicate merged away is
+   ``seen_count`` - 1, by ``RELEASE_SOURCES`` once the rows are locked) and is
+   ingested afresh. (A near-duplicate merged away is
    still a row, archived: ``MOVE_MEMORIES`` stores its newer version and
    ``worker.derived.revive_merged`` makes it live again.)
 3. ``MERGE_STAGED``: a new memory (its id not stored) whose text hash matches a
    live memory of its scope (same subject key; for a keyed memory, the current
-   version, valid from no later than it) is merged into it: no row, a
-   ``bb_memory_sources`` row (``how = 'exact'``), ``seen_count`` + 1,
-   ``last_seen`` the greatest. Of the new memories of one scope and text that
-   match nothing, the first (by valid time for a keyed one, then by stream
-   order: the leader) stays staged and the others are set aside in
+   version, valid from no later than it) is a duplicate. Of the new memories of
+   one scope and text that match nothing, the first (by valid time for a keyed
+   one, then by stream order: the leader) stays staged and the others (the
+   followers) are duplicates too. Duplicates are set aside in
    ``bb_dedup_followers``.
 4. ``LOCK_DEDUP_KEYS`` on the leaders' texts (:func:`blackboard.worker.dedup.text_locks`),
    then ``MERGE_LEADERS``: a leader whose text a concurrent batch has stored
-   since (it committed before the lock was granted) is merged into that memory.
-   Only new texts are locked, so batches that merely repeat what is stored do
-   not wait for each other.
+   since (it committed before the lock was granted) is set aside as well. Only
+   new texts are locked, so batches that merely repeat what is stored do not
+   wait for each other.
 
+``LOCK_ROWS`` locks the stored rows the batch will update, in one order;
 ``MOVE_MEMORIES`` then stores what is staged, and ``MERGE_FOLLOWERS`` merges
-the followers into the rows just stored (and puts back any that found none, for
-a second ``MOVE_MEMORIES``: a safety net).
+what was set aside into the live memory of its text: no row, a
+``bb_memory_sources`` row (``how = 'exact'``), the kept memory's ``seen_count``
++ 1 and ``last_seen`` the greatest (conditional on its still being live with
+that text; one that finds none is put back and stored after all). The kept
+rows are updated last, so they stay locked only for the end of the transaction.
 
 Forgets: ``FORGET_MERGED`` (before ``DELETE_FORGOTTEN``) removes the source row
 of a forgotten merged id (``seen_count`` - 1) and, for a forgotten kept memory,
@@ -49,9 +53,11 @@ __all__ = [
     "FORGET_MERGED",
     "LOCK_DEDUP_KEYS",
     "LOCK_MEMORIES_FOR_DEDUP",
+    "LOCK_ROWS",
     "MERGE_FOLLOWERS",
     "MERGE_LEADERS",
     "MERGE_STAGED",
+    "RELEASE_SOURCES",
 ]
 
 #: Taken by a batch without forgets before its dedup locks: the forget path takes
@@ -100,8 +106,13 @@ WITH src AS (
     WHERE x.id = src.id AND src.src_seq < src.new_seq
     RETURNING x.mid
 )
+SELECT array_agg(mid) FROM stale"""
+
+#: The memories that lost sources (``mids``, one per source, from
+#: ``DROP_STALE_SOURCES``) are seen once less each (after ``LOCK_ROWS``).
+RELEASE_SOURCES = """
 UPDATE bb_memories m SET seen_count = greatest(1, m.seen_count - d.n)
-FROM (SELECT mid, count(*)::int AS n FROM stale GROUP BY mid) d
+FROM (SELECT mid, count(*)::int AS n FROM unnest(%(mids)s::bigint[]) AS u(mid) GROUP BY mid ORDER BY mid) d
 WHERE m.mid = d.mid"""
 
 
@@ -141,12 +152,15 @@ bump AS (
 
 _COLUMNS = ", ".join(MEMORY_COLUMNS)
 
-#: Merge the staged new memories that duplicate a stored live one, and set aside
-#: the followers (see the module's docstring). Params: ``per_agent`` (bool),
+#: Set aside (in ``bb_dedup_followers``) the staged new memories that duplicate a
+#: stored live one, and the followers (see the module's docstring); they are merged
+#: once the batch is stored (``MERGE_FOLLOWERS``), so that the kept memories' rows
+#: are locked for the end of the transaction only. Params: ``per_agent`` (bool),
 #: ``unmerged_source``: the ``source`` of memories never merged (the worker's
 #: derived merges, which take their sources' place: ``worker.derived``).
 #: Returns the ids of the leaders (the new memories left to store, each the first of
-#: its text in the batch; an array, NULL when none) and the number of followers.
+#: its text in the batch; an array, NULL when none), the number set aside, and the
+#: memories the duplicates of stored memories merge into (``mid``s, NULL when none).
 MERGE_STAGED = f"""
 WITH latest AS ({_LATEST}
 ), new AS (
@@ -155,42 +169,57 @@ WITH latest AS ({_LATEST}
     CROSS JOIN LATERAL (SELECT count(*) AS n FROM (SELECT 1 FROM bb_memories m WHERE m.id = l.id LIMIT 1) e) e
     LEFT JOIN LATERAL ({_match("l", "%(per_agent)s::boolean")}) k ON true
     WHERE l.content_hash IS NOT NULL AND e.n = 0 AND l.source IS DISTINCT FROM %(unmerged_source)s
-), hit AS (
-    SELECT * FROM new WHERE kept IS NOT NULL
-), {_merge()},
-ranked AS (
+), ranked AS (
     SELECT n.*, row_number() OVER (
         PARTITION BY n.board, CASE WHEN %(per_agent)s THEN n.agent END, n.subject_key, n.content_hash
         ORDER BY CASE WHEN n.subject_key IS NOT NULL THEN coalesce(n.occurred_at, n.created_at) END, n.seq) AS rn
     FROM new n WHERE n.kept IS NULL
 ), aside AS (
-    INSERT INTO bb_dedup_followers ({_COLUMNS}) SELECT {_COLUMNS} FROM ranked WHERE rn > 1
+    INSERT INTO bb_dedup_followers ({_COLUMNS})
+    SELECT {_COLUMNS} FROM new WHERE kept IS NOT NULL
+    UNION ALL SELECT {_COLUMNS} FROM ranked WHERE rn > 1
     RETURNING id
 ), gone AS (
-    DELETE FROM bb_stage_memories st
-    WHERE st.id IN (SELECT id FROM merged UNION ALL SELECT id FROM aside)
+    DELETE FROM bb_stage_memories st WHERE st.id IN (SELECT id FROM aside)
 )
-SELECT (SELECT array_agg(id) FROM ranked WHERE rn = 1), (SELECT count(*) FROM aside)"""
+SELECT (SELECT array_agg(id) FROM ranked WHERE rn = 1), (SELECT count(*) FROM aside),
+       (SELECT array_agg(DISTINCT kept) FROM new WHERE kept IS NOT NULL)"""
+
+#: Lock, in ``mid`` order, the stored rows the rest of the batch will update: the
+#: memories the duplicates merge into (``kept``) and the stored versions of the staged
+#: ids (``MOVE_MEMORIES`` replaces them). Taken in one statement, in one order, they
+#: cannot deadlock with another batch's (which a row updated by one statement and
+#: another by the next could). Param: ``kept`` (bigint[]).
+LOCK_ROWS = """
+SELECT count(*) FROM (
+    SELECT 1 FROM bb_memories m
+    WHERE m.mid = ANY(%(kept)s::bigint[] || ARRAY(
+        SELECT x.mid FROM bb_stage_memories s
+        CROSS JOIN LATERAL (SELECT y.mid FROM bb_memories y WHERE y.id = s.id LIMIT 1) x))
+    ORDER BY m.mid
+    FOR NO KEY UPDATE OF m
+) t"""
 
 #: The leaders again (``ids``), once their texts are locked: one that now has a
-#: live memory to merge into (stored by a batch that committed since) is merged
-#: into it. Param: ``per_agent``. Returns the number merged.
+#: live memory to merge into (stored by a batch that committed since) is set aside
+#: too. Param: ``per_agent``. Returns the number set aside.
 MERGE_LEADERS = f"""
 WITH hit AS (
-    SELECT s.*, k.mid AS kept
-    FROM (SELECT DISTINCT ON (s.id) s.* FROM bb_stage_memories s WHERE s.id = ANY(%(ids)s)
-          ORDER BY s.id, s.seq DESC) s
-    CROSS JOIN LATERAL ({_match("s", "%(per_agent)s::boolean")}) k
-), {_merge()},
-gone AS (
-    DELETE FROM bb_stage_memories st WHERE st.id IN (SELECT id FROM merged)
+    SELECT s.* FROM (SELECT DISTINCT ON (s.id) s.* FROM bb_stage_memories s WHERE s.id = ANY(%(ids)s)
+                     ORDER BY s.id, s.seq DESC) s
+    WHERE EXISTS ({_match("s", "%(per_agent)s::boolean")})
+), aside AS (
+    INSERT INTO bb_dedup_followers SELECT * FROM hit
+    RETURNING id
+), gone AS (
+    DELETE FROM bb_stage_memories st WHERE st.id IN (SELECT id FROM aside)
 )
-SELECT count(*) FROM merged"""
+SELECT count(*) FROM aside"""
 
-#: Merge the followers into the memories stored since (their batch's first of each
-#: text), and put back on the stage any that found none (then stored by a second
-#: ``MOVE_MEMORIES``: not expected, a safety net). Param: ``per_agent``. Returns the
-#: number put back.
+#: Merge the memories set aside into the live memories of their texts (stored
+#: before, or by this batch: their leaders), and put back on the stage any that
+#: found none (a kept memory archived or rewritten meanwhile; then stored by a second
+#: ``MOVE_MEMORIES``). Param: ``per_agent``. Returns the number put back.
 MERGE_FOLLOWERS = f"""
 WITH hit AS (
     SELECT f.*, k.mid AS kept FROM bb_dedup_followers f

@@ -126,19 +126,23 @@ _DERIVED_MERGE = "bb:merge"
 async def _deduplicated_move(conn: Conn, rows: Sequence[MemoryRow], locks: DedupLocks, per_agent: bool,
                              table_locked: bool) -> None:
     """Store the staged batch with exact deduplication (``memory_sql``'s steps): the ids'
-    locks; the duplicates of stored memories merged, the followers (duplicates of an earlier
-    memory of the batch) set aside; the new texts' locks and their first memories (the
-    leaders) checked again; the rest stored; the followers merged into their leaders. Two
-    round trips (pipelined statements) more than without."""
+    locks; the duplicates of stored memories, and the followers (duplicates of an earlier
+    memory of the batch), set aside; the new texts' locks and their first memories (the
+    leaders) checked again; the stored rows to update locked; the rest stored; what was
+    set aside merged into the memories of its texts. Two round trips (pipelined
+    statements) more than without."""
     async with conn.pipeline():
         if not table_locked:
             await conn.execute(dq.LOCK_MEMORIES_FOR_DEDUP)
         await conn.execute(dq.LOCK_DEDUP_KEYS, (locks.spaces, locks.keys, locks.shared))
         await conn.execute(dq.CREATE_FOLLOWERS)
-        await conn.execute(dq.DROP_STALE_SOURCES)
+        stale = await conn.execute(dq.DROP_STALE_SOURCES)
         staged = await conn.execute(dq.MERGE_STAGED, {"per_agent": per_agent, "unmerged_source": _DERIVED_MERGE})
     found = await staged.fetchone()
+    released = await stale.fetchone()
     leaders: list[str] = (found[0] if found is not None else None) or []
+    lost: list[int] = (released[0] if released is not None else None) or []
+    aside = bool(found is not None and found[1])
     back = None
     async with conn.pipeline():
         if leaders and not locks.coarse:
@@ -146,8 +150,12 @@ async def _deduplicated_move(conn: Conn, rows: Sequence[MemoryRow], locks: Dedup
             texts = text_locks([r for r in rows if r.id in chosen], per_agent=per_agent)
             await conn.execute(dq.LOCK_DEDUP_KEYS, (texts.spaces, texts.keys, texts.shared))
             await conn.execute(dq.MERGE_LEADERS, {"per_agent": per_agent, "ids": leaders})
+            aside = True
+        await conn.execute(dq.LOCK_ROWS, {"kept": ((found[2] if found is not None else None) or []) + lost})
+        if lost:
+            await conn.execute(dq.RELEASE_SOURCES, {"mids": lost})
         await conn.execute(q.MOVE_MEMORIES)
-        if found is not None and found[1]:
+        if aside:
             back = await conn.execute(dq.MERGE_FOLLOWERS, {"per_agent": per_agent})
     restaged = await back.fetchone() if back is not None else None
     if restaged is not None and restaged[0]:  # a follower that found no leader: not expected, never lost
