@@ -177,12 +177,14 @@ RETURNING a.mid"""
 UNQUEUE_CONSOLIDATION = "DELETE FROM bb_consolidate_queue WHERE mid = ANY(%s)"
 
 #: Bring archived memories back (by id, optionally of one board), but not those merged into
-#: another memory (their provenance lives on in the memory kept). Params: ids, board. Returns
-#: the ids restored.
+#: another memory (their provenance lives on in the memory kept) nor a derived merge stored
+#: archived because its sources changed (``conflict``). Params: ids, board. Returns the ids
+#: restored.
 RESTORE = """
 UPDATE bb_memories m SET archived_at = NULL, archive_reason = NULL
 WHERE m.id = ANY(%(ids)s::text[]) AND (%(board)s::text IS NULL OR m.board = %(board)s::text)
   AND m.archived_at IS NOT NULL AND m.archive_reason IS DISTINCT FROM 'merged'
+  AND m.archive_reason IS DISTINCT FROM 'conflict'
 RETURNING m.id"""
 
 #: What became of ids not restored: their row (board, archived, why, merged into), or the

@@ -229,7 +229,8 @@ async def restore(conn: psycopg.AsyncConnection[Any], ids: Sequence[str], *,
 
     A memory merged into another (archive reason ``merged``, or an exact duplicate kept only as
     a source of the memory it matched) is not restored: the memory kept carries its provenance;
-    remember it again to have it on its own.
+    remember it again to have it on its own. Nor is a derived merge stored archived because its
+    sources changed meanwhile (``conflict``): its sources are live.
 
     Raises:
         StorageError: PostgreSQL failed.
@@ -247,6 +248,8 @@ async def restore(conn: psycopg.AsyncConnection[Any], ids: Sequence[str], *,
     for mid, mboard, archived_at, reason, merged_into, _kept in states:
         if reason == "merged":
             refused[str(mid)] = f"merged into {merged_into}" if merged_into else "merged into another memory"
+        elif reason == "conflict":
+            refused[str(mid)] = "a merge whose sources changed before it was stored (conflict)"
         elif board is not None and mboard != board:
             refused[str(mid)] = f"on board {mboard}, not {board}"
         elif archived_at is None:
