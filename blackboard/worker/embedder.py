@@ -27,7 +27,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +35,7 @@ import numpy as np
 import psycopg
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
+from blackboard.db import consolidate_sql
 from blackboard.db import embed_sql as q
 from blackboard.db.spaces import ItemType, Space, ensure_space
 from blackboard.embeddings import EmbeddingProvider
@@ -145,6 +146,9 @@ class Embedder:
         self._batch = settings.worker.embed_batch_size or settings.embedding.batch_size
         #: Leased batches not yet written (their leases are released on stop).
         self._inflight: list[_Batch] = []
+        #: Set by the worker when it consolidates: the memories whose vectors a batch writes are
+        #: queued for consolidation in the same transaction, and this is called after the commit.
+        self.consolidation: Callable[[], None] | None = None
 
     async def setup(self) -> None:
         """Register the provider's space and create its tables if needed."""
@@ -320,6 +324,8 @@ class Embedder:
             self._forget(batch)
             return
         t0 = time.perf_counter()
+        consolidate = self.consolidation
+        mids = [item for t, item, _, _ in batch.targets if t == "memory"] if consolidate is not None else []
         async with self._pool.connection() as conn, conn.transaction():
             if vectors is not None:
                 for item_type in ("memory", "entry"):
@@ -328,7 +334,11 @@ class Embedder:
                     if params:
                         async with conn.cursor() as c:
                             await c.executemany(q.upsert_vectors(space, item_type), params)
+                if mids:
+                    await conn.execute(consolidate_sql.ENQUEUE, (mids,))
             await self._done(conn, batch.claimed)
+        if consolidate is not None and mids:
+            consolidate()
         self._forget(batch)
         self.stats.write_seconds += time.perf_counter() - t0
         self.stats.embedded += len(batch.targets)

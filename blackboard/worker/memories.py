@@ -24,6 +24,7 @@ from blackboard.security.verifier import Signed
 from blackboard.settings import Settings
 from blackboard.worker.decode import ForgetRow, MemoryRow, RawMessage, decode_memory
 from blackboard.worker.dedup import DedupLocks, id_locks, text_locks
+from blackboard.worker.derived import derived_kind, revive_merged, store_derived
 from blackboard.worker.stream_handler import Conn, StreamHandler
 from blackboard.worker.supersession import (
     ContradictionPolicy,
@@ -73,6 +74,8 @@ async def write_memories(conn: Conn, rows: Sequence[MemoryRow | ForgetRow], *,
         changes = await keys_before_write(conn, [r.id for r in memories] if keyed else [], keyed, lock=not forgets)
         await _write_memory_rows(conn, memories, dedup=dedup, per_agent=dedup_per_agent,
                                  table_locked=bool(forgets))
+        await revive_merged(conn, memories)
+        await store_derived(conn, memories)
         await settle_written(conn, changes, [(r.id, r.seq, r.key) for r in memories], policy)
     if forgets:
         ids = sorted({i for f in forgets for i in f.ids})
@@ -170,8 +173,12 @@ def _canonical(msg: RawMessage) -> bytes:
 
 def memory_signed(msg: RawMessage, row: MemoryRow | ForgetRow) -> Signed:
     """What the signature of a memory or a forget must prove: written by its ``agent`` (the
-    decoder checked that a forget's agent is its subject's)."""
-    agent = row.agent if isinstance(row, MemoryRow) else Subjects.parse_memory(msg.subject)[1]
+    decoder checked that a forget's agent is its subject's); a memory with provenance (one the
+    worker derived) by a ``worker`` identity."""
+    if isinstance(row, MemoryRow):
+        return Signed(msg.subject, msg.headers, msg.data, msg.timestamp, row.agent, lambda: _canonical(msg),
+                      kind=derived_kind(row))
+    agent = Subjects.parse_memory(msg.subject)[1]
     return Signed(msg.subject, msg.headers, msg.data, msg.timestamp, agent, lambda: _canonical(msg))
 
 

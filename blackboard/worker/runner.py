@@ -35,11 +35,14 @@ from blackboard.security.credentials import FoundCredentials, find_system_creden
 from blackboard.security.verifier import Verifier
 from blackboard.settings import Settings
 from blackboard.worker.committer import VoteCommitter
+from blackboard.worker.consolidator import Consolidator, consolidation_enabled
 from blackboard.worker.contradictions import ContradictionPublisher
+from blackboard.worker.derived import DerivedPublisher
 from blackboard.worker.embed_inbox import EmbedInbox
 from blackboard.worker.embedder import Embedder, EmbeddingProvider, load_provider
 from blackboard.worker.handlers import StreamHandler, default_handlers
 from blackboard.worker.ingest import ConsumerLag, IngestLoop, backoff_delays
+from blackboard.worker.llm import ChatModel
 from blackboard.worker.pruning import Pruner
 
 __all__ = ["Worker", "run_worker"]
@@ -85,6 +88,8 @@ class Worker:
         self.committer: VoteCommitter | None = None
         #: Checks the ingested records' signatures (None: ``worker.verify`` off, or no credential).
         self.verifier: Verifier | None = None
+        #: Merges near-duplicate memories after embedding (None: not embedding, or ``memory.*`` off).
+        self.consolidator: Consolidator | None = None
         #: Publishes the proposals of contradictions put to a vote (None: ``memory.contradictions``
         #: is ``supersede``).
         self.contradictions: ContradictionPublisher | None = None
@@ -181,7 +186,24 @@ class Worker:
             self.loops.append(loop)
         self.committer = VoteCommitter(nc, s)
         await self.committer.setup()
+        await self._open_consolidator(held, nc)
         return js
+
+    async def _open_consolidator(self, held: contextlib.AsyncExitStack, nc: NATS) -> None:
+        """The consolidator of embedded memories (near-duplicates, the chat model's merges and
+        facts: docs/memory-lifecycle.md), when the worker embeds and ``memory.*`` asks for it."""
+        s = self.settings
+        if self.embedder is None or self.embedder.space is None or not consolidation_enabled(s):
+            return
+        assert self.pool is not None
+        publisher = DerivedPublisher(nc, s)
+        held.push_async_callback(_quietly, publisher.close)
+        model = None
+        if s.llm.base_url is not None and (s.memory.llm_merge or s.memory.llm_extract_kinds):
+            model = ChatModel.from_settings(s.llm)
+            held.push_async_callback(_quietly, model.aclose)
+        self.consolidator = Consolidator(self.pool, s, self.embedder.space, publisher=publisher, model=model)
+        self.embedder.consolidation = self.consolidator.wake
 
     async def _start_verifier(self, held: contextlib.AsyncExitStack, nc: NATS,
                               found: FoundCredentials | None) -> Verifier | None:
@@ -220,6 +242,8 @@ class Worker:
             self._spawn(group, f"ingest {loop.handler.name}", loop.run)
         if self.committer is not None:
             self._spawn(group, "vote committer", self.committer.run)
+        if self.consolidator is not None:
+            self._spawn(group, "consolidator", self.consolidator.run)
         if self.contradictions is not None:
             self._spawn(group, "contradiction proposals", self.contradictions.run)
         if Pruner.wanted(self.settings):
@@ -348,11 +372,14 @@ class Worker:
             out["embedding"] = await self.embedder.status()
             if self.inbox is not None:
                 out["embedding"]["inbox"] = await self.inbox.size()
+        if self.consolidator is not None:
+            out["consolidation"] = {"backlog": await self.consolidator.backlog(), **self.consolidator.status()}
         return out
 
-    async def wait_caught_up(self, within: float = 30.0, *, embedded: bool = False,
+    async def wait_caught_up(self, within: float = 30.0, *, embedded: bool = False, consolidated: bool = False,
                              poll: float = 0.05) -> None:
-        """Wait until every consumer's lag is 0 (and, with ``embedded``, the embedding inbox and queue are empty).
+        """Wait until every consumer's lag is 0 (and, with ``embedded``, the embedding inbox and queue are empty;
+        with ``consolidated`` too, the consolidation queue).
 
         Raises:
             TimeoutError: not caught up within ``within`` seconds.
@@ -363,6 +390,8 @@ class Worker:
             done = all(lg.total == 0 for lg in lags)
             if done and embedded and self.embedder is not None:
                 done = (self.inbox is None or await self.inbox.size() == 0) and await self.embedder.backlog() == 0
+            if done and consolidated and self.consolidator is not None:
+                done = await self.consolidator.backlog() == 0
             if done:
                 return
             if time.monotonic() > deadline:
