@@ -280,5 +280,5 @@ def test_taken_port_is_a_one_line_error() -> None:
 def test_help_explains_the_commands() -> None:
     result = subprocess.run([sys.executable, "-m", "blackboard", "--help"], capture_output=True, text=True)
     assert result.returncode == 0
-    for command in ("dev", "worker", "migrate", "setup", "reindex", "ingest", "auth"):
+    for command in ("dev", "worker", "migrate", "setup", "reindex", "ingest", "auth", "prune", "restore"):
         assert command in result.stdout
