@@ -241,7 +241,10 @@ async def test_memory_reads_one_memory_with_its_versions_and_sources(life: Lifec
     assert detail.memory.superseded_by == life.id("p2")
     assert [v.id for v in detail.versions] == [life.id(n) for n in ("p0", "p1", "p2", "p3", "mg")]
     assert detail.sources == []
-    assert await life.agent.board(life.board).memory(life.id("p1")) == detail  # the board's shortcut
+    same = await life.agent.board(life.board).memory(life.id("p1"))  # the board's shortcut
+    # (hits may have grown in between: recall's accesses are flushed in the background)
+    assert (same.memory.id, [v.id for v in same.versions], same.sources) == (
+        detail.memory.id, [v.id for v in detail.versions], detail.sources)
     # The kept memory lists what was merged into it; a merged id answers with the kept memory.
     kept = await life.agent.memory(life.id("p3"), board=life.board)
     assert sorted((s.id, s.agent, s.how) for s in kept.sources) == [
