@@ -18,6 +18,7 @@ import pytest
 import pytest_asyncio
 from nats.js import JetStreamContext
 
+from agents_sdk import Agent, Verdict
 from blackboard.client.connection import connect_nats
 from blackboard.client.streams import ensure_streams
 from blackboard.devstack import EmbeddedPostgres
@@ -239,3 +240,31 @@ async def test_a_new_version_of_a_merged_memory_is_live_again(
     a, b = memory(s, f"{unique}-a"), memory(s, f"{unique}-b")
     assert b["archived_at"] is None and b["merged_into"] is None and b["text"] == "the dog sleeps by the fire"
     assert a["seen_count"] == 1 and sources(s, a["mid"]) == []
+
+
+@pytest.mark.asyncio
+async def test_through_the_sdk_a_merged_memory_answers_as_the_kept_one_and_recall_returns_one(
+        pg_settings: Settings, start_worker: StartWorker, unique: str) -> None:
+    """End to end: two agents remember near-duplicates; recall finds one memory, the merged id
+    answers with the kept memory and its provenance, and the archived one is there on request."""
+    mem = pg_settings.memory.model_copy(update={"consolidate_interval": 0.1, "dedup": False})
+    s = pg_settings.model_copy(update={"memory": mem})
+    model = f"h-{unique}"
+    await start_worker(s, name=f"w{unique}", provider=HashProvider(32, model), query_provider=HashProvider(32, model))
+    async with Agent.connect(f"{unique}-a", settings=s) as alice, Agent.connect(f"{unique}-b", settings=s) as bob:
+        kept = await alice.remember(f"the {unique} cat sat on the mat", board=unique, wait="searchable", timeout=30)
+        merged = await bob.remember(f"On the mat, the {unique} cat sat!", board=unique, wait="searchable", timeout=30)
+        deadline = asyncio.get_running_loop().time() + 30
+        while (detail := await alice.memory(merged, board=unique)).memory.id != kept:
+            assert asyncio.get_running_loop().time() < deadline, "not consolidated in time"
+            await asyncio.sleep(0.1)
+        assert detail.memory.seen_count == 2 and detail.memory.archived_at is None
+        [src] = detail.sources
+        assert (src.id, src.agent, src.how, src.verdict) == (merged, f"{unique}-b", "near", Verdict.VERIFIED)
+        assert src.sig_key and src.sig
+        hits = await alice.recall("cat sat on the mat", board=unique, mode="keyword")
+        assert [h.id for h in hits] == [kept]
+        every = await alice.recall("cat sat on the mat", board=unique, mode="keyword", include_archived=True)
+        by_id = {h.id: h for h in every}
+        assert set(by_id) == {kept, merged}
+        assert by_id[merged].archive_reason == "merged" and by_id[merged].merged_into == kept
