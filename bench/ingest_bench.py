@@ -21,12 +21,26 @@ registry), the signatures made before anything is timed.
   then the worker's memory stream -> rows -> queue -> model -> vectors in the
   HNSW-indexed table, timed to an empty queue.
 
+* memories, deduplication on and off (``--dedup N``): the worker's ingest loop
+  of the memory stream on N memories (``--dup-ratio`` of them repeating an
+  earlier text, written in other case and spacing, first written at least
+  ``--dup-lag`` memories before), with ``memory.dedup`` on and off, rounds
+  alternating as above; the ratio on / off per round, median printed (target
+  >= 0.9x). Signatures are not checked in this phase (the same cost either
+  way, it would only hide the difference). ``--dup-lag 0`` lets a repeat follow
+  its first copy closely, while that is still being written by the other
+  ingest writer: the repeat's batch then waits for that one to commit
+  (docs/memory-lifecycle.md, "Deduplication and consolidation").
+
 Each phase also records the CPU time spent per message by each process (this
 one, nats-server, PostgreSQL's processes; from /proc): on a small machine the
 three share the cores, so the sum is what bounds the rate.
 
 Usage: python bench/ingest_bench.py [--entries 20000] [--memories 1000] [--rounds 3]
                                     [--verify-threads 2] [--batch-size 512] [--writers 2]
+                                    [--dedup 0] [--dup-ratio 0.2] [--dup-lag 2048]
+(``--entries 0`` and ``--memories 0`` skip those phases: ``--entries 0 --memories 0
+--dedup 20000`` measures deduplication alone.)
 """
 
 from __future__ import annotations
@@ -85,6 +99,39 @@ async def _publish(bus: Bus, board: str, n: int, sign_batch: int = 1) -> None:
     await nc.close()
 
 
+async def _publish_memories(bus: Bus, board: str, n: int, dup_ratio: float, dup_lag: int = 0,
+                            sign_batch: int = 1) -> None:
+    """``n`` memories of ``board`` as the agent writes them (signed canonical records); a share
+    ``dup_ratio`` of them repeats an earlier text (in upper case, with doubled spaces: the same
+    after normalisation), spread through the stream, each a text first written at least
+    ``dup_lag`` memories before (0: any earlier one, also one in a batch still being written)."""
+    nc = await (bus.connect_as(AUTHOR, "bench-mem-pub") if not bus.open_bus
+                else connect_nats(bus.settings.nats, name="bench-mem-pub"))
+    signer = signing_of(nc).signer
+    subject = Subjects.memory(board, AUTHOR)
+    period = round(1 / dup_ratio) if dup_ratio > 0 else 0
+    texts: list[str] = []
+    writes = []
+    for i in range(n):
+        older = len(texts) - dup_lag if dup_lag else len(texts)  # texts first written >= dup_lag before
+        if period and older > 0 and i % period == period - 1:  # a repeat of an earlier text
+            text = texts[(i * 7919) % older].upper().replace(" ", "  ")
+        else:
+            j = len(texts)
+            text = f"memory {j}: the team discussed topic {j % 37} and decided to revisit item {j % 11} next week"
+            texts.append(text)
+        record = MemoryRecord(id=f"{board}-{i}", board=board, agent=AUTHOR, text=text,
+                              created_at=datetime.now(UTC)).canonical_bytes()
+        writes.append((record, {Header.MSG_ID.value: uuid.uuid4().hex}))
+    if signer is not None:
+        for i in range(0, n, sign_batch):
+            signer.sign_batch([(subject, headers, record) for record, headers in writes[i:i + sign_batch]])
+    js = nc.jetstream()
+    futs = [await js.publish_async(subject, record, headers=headers) for record, headers in writes]
+    await asyncio.gather(*futs)
+    await nc.close()
+
+
 async def raw_consume(settings: Settings, board: str, n: int, batch: int) -> tuple[float, list[Any]]:
     """nats-py pull consumer: fetch ``batch``, ack each; messages/s."""
     nc = await connect_nats(settings.nats, name="bench-raw")
@@ -117,13 +164,19 @@ class IngestRun:
     verdicts: dict[str, int] | None = None
 
 
-async def worker_ingest(settings: Settings, board: str, n: int, *, verify: bool) -> IngestRun:
+async def worker_ingest(settings: Settings, board: str, n: int, *, verify: bool,
+                        dedup: bool | None = None) -> IngestRun:
     """The worker's ingest loop on one board's entries, from its first fetch to zero lag, with
-    its signature checks (``verify``, as ``worker.verify``) or without."""
+    its signature checks (``verify``, as ``worker.verify``) or without; with ``dedup`` set, on
+    the board's memories instead, with ``memory.dedup`` on or off."""
     subj = Subjects(settings.board.bucket)
-    handler = dataclasses.replace(default_handlers(settings)[0], filter_subject=subj.entry_filter(board))
     ws = settings.model_copy(update={"worker": settings.worker.model_copy(update={
         "name": f"w-{board}", "group": f"w-{board}", "verify": verify})})
+    if dedup is None:
+        handler = dataclasses.replace(default_handlers(ws)[0], filter_subject=subj.entry_filter(board))
+    else:
+        ws = ws.model_copy(update={"memory": ws.memory.model_copy(update={"dedup": dedup})})
+        handler = dataclasses.replace(default_handlers(ws)[1], filter_subject=Subjects.memory_board(board))
     nc = await connect_nats(ws, name="bench-worker")
     verifier: Verifier | None = None
     registry = signing_of(nc).registry
@@ -184,6 +237,63 @@ async def raw_copy(settings: Settings, msgs: list[Any], batch: int) -> float:
 PHASES = ("raw", "verify off", "verify on")
 
 
+async def _entries_bench(s: Settings, bus: Bus, pg: Any, args: argparse.Namespace) -> None:
+    """The entries' rounds: raw pull-consume, the worker with and without signature checks, raw COPY."""
+    ns = bus.server
+    n, batch = args.entries, s.worker.batch_size
+    rates: dict[str, list[float]] = {p: [] for p in PHASES}
+    copies: list[float] = []
+    waits: list[float] = []
+    cpu: dict[str, list[tuple[float, float, float]]] = {p: [] for p in PHASES}
+
+    def cpu_now() -> tuple[float, float, float]:
+        return (time.process_time(), process_tree_cpu(ns.pid), process_tree_cpu(pg.pid))
+
+    for r in range(args.rounds):
+        boards = {p: f"{p.replace(' ', '')}{r}" for p in PHASES}
+        for board in boards.values():
+            await _publish(bus, board, n, args.sign_batch)
+        order = PHASES[r % 3:] + PHASES[:r % 3]
+        for what in order:
+            c0 = cpu_now()
+            if what == "raw":
+                rate, msgs = await raw_consume(s, boards[what], n, batch)
+            else:
+                run = await worker_ingest(s, boards[what], n, verify=what == "verify on")
+                rate = run.rate
+                if what == "verify on":
+                    waits.append(run.verify_seconds)
+            await asyncio.sleep(0.5)  # closed connections' processes are reaped (their CPU counted)
+            c1 = cpu_now()
+            cpu[what].append(tuple((b - a) / n * 1e6 for a, b in zip(c0, c1, strict=True)))
+            rates[what].append(rate)
+        copies.append(await raw_copy(s, msgs, batch))
+        raw, off, on = (rates[p][-1] for p in PHASES)
+        print(f"  round {r + 1} ({', '.join(order)}): raw {raw:8.0f} msg/s, worker verify off {off:8.0f} "
+              f"rows/s ({off / raw:.2f}x), verify on {on:8.0f} rows/s ({on / raw:.2f}x raw, {on / off:.2f}x "
+              f"off), raw COPY {copies[-1]:8.0f} rows/s")
+    med = statistics.median
+    ratio = {p: med([w / rw for w, rw in zip(rates[p], rates["raw"], strict=True)]) for p in PHASES}
+    on_off = med([a / b for a, b in zip(rates["verify on"], rates["verify off"], strict=True)])
+    print(f"entries: {n} per round, batch {batch}, {s.worker.ingest_writers} write transactions in flight, "
+          f"verify_threads {s.worker.verify_threads}, switch interval {sys.getswitchinterval() * 1e3:g} ms, "
+          f"{args.sign_batch} record(s) per signature, {args.rounds} rounds (medians)")
+    print(f"  raw pull-consume (nats-py fetch, ack each): {med(rates['raw']):9.0f} msg/s")
+    print(f"  raw COPY of the decoded rows (writer only): {med(copies):9.0f} rows/s")
+    for p in ("verify off", "verify on"):
+        print(f"  worker ({p:10s}) JetStream -> rows:    {med(rates[p]):9.0f} rows/s   = {ratio[p]:.2f}x raw "
+              f"consume (target >= 0.8x){'' if ratio[p] >= 0.8 else ' MISSED'}, "
+              f"{med(rates[p]) / med(copies):.2f}x raw COPY")
+    print(f"  signature checks: verify on = {on_off:.2f}x verify off (target >= 0.8x)"
+          f"{'' if on_off >= 0.8 else ' MISSED'}; batches waited {med(waits):.2f}s in all for their checks "
+          f"({med(waits) / n * 1e6:.1f} µs a message, overlapped with the other writer's)")
+    print("  CPU per message (µs; client = this process):  client  nats-server  PostgreSQL  total")
+    for p in PHASES:
+        c = [med(x) for x in zip(*cpu[p], strict=True)]
+        label = "raw pull-consume" if p == "raw" else f"worker {p}"
+        print(f"    {label:22s}                    {c[0]:6.1f}  {c[1]:11.1f}  {c[2]:10.1f}  {sum(c):5.1f}")
+
+
 async def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--entries", type=int, default=20000)
@@ -199,6 +309,13 @@ async def main() -> None:
     ap.add_argument("--switch-interval", type=float, default=None,
                     help="sys.setswitchinterval (seconds) of this process: how long a thread waits for "
                          "the GIL at most before the running thread is made to give it up (default 0.005)")
+    ap.add_argument("--dedup", type=int, default=0, metavar="N",
+                    help="memories per round of the deduplication phase (memory.dedup on and off; 0: skip)")
+    ap.add_argument("--dup-ratio", type=float, default=0.2,
+                    help="share of the deduplication phase's memories that repeat an earlier text")
+    ap.add_argument("--dup-lag", type=int, default=2048,
+                    help="a repeated text was first written at least this many memories before (0: any "
+                         "earlier one, also one in a batch still in flight, which the repeat's batch waits for)")
     add_bus_option(ap)
     args = ap.parse_args()
     if args.switch_interval is not None:
@@ -206,64 +323,67 @@ async def main() -> None:
     async with embedded_stack("bb-ingest-bench-", open_bus=args.insecure_open_bus, worker=WorkerSettings(
             embed=False, serve_search=False, lag_interval=600, verify_threads=args.verify_threads,
             batch_size=args.batch_size, ingest_writers=args.writers)) as (s, bus, pg):
-        ns = bus.server
         print(f"ingest_bench: {bus.label}" + ("; entries unsigned, nothing to verify" if bus.open_bus else
                                               f"; entries signed by the agent {AUTHOR!r}, consumers and the "
                                               "worker connect as the worker"))
-        n, batch = args.entries, s.worker.batch_size
-        rates: dict[str, list[float]] = {p: [] for p in PHASES}
-        copies: list[float] = []
-        waits: list[float] = []
-        cpu: dict[str, list[tuple[float, float, float]]] = {p: [] for p in PHASES}
-
-        def cpu_now() -> tuple[float, float, float]:
-            return (time.process_time(), process_tree_cpu(ns.pid), process_tree_cpu(pg.pid))
-
-        for r in range(args.rounds):
-            boards = {p: f"{p.replace(' ', '')}{r}" for p in PHASES}
-            for board in boards.values():
-                await _publish(bus, board, n, args.sign_batch)
-            order = PHASES[r % 3:] + PHASES[:r % 3]
-            for what in order:
-                c0 = cpu_now()
-                if what == "raw":
-                    rate, msgs = await raw_consume(s, boards[what], n, batch)
-                else:
-                    run = await worker_ingest(s, boards[what], n, verify=what == "verify on")
-                    rate = run.rate
-                    if what == "verify on":
-                        waits.append(run.verify_seconds)
-                await asyncio.sleep(0.5)  # closed connections' processes are reaped (their CPU counted)
-                c1 = cpu_now()
-                cpu[what].append(tuple((b - a) / n * 1e6 for a, b in zip(c0, c1, strict=True)))
-                rates[what].append(rate)
-            copies.append(await raw_copy(s, msgs, batch))
-            raw, off, on = (rates[p][-1] for p in PHASES)
-            print(f"  round {r + 1} ({', '.join(order)}): raw {raw:8.0f} msg/s, worker verify off {off:8.0f} "
-                  f"rows/s ({off / raw:.2f}x), verify on {on:8.0f} rows/s ({on / raw:.2f}x raw, {on / off:.2f}x "
-                  f"off), raw COPY {copies[-1]:8.0f} rows/s")
-        med = statistics.median
-        ratio = {p: med([w / rw for w, rw in zip(rates[p], rates["raw"], strict=True)]) for p in PHASES}
-        on_off = med([a / b for a, b in zip(rates["verify on"], rates["verify off"], strict=True)])
-        print(f"entries: {n} per round, batch {batch}, {s.worker.ingest_writers} write transactions in flight, "
-              f"verify_threads {s.worker.verify_threads}, switch interval {sys.getswitchinterval() * 1e3:g} ms, "
-              f"{args.sign_batch} record(s) per signature, {args.rounds} rounds (medians)")
-        print(f"  raw pull-consume (nats-py fetch, ack each): {med(rates['raw']):9.0f} msg/s")
-        print(f"  raw COPY of the decoded rows (writer only): {med(copies):9.0f} rows/s")
-        for p in ("verify off", "verify on"):
-            print(f"  worker ({p:10s}) JetStream -> rows:    {med(rates[p]):9.0f} rows/s   = {ratio[p]:.2f}x raw "
-                  f"consume (target >= 0.8x){'' if ratio[p] >= 0.8 else ' MISSED'}, "
-                  f"{med(rates[p]) / med(copies):.2f}x raw COPY")
-        print(f"  signature checks: verify on = {on_off:.2f}x verify off (target >= 0.8x)"
-              f"{'' if on_off >= 0.8 else ' MISSED'}; batches waited {med(waits):.2f}s in all for their checks "
-              f"({med(waits) / n * 1e6:.1f} µs a message, overlapped with the other writer's)")
-        print("  CPU per message (µs; client = this process):  client  nats-server  PostgreSQL  total")
-        for p in PHASES:
-            c = [med(x) for x in zip(*cpu[p], strict=True)]
-            label = "raw pull-consume" if p == "raw" else f"worker {p}"
-            print(f"    {label:22s}                    {c[0]:6.1f}  {c[1]:11.1f}  {c[2]:10.1f}  {sum(c):5.1f}")
+        if args.entries:
+            await _entries_bench(s, bus, pg, args)
+        if args.dedup:
+            await _dedup_bench(s, bus, pg, args.dedup, args.rounds, args.dup_ratio, args.dup_lag, args.sign_batch)
         if args.memories:
             await _embed_bench(s, bus, args.memories)
+
+
+async def _settle(s: Settings) -> None:
+    """The same start for each phase: the memory tables vacuumed and analysed (else the
+    autovacuum that the previous phase's rows set off runs during the next one)."""
+    async with open_pool(s.postgres, name="bench-vacuum", autocommit=True) as pool, pool.connection() as conn:
+        await conn.execute("VACUUM (ANALYZE) bb_memories")
+        await conn.execute("VACUUM (ANALYZE) bb_memory_sources")
+
+
+#: The phases of a deduplication round, rotated from round to round.
+DEDUP_PHASES = ("dedup off", "dedup on")
+
+
+async def _dedup_bench(s: Settings, bus: Bus, pg: Any, n: int, rounds: int, dup_ratio: float, dup_lag: int,
+                       sign_batch: int) -> None:
+    """The memory stream's ingest with exact deduplication on and off, rounds alternating."""
+    rates: dict[str, list[float]] = {p: [] for p in DEDUP_PHASES}
+    cpu: dict[str, list[tuple[float, float]]] = {p: [] for p in DEDUP_PHASES}
+    stored: list[int] = []
+    for r in range(rounds):
+        boards = {p: f"dd{p.split()[1]}{r}" for p in DEDUP_PHASES}
+        for board in boards.values():
+            await _publish_memories(bus, board, n, dup_ratio, dup_lag, sign_batch)
+        order = DEDUP_PHASES[r % 2:] + DEDUP_PHASES[:r % 2]
+        for what in order:
+            await _settle(s)
+            c0 = (time.process_time(), process_tree_cpu(pg.pid))
+            run = await worker_ingest(s, boards[what], n, verify=False, dedup=what == "dedup on")
+            c1 = (time.process_time(), process_tree_cpu(pg.pid))
+            rates[what].append(run.rate)
+            cpu[what].append((
+                (c1[0] - c0[0]) / n * 1e6, (c1[1] - c0[1]) / n * 1e6))
+        async with open_pool(s.postgres, name="bench-dedup") as pool, pool.connection() as conn:
+            cur = await conn.execute("SELECT count(*) FROM bb_memories WHERE board = %s", (boards["dedup on"],))
+            row = await cur.fetchone()
+            stored.append(int(row[0]) if row else 0)
+        off, on = (rates[p][-1] for p in DEDUP_PHASES)
+        print(f"  round {r + 1} ({', '.join(order)}): dedup off {off:8.0f} rows/s, dedup on {on:8.0f} rows/s "
+              f"({on / off:.2f}x off; {stored[-1]} of {n} memories stored as rows)")
+    med = statistics.median
+    ratio = med([a / b for a, b in zip(rates["dedup on"], rates["dedup off"], strict=True)])
+    print(f"memories with exact deduplication: {n} per round, {dup_ratio:.0%} repeating an earlier text "
+          f"(first written {dup_lag}+ memories before), "
+          f"batch {s.worker.batch_size}, {s.worker.ingest_writers} write transactions in flight, signatures "
+          f"not checked, {rounds} rounds (medians)")
+    print(f"  worker (dedup off) JetStream -> rows: {med(rates['dedup off']):9.0f} rows/s")
+    print(f"  worker (dedup on)  JetStream -> rows: {med(rates['dedup on']):9.0f} rows/s   = {ratio:.2f}x dedup "
+          f"off (target >= 0.9x){'' if ratio >= 0.9 else ' MISSED'}; {med(stored)} rows stored of {n}")
+    for p in DEDUP_PHASES:
+        print(f"  CPU per memory, {p:9s}: worker {med([c[0] for c in cpu[p]]):6.1f} µs, PostgreSQL "
+              f"{med([c[1] for c in cpu[p]]):6.1f} µs")
 
 
 async def _embed_bench(s: Settings, bus: Bus, n: int) -> None:

@@ -159,16 +159,21 @@ _COLUMNS = ", ".join(MEMORY_COLUMNS)
 #: ``unmerged_source``: the ``source`` of memories never merged (the worker's
 #: derived merges, which take their sources' place: ``worker.derived``).
 #: Returns the ids of the leaders (the new memories left to store, each the first of
-#: its text in the batch; an array, NULL when none), the number set aside, and the
-#: memories the duplicates of stored memories merge into (``mid``s, NULL when none).
+#: its text in the batch; an array, NULL when none), the number set aside, the
+#: memories the duplicates of stored memories merge into (``mid``s, NULL when none),
+#: and the number of staged ids already stored (``MOVE_MEMORIES`` replaces them).
 MERGE_STAGED = f"""
 WITH latest AS ({_LATEST}
-), new AS (
-    -- new ids (probed one by one: LATERAL ... LIMIT 1), each with the memory it duplicates
-    SELECT l.*, k.mid AS kept FROM latest l
+), probed AS (
+    -- each id probed (LATERAL ... LIMIT 1: one index probe per row, whatever the planner
+    -- thinks): stored already, or new and then with the memory it duplicates
+    SELECT l.*, e.n AS stored, k.mid AS kept FROM latest l
     CROSS JOIN LATERAL (SELECT count(*) AS n FROM (SELECT 1 FROM bb_memories m WHERE m.id = l.id LIMIT 1) e) e
-    LEFT JOIN LATERAL ({_match("l", "%(per_agent)s::boolean")}) k ON true
-    WHERE l.content_hash IS NOT NULL AND e.n = 0 AND l.source IS DISTINCT FROM %(unmerged_source)s
+    LEFT JOIN LATERAL ({_match("l", "%(per_agent)s::boolean")} ) k
+        ON e.n = 0 AND l.content_hash IS NOT NULL AND l.source IS DISTINCT FROM %(unmerged_source)s
+), new AS (
+    SELECT * FROM probed
+    WHERE content_hash IS NOT NULL AND stored = 0 AND source IS DISTINCT FROM %(unmerged_source)s
 ), ranked AS (
     SELECT n.*, row_number() OVER (
         PARTITION BY n.board, CASE WHEN %(per_agent)s THEN n.agent END, n.subject_key, n.content_hash
@@ -183,13 +188,17 @@ WITH latest AS ({_LATEST}
     DELETE FROM bb_stage_memories st WHERE st.id IN (SELECT id FROM aside)
 )
 SELECT (SELECT array_agg(id) FROM ranked WHERE rn = 1), (SELECT count(*) FROM aside),
-       (SELECT array_agg(DISTINCT kept) FROM new WHERE kept IS NOT NULL)"""
+       (SELECT array_agg(DISTINCT kept) FROM new WHERE kept IS NOT NULL),
+       (SELECT count(*) FROM probed WHERE stored > 0)"""
 
 #: Lock, in ``mid`` order, the stored rows the rest of the batch will update: the
 #: memories the duplicates merge into (``kept``) and the stored versions of the staged
 #: ids (``MOVE_MEMORIES`` replaces them). Taken in one statement, in one order, they
 #: cannot deadlock with another batch's (which a row updated by one statement and
-#: another by the next could). Param: ``kept`` (bigint[]).
+#: another by the next could). Only a batch that replaces stored versions (or releases
+#: sources) needs it: a batch that only adds memories updates stored rows in its last
+#: statement alone (``MERGE_FOLLOWERS``, in ``mid`` order), which keeps them locked for
+#: the shortest time. Param: ``kept`` (bigint[]).
 LOCK_ROWS = """
 SELECT count(*) FROM (
     SELECT 1 FROM bb_memories m

@@ -154,7 +154,8 @@ async def _deduplicated_move(conn: Conn, rows: Sequence[MemoryRow], locks: Dedup
             await conn.execute(dq.LOCK_DEDUP_KEYS, (texts.spaces, texts.keys, texts.shared))
             await conn.execute(dq.MERGE_LEADERS, {"per_agent": per_agent, "ids": leaders})
             aside = True
-        await conn.execute(dq.LOCK_ROWS, {"kept": ((found[2] if found is not None else None) or []) + lost})
+        if lost or (found is not None and found[3]):  # replacing stored rows: lock all it updates first
+            await conn.execute(dq.LOCK_ROWS, {"kept": ((found[2] if found is not None else None) or []) + lost})
         if lost:
             await conn.execute(dq.RELEASE_SOURCES, {"mids": lost})
         await conn.execute(q.MOVE_MEMORIES)
