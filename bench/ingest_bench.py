@@ -354,10 +354,9 @@ async def _dedup_bench(s: Settings, bus: Bus, pg: Any, n: int, rounds: int, dup_
     stored: list[int] = []
     for r in range(rounds):
         boards = {p: f"dd{p.split()[1]}{r}" for p in DEDUP_PHASES}
-        for board in boards.values():
-            await _publish_memories(bus, board, n, dup_ratio, dup_lag, sign_batch)
         order = DEDUP_PHASES[r % 2:] + DEDUP_PHASES[:r % 2]
-        for what in order:
+        for what in order:  # each phase's memories published just before it (the same start for both)
+            await _publish_memories(bus, boards[what], n, dup_ratio, dup_lag, sign_batch)
             await _settle(s)
             c0 = (time.process_time(), process_tree_cpu(pg.pid))
             run = await worker_ingest(s, boards[what], n, verify=False, dedup=what == "dedup on")

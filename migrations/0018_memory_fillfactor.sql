@@ -1,0 +1,13 @@
+-- 0018: room on bb_memories' pages for updates in place.
+--
+-- The memory lifecycle updates stored rows often and in small ways: exact
+-- deduplication counts a merged copy (seen_count, last_seen: worker/memories.py),
+-- recall counts hits (search/usage.py), supersession closes versions (valid_to,
+-- superseded_by), consolidation and pruning archive. None of those columns is
+-- indexed, so PostgreSQL can update such a row in place on its page (a HOT
+-- update: no new entry in any of the table's indexes, GIN included) when the
+-- page has room; with pages filled to 100 % every such update writes a new
+-- entry into each index. Measured on 100 rows: ~3 ms filled, ~1 ms at 85 %.
+-- Applies to pages written from now on (VACUUM FULL or pg_repack would rewrite
+-- the old ones).
+ALTER TABLE bb_memories SET (fillfactor = 85);
