@@ -4,7 +4,8 @@ Each conversation is one scope (board ``locomo-<id>``); every dialog turn is
 stored with ``agent.remember_many`` (JetStream -> worker -> Postgres ->
 embeddings) with speaker, session, date and dia_id in metadata, and its
 session as its thread (``metadata.thread``: contextual indexing, see
-blackboard/worker/embed_text.py); once every turn is embedded, every question
+blackboard/worker/embed_text.py; thread-level scoring, search.thread_weight);
+once every turn is embedded, every question
 of categories 1-4 is asked through ``agent.recall(question, board=...)`` in
 each mode, and recall@k = |evidence in top-k| / |evidence| is averaged over
 questions (per category too, at k=10).
@@ -47,7 +48,8 @@ KS = (1, 5, 10, 20)
 #: The conversations the parameters were chosen on.
 TUNE = ("26", "30")
 #: The search settings before issue 22's retrieval work (the ablation's first rows).
-BEFORE: dict[str, Any] = {"neighbour_weight": 0.2, "semantic_weight": 1.0, "keyword_weight": 1.0}
+BEFORE: dict[str, Any] = {"neighbour_weight": 0.2, "semantic_weight": 1.0, "keyword_weight": 1.0,
+                          "thread_weight": 0.0}
 
 QA = list[dict[str, Any]]
 
@@ -146,6 +148,7 @@ async def main() -> None:
     ap.add_argument("--fusion", choices=["convex", "rrf"], help="override settings.search.fusion")
     ap.add_argument("--neighbour-weight", type=float, help="override settings.search.neighbour_weight")
     ap.add_argument("--semantic-weight", type=float, help="override settings.search.semantic_weight")
+    ap.add_argument("--thread-weight", type=float, help="override settings.search.thread_weight")
     ap.add_argument("--grid", action="store_true",
                     help="hybrid R@10 on the tuning conversations over a grid of fusion settings (how they were chosen)")
     ap.add_argument("--rerank-url", help="OpenAI-compatible chat API of an LLM reranker (adds a variant)")
@@ -161,7 +164,8 @@ async def main() -> None:
     tune = set(args.tune.split(",")) & {c.cid for c in convs}
     held = {c.cid for c in convs} - tune
     overrides = {k: v for k, v in (("fusion", args.fusion), ("neighbour_weight", args.neighbour_weight),
-                                   ("semantic_weight", args.semantic_weight)) if v is not None}
+                                   ("semantic_weight", args.semantic_weight),
+                                   ("thread_weight", args.thread_weight)) if v is not None}
     async with embedded_stack("bb-locomo-", open_bus=args.insecure_open_bus,
                               worker=WorkerSettings(lag_interval=600)) as (s0, bus, _):
         print(f"locomo_recall: {bus.label}")
@@ -196,17 +200,17 @@ async def main() -> None:
 
 
 async def grid(agent: Agent, s: Settings, convs: list[Conv]) -> None:
-    """Hybrid R@10 on the tuning conversations for each (semantic_weight, neighbour_weight)."""
-    print("\ngrid (tuning conversations): hybrid R@10 by semantic_weight (rows) x neighbour_weight (columns)")
-    nws = (0.0, 0.1, 0.2, 0.3, 0.4)
+    """Hybrid R@10 on the tuning conversations for each (thread_weight, neighbour_weight)."""
+    print("\ngrid (tuning conversations): hybrid R@10 by thread_weight (rows) x neighbour_weight (columns)")
+    nws = (0.0, 0.1, 0.2, 0.3)
     print("        " + " ".join(f"{nw:6.2f}" for nw in nws))
-    for sw in (0.75, 1.0, 1.25, 1.5, 2.0):
+    for tw in (0.0, 0.3, 0.5, 0.7, 1.0):
         cells = []
         for nw in nws:
-            async with Worker(with_search(s, {"semantic_weight": sw, "neighbour_weight": nw})) as w:
+            async with Worker(with_search(s, {"thread_weight": tw, "neighbour_weight": nw})) as w:
                 await w.wait_caught_up(600, embedded=True, poll=0.2)
                 cells.append((await measure(agent, convs, "hybrid", "")).mean(10))
-        print(f"{sw:6.2f}  " + " ".join(f"{c:6.3f}" for c in cells), flush=True)
+        print(f"{tw:6.2f}  " + " ".join(f"{c:6.3f}" for c in cells), flush=True)
 
 
 async def ablation(agent: Agent, s: Settings, convs: list[Conv], tune: set[str], held: set[str],
@@ -215,10 +219,9 @@ async def ablation(agent: Agent, s: Settings, convs: list[Conv], tune: set[str],
     defaults = SearchSettings()
     now = {k: getattr(defaults, k) for k in BEFORE}
     variants = [
-        Variant("before (flat turns, search settings before)", "-flat", BEFORE),
-        Variant("+ contextual indexing (thread)", "", BEFORE),
-        Variant(f"+ fusion now ({', '.join(f'{k} {v:g}' for k, v in now.items())}) = defaults", ""),
-        Variant("defaults without contextual indexing", "-flat"),
+        Variant("before (no threads, search settings before)", "-flat", BEFORE),
+        Variant("+ contextual indexing (previous turn of the thread)", "", BEFORE),
+        Variant(f"+ thread-level scoring (thread_weight {now['thread_weight']:g}) = defaults", ""),
         Variant("defaults without neighbour smoothing", "", {"neighbour_weight": 0.0}),
     ]
     if rerank is not None:

@@ -395,6 +395,13 @@ class SearchSettings(BaseModel):
     #: score of its best neighbour on the board (the memory just before or
     #: after it, by creation time); 0 turns it off.
     neighbour_weight: float = Field(0.2, ge=0)
+    #: Hybrid memory search: each memory whose metadata names a thread
+    #: (``metadata.thread``: a conversation, a document) borrows this share of
+    #: its thread's best fused score (relative to the best candidate's), after
+    #: the neighbours: the thread that matches a query best is likely where
+    #: the other memories it asks about are. 0 turns it off. Chosen on two
+    #: LoCoMo conversations (bench/locomo_recall.py --grid).
+    thread_weight: float = Field(0.5, ge=0)
     #: Query embeddings kept (least recently used out) so that a repeated
     #: query skips the model; 0 turns the cache off.
     query_cache_size: int = Field(1024, ge=0)

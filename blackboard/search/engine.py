@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import time
 import weakref
@@ -109,6 +110,21 @@ def _candidate_rows(*retrieved: Sequence[Row]) -> dict[int, Row]:
             if have is None or (isinstance(have, MemoryRow) and have.prev is None and have.next is None):
                 rows[r.item] = r
     return rows
+
+
+def _threads(rows: Iterable[Row]) -> dict[int, tuple[str, str]]:
+    """Item -> (board, thread) of the memory candidates whose metadata names a thread
+    (``metadata.thread``, compared as JSON, as the contextual indexing of the worker does)."""
+    out: dict[int, tuple[str, str]] = {}
+    for r in rows:
+        if isinstance(r, MemoryRow) and r.metadata and '"thread"' in r.metadata:
+            try:
+                thread = json.loads(r.metadata).get("thread")
+            except (ValueError, AttributeError):
+                continue
+            if thread is not None:
+                out[r.item] = (r.board, json.dumps(thread, sort_keys=True, separators=(",", ":")))
+    return out
 
 
 class SearchEngine:
@@ -430,9 +446,12 @@ class SearchEngine:
                     rows = _candidate_rows(semantic, keyword)
                     links = ((r.item, r.prev, r.next) for r in rows.values() if isinstance(r, MemoryRow)) \
                         if neighbours else None
+                    threads = _threads(rows.values()) if convex and isinstance(req, MemorySearchRequest) \
+                        and self.settings.thread_weight > 0 else None
                     fused = fuse_hybrid(semantic, keyword, weights=self._weights(),
                                         reciprocal_rank=not convex, links=links,
-                                        neighbour_weight=self.settings.neighbour_weight, limit=req.top_k,
+                                        neighbour_weight=self.settings.neighbour_weight, threads=threads,
+                                        thread_weight=self.settings.thread_weight, limit=req.top_k,
                                         min_score=req.min_score)
                     return fused, rows
                 finally:

@@ -7,6 +7,8 @@
   "rrf"``), which keeps only the order;
 * :func:`smooth_neighbours`: a memory borrows part of the score of its
   neighbours on its board (:func:`neighbour_map` gives them);
+* :func:`boost_threads`: a memory borrows part of its thread's best score
+  (thread-level relevance: the conversation or document that matches best);
 * :func:`fuse_hybrid`: all of it over the retrievers' rows, as hybrid search
   runs it; :func:`cut`: how every result list is cut (``top_k``, ``min_score``).
 """
@@ -14,12 +16,12 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
-__all__ = ["RRF_K", "Fused", "Scored", "cut", "fuse_convex", "fuse_hybrid", "neighbour_map", "rrf",
-           "smooth_neighbours"]
+__all__ = ["RRF_K", "Fused", "Scored", "boost_threads", "cut", "fuse_convex", "fuse_hybrid", "neighbour_map",
+           "rrf", "smooth_neighbours"]
 
 _T = TypeVar("_T")
 
@@ -171,6 +173,33 @@ def _smoothed_scores(score: Mapping[int, float], neighbours: Mapping[int, Sequen
     return out
 
 
+def boost_threads(score: Mapping[int, float], threads: Mapping[int, Hashable], weight: float) -> dict[int, float]:
+    """Each item's score blended with its thread's best score, relative to the best of all:
+    ``(score + weight * thread_best / best) / (1 + weight)`` (same order as ``score``).
+
+    Thread-level relevance, as document-level scores help passage retrieval: the
+    conversation (or document) whose turns match a query best is likely where the other
+    turns it asks about are too, though their own words match less. The thread of an item
+    is ``threads[item]``; an item without one is a thread of its own (its own score).
+    Scores stay within 0..1.
+    """
+    if weight <= 0 or not score:
+        return dict(score)
+    best_of: dict[Hashable, float] = {}
+    for item, value in score.items():
+        t = threads.get(item)
+        if t is not None and value > best_of.get(t, float("-inf")):
+            best_of[t] = value
+    top = max(score.values())
+    scale = 1.0 / top if top > 0 else 0.0
+    out: dict[int, float] = {}
+    for item, value in score.items():
+        t = threads.get(item)
+        thread_best = best_of[t] if t is not None else value
+        out[item] = (value + weight * thread_best * scale) / (1 + weight)
+    return out
+
+
 def neighbour_map(links: Iterable[tuple[int, int | None, int | None]]) -> dict[int, list[int]]:
     """Both directions of ``(item, previous, next)`` links: each item's known neighbours."""
     out: dict[int, list[int]] = {}
@@ -184,7 +213,8 @@ def neighbour_map(links: Iterable[tuple[int, int | None, int | None]]) -> dict[i
 
 def fuse_hybrid(semantic: Iterable[Scored], keyword: Iterable[Scored], *, weights: Mapping[str, float],
                 reciprocal_rank: bool = False, links: Iterable[tuple[int, int | None, int | None]] | None = None,
-                neighbour_weight: float = 0.0, limit: int | None = None,
+                neighbour_weight: float = 0.0, threads: Mapping[int, Hashable] | None = None,
+                thread_weight: float = 0.0, limit: int | None = None,
                 min_score: float | None = None) -> list[Fused]:
     """The results of a hybrid search, from both retrievers' candidates.
 
@@ -199,6 +229,9 @@ def fuse_hybrid(semantic: Iterable[Scored], keyword: Iterable[Scored], *, weight
             borrows ``neighbour_weight`` of its best neighbour's score
             (:func:`smooth_neighbours`; only strong items lend much, and the fused lead is
             almost always among the linked ones).
+        threads: the thread of the candidates that have one: each then borrows
+            ``thread_weight`` of its thread's best score (:func:`boost_threads`, after the
+            neighbours; convex fusion only).
         limit, min_score: the cut (:func:`cut`).
 
     Returns:
@@ -222,4 +255,7 @@ def fuse_hybrid(semantic: Iterable[Scored], keyword: Iterable[Scored], *, weight
     if links is not None:
         fused = _smoothed_scores(fused, neighbour_map(links), neighbour_weight)
         order.sort(key=fused.__getitem__, reverse=True)  # stable: ties keep the fused order
+    if threads and thread_weight > 0:
+        fused = boost_threads(fused, threads, thread_weight)
+        order.sort(key=fused.__getitem__, reverse=True)
     return _ranked(fused, order, {"semantic": sem, "keyword": kw}, limit, min_score)
