@@ -45,8 +45,6 @@ into it; its sources' rows go with it (``ON DELETE CASCADE``).
 
 from __future__ import annotations
 
-from blackboard.db.ingest_sql import MEMORY_COLUMNS
-
 __all__ = [
     "CREATE_FOLLOWERS",
     "DROP_STALE_SOURCES",
@@ -80,9 +78,12 @@ SELECT count(*) FROM (
 CREATE_FOLLOWERS = """
 CREATE TEMP TABLE IF NOT EXISTS bb_dedup_followers (LIKE bb_stage_memories) ON COMMIT DELETE ROWS"""
 
+#: What deduplication reads of a staged memory (its row is copied by ``ctid``).
+_KEYS = "s.ctid AS at, s.id, s.seq, s.board, s.agent, s.subject_key, s.content_hash, s.occurred_at, s.created_at, s.source"
+
 #: The staged versions the ingest would store: the newest of each id, unless forgotten.
-_LATEST = """
-SELECT DISTINCT ON (s.id) s.*
+_LATEST = f"""
+SELECT DISTINCT ON (s.id) {_KEYS}
 FROM bb_stage_memories s
 -- a probe per row (LATERAL ... LIMIT 1), whatever the planner thinks of the tombstones
 CROSS JOIN LATERAL (SELECT count(*) AS n FROM (SELECT 1 FROM bb_memory_forgets f
@@ -150,8 +151,6 @@ bump AS (
 )"""
 
 
-_COLUMNS = ", ".join(MEMORY_COLUMNS)
-
 #: Set aside (in ``bb_dedup_followers``) the staged new memories that duplicate a
 #: stored live one, and the followers (see the module's docstring); they are merged
 #: once the batch is stored (``MERGE_FOLLOWERS``), so that the kept memories' rows
@@ -180,9 +179,9 @@ WITH latest AS ({_LATEST}
         ORDER BY CASE WHEN n.subject_key IS NOT NULL THEN coalesce(n.occurred_at, n.created_at) END, n.seq) AS rn
     FROM new n WHERE n.kept IS NULL
 ), aside AS (
-    INSERT INTO bb_dedup_followers ({_COLUMNS})
-    SELECT {_COLUMNS} FROM new WHERE kept IS NOT NULL
-    UNION ALL SELECT {_COLUMNS} FROM ranked WHERE rn > 1
+    INSERT INTO bb_dedup_followers
+    SELECT st.* FROM bb_stage_memories st
+    WHERE st.ctid = ANY(ARRAY(SELECT at FROM new WHERE kept IS NOT NULL UNION ALL SELECT at FROM ranked WHERE rn > 1))
     RETURNING id
 ), gone AS (
     DELETE FROM bb_stage_memories st WHERE st.id IN (SELECT id FROM aside)
@@ -214,11 +213,12 @@ SELECT count(*) FROM (
 #: too. Param: ``per_agent``. Returns the number set aside.
 MERGE_LEADERS = f"""
 WITH hit AS (
-    SELECT s.* FROM (SELECT DISTINCT ON (s.id) s.* FROM bb_stage_memories s WHERE s.id = ANY(%(ids)s)
-                     ORDER BY s.id, s.seq DESC) s
+    SELECT s.at FROM (SELECT DISTINCT ON (s.id) {_KEYS} FROM bb_stage_memories s WHERE s.id = ANY(%(ids)s)
+                      ORDER BY s.id, s.seq DESC) s
     WHERE EXISTS ({_match("s", "%(per_agent)s::boolean")})
 ), aside AS (
-    INSERT INTO bb_dedup_followers SELECT * FROM hit
+    INSERT INTO bb_dedup_followers
+    SELECT st.* FROM bb_stage_memories st WHERE st.ctid = ANY(ARRAY(SELECT at FROM hit))
     RETURNING id
 ), gone AS (
     DELETE FROM bb_stage_memories st WHERE st.id IN (SELECT id FROM aside)
