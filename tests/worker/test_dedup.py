@@ -213,14 +213,32 @@ async def test_forgets_of_merged_and_kept_ids(pool: AsyncConnectionPool, unique:
     assert (await _memories(pool, b))["k"][1] == 2 and set(await _sources(pool, b)) == {"y"}
     await _write(pool, [_row(2, b, "bob", "x", "the cat is grey")])  # a late copy stays forgotten
     assert (await _memories(pool, b))["k"][1] == 2 and set(await _sources(pool, b)) == {"y"}
-    # forgetting the kept memory deletes it and its sources, and a late copy of a source stays gone
-    await _write(pool, [_forget(5, b, "alice", "k")])
-    assert await _memories(pool, b) == {} and await _sources(pool, b) == {}
-    await _write(pool, [_row(3, b, "carol", "y", "the cat is grey")])
-    assert await _memories(pool, b) == {}
+    # a near-duplicate merged into k by the consolidator (archived, its source row 'near')
+    await _write(pool, [_row(5, b, "dave", "n", "the cat is gray")])
+    await _q(pool, "WITH n AS (UPDATE bb_memories SET archived_at = now(), archive_reason = 'merged', "
+                   "merged_into = 'k' WHERE id = 'n' RETURNING id, board, agent, stream, seq, created_at) "
+                   "INSERT INTO bb_memory_sources (id, mid, board, agent, stream, seq, created_at, how) "
+                   "SELECT n.id, m.mid, n.board, n.agent, n.stream, n.seq, n.created_at, 'near' "
+                   "FROM n, bb_memories m WHERE m.id = 'k' RETURNING 1")
+    # forgetting the kept memory (in a batch with other memories: the table is locked first)
+    # deletes it, its sources and the near-duplicate archived into it, and a late copy of a
+    # source stays gone
+    await _write(pool, [_forget(6, b, "alice", "k"), _row(7, b, "erin", "w", "dogs bark"),
+                        _row(8, b, "erin", "w2", "Dogs  bark")])
+    assert set(await _memories(pool, b)) == {"w"} and set(await _sources(pool, b)) == {"w2"}
+    await _write(pool, [_row(3, b, "carol", "y", "the cat is grey"), _row(5, b, "dave", "n", "the cat is gray")])
+    assert set(await _memories(pool, b)) == {"w"}
     # a new memory written after the forget is stored as usual
-    await _write(pool, [_row(6, b, "carol", "z", "the cat is grey")])
-    assert set(await _memories(pool, b)) == {"z"}
+    await _write(pool, [_row(9, b, "carol", "z", "the cat is grey")])
+    assert set(await _memories(pool, b)) == {"w", "z"}
+
+
+@pytest.mark.asyncio
+async def test_the_workers_derived_merges_are_not_merged(pool: AsyncConnectionPool, unique: str) -> None:
+    b = unique
+    await _write(pool, [_row(1, b, "alice", "k", "the bridge is closed")])
+    await _write(pool, [_row(2, b, "w", "d", "The bridge is closed", source="bb:merge")])
+    assert set(await _memories(pool, b)) == {"k", "d"} and await _sources(pool, b) == {}
 
 
 async def _waiting_on_advisory_lock(pool: AsyncConnectionPool, pid: int) -> bool:
