@@ -22,7 +22,14 @@ from blackboard.protocol import codec
 from blackboard.protocol.subjects import MEMORY_STREAM, Header, Subjects
 from blackboard.settings import Settings
 from blackboard.worker.decode import ForgetRow, MemoryRow, RawMessage, decode_memory
-from blackboard.worker.dedup import LOCK_BOARD, LOCK_ID, LOCK_TEXT, id_locks, text_locks
+from blackboard.worker.dedup import (
+    LOCK_BOARD,
+    LOCK_ID,
+    LOCK_TEXT,
+    MAX_ITEM_LOCKS,
+    id_locks,
+    text_locks,
+)
 from blackboard.worker.memories import write_memories
 from tests._worker_helpers import (
     HashProvider,
@@ -337,3 +344,14 @@ async def test_remember_twice_is_one_memory_and_a_wait_on_the_copy_returns(
             cur = await conn.execute("SELECT seen_count FROM bb_memories WHERE id = %s", (kept,))
             assert await cur.fetchall() == [(1,)]
         assert [h.id for h in await alice.recall("ferry leaves", mode="keyword", board=unique)] == [kept]
+
+
+@pytest.mark.asyncio
+async def test_a_batch_over_the_lock_bound_locks_its_board(pool: AsyncConnectionPool, unique: str) -> None:
+    b = unique
+    rows = [_row(i + 1, b, "alice", f"m{i}", f"fact {i % 10}") for i in range(MAX_ITEM_LOCKS + 100)]
+    assert id_locks(rows).coarse
+    await _write(pool, rows)
+    mems = await _memories(pool, b)
+    assert sorted(mems) == [f"m{i}" for i in range(10)]
+    assert sum(m[1] for m in mems.values()) == len(rows)
