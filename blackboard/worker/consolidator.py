@@ -175,7 +175,8 @@ class Consolidator:
             if not claimed:
                 return 0
             async with conn.cursor(row_factory=dict_row) as c:
-                await c.execute(self._candidates, {"mids": [m for m, _ in claimed]})
+                await c.execute(self._candidates, {"mids": [m for m, _ in claimed],
+                                                   "threshold": self.settings.memory.near_threshold})
                 found = await c.fetchall()
             await conn.commit()
         for row in found:
@@ -183,8 +184,7 @@ class Consolidator:
             version = MemoryVersion.of(row)
             await self._extract(version)
             cosine = row["cosine"]
-            if (self.settings.memory.near_duplicates and row["n_mid"] is not None and cosine is not None
-                    and float(cosine) >= self.settings.memory.near_threshold):
+            if self.settings.memory.near_duplicates and row["n_mid"] is not None and cosine is not None:
                 await self._merge(version, (int(row["n_mid"]), int(row["n_seq"])), float(cosine))
         async with self._pool.connection() as conn, conn.transaction():
             await conn.execute(q.DONE, ([m for m, _ in claimed], [e for _, e in claimed]))
