@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
 import weakref
@@ -48,6 +47,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
 import numpy as np
+import orjson
 import psycopg
 from psycopg.rows import RowMaker, dict_row
 from psycopg_pool import AsyncConnectionPool
@@ -112,18 +112,20 @@ def _candidate_rows(*retrieved: Sequence[Row]) -> dict[int, Row]:
     return rows
 
 
-def _threads(rows: Iterable[Row]) -> dict[int, tuple[str, str]]:
+def _threads(rows: Iterable[Row]) -> dict[int, tuple[str, bool, str]]:
     """Item -> (board, thread) of the memory candidates whose metadata names a thread
     (``metadata.thread``, compared as JSON, as the contextual indexing of the worker does)."""
-    out: dict[int, tuple[str, str]] = {}
+    out: dict[int, tuple[str, bool, str]] = {}
     for r in rows:
         if isinstance(r, MemoryRow) and r.metadata and '"thread"' in r.metadata:
             try:
-                thread = json.loads(r.metadata).get("thread")
-            except (ValueError, AttributeError):
+                thread = orjson.loads(r.metadata).get("thread")
+            except (orjson.JSONDecodeError, AttributeError):
                 continue
-            if thread is not None:
-                out[r.item] = (r.board, json.dumps(thread, sort_keys=True, separators=(",", ":")))
+            if isinstance(thread, str):
+                out[r.item] = (r.board, False, thread)
+            elif thread is not None:  # a number, list or map: its JSON (7 is not "7")
+                out[r.item] = (r.board, True, orjson.dumps(thread, option=orjson.OPT_SORT_KEYS).decode())
     return out
 
 

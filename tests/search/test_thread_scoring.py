@@ -67,8 +67,10 @@ def _row(item: int, board: str, metadata: dict[str, Any] | None) -> MemoryRow:
 def test_the_engine_reads_threads_from_the_candidates_metadata_per_board_as_json() -> None:
     rows = [_row(1, "b1", {"thread": "s1"}), _row(2, "b1", {"speaker": "x", "thread": "s1"}),
             _row(3, "b2", {"thread": "s1"}), _row(4, "b1", {"thread": 7}), _row(5, "b1", {"thread": "7"}),
-            _row(6, "b1", {"speaker": "thread"}), _row(7, "b1", None), _row(8, "b1", {"thread": None})]
+            _row(6, "b1", {"speaker": "thread"}), _row(7, "b1", None), _row(8, "b1", {"thread": None}),
+            _row(9, "b1", {"thread": {"a": 1, "b": [2]}}), _row(10, "b1", {"thread": {"b": [2], "a": 1}})]
     threads = _threads(rows)
     assert threads[1] == threads[2] != threads[3]  # the same thread on another board is another
     assert threads[4] != threads[5]  # compared as JSON: 7 is not "7"
-    assert set(threads) == {1, 2, 3, 4, 5}
+    assert threads[9] == threads[10]  # ... and a map's key order does not matter
+    assert set(threads) == {1, 2, 3, 4, 5, 9, 10}
