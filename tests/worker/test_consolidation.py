@@ -22,7 +22,7 @@ from agents_sdk import Agent, Verdict
 from blackboard.client.connection import connect_nats
 from blackboard.client.streams import ensure_streams
 from blackboard.devstack import EmbeddedPostgres
-from blackboard.protocol.subjects import MEMORY_STREAM
+from blackboard.protocol.subjects import MEMORY_STREAM, Subjects
 from blackboard.settings import Settings
 from blackboard.worker import Worker
 from blackboard.worker.consolidator import Merge
@@ -30,6 +30,7 @@ from tests._worker_helpers import (
     HashProvider,
     StartWorker,
     board_memories_handler,
+    dead_letters,
     fresh_db,
     remember,
     rows,
@@ -268,3 +269,27 @@ async def test_through_the_sdk_a_merged_memory_answers_as_the_kept_one_and_recal
         by_id = {h.id: h for h in every}
         assert set(by_id) == {kept, merged}
         assert by_id[merged].archive_reason == "merged" and by_id[merged].merged_into == kept
+
+
+@pytest.mark.asyncio
+async def test_a_merged_memory_rewritten_as_a_duplicate_is_merged_again_at_its_new_version(
+        pg_settings: Settings, postgres_server: EmbeddedPostgres, js: JetStreamContext, unique: str,
+        start_worker: StartWorker) -> None:
+    """With exact deduplication on too: a memory merged away, then rewritten with the text of the
+    memory it was merged into, is live again for a moment (its new version was not merged) and
+    then merged again: one source, at the new version, counted once."""
+    s = consolidating(pg_settings, postgres_server, unique, dedup=True)
+    worker = await start(start_worker, s, unique)
+    await remember(js, unique, "alice", f"{unique}-a", "the cat sat on the mat", created_at=_T0)
+    await remember(js, unique, "alice", f"{unique}-b", "On the mat the cat sat!", created_at=_T0 + timedelta(seconds=5))
+    await settle(worker)
+    assert memory(s, f"{unique}-b")["merged_into"] == f"{unique}-a"
+    seq = await remember(js, unique, "alice", f"{unique}-b", "The cat sat on the mat",
+                         created_at=_T0 + timedelta(seconds=9))
+    await settle(worker)
+    a, b = memory(s, f"{unique}-a"), memory(s, f"{unique}-b")
+    [src] = sources(s, a["mid"])
+    assert (src["id"], src["seq"]) == (f"{unique}-b", seq) and src["how"] in ("near", "exact")
+    assert a["seen_count"] == 2 and a["archived_at"] is None
+    assert b["text"] == "The cat sat on the mat" and b["merged_into"] == f"{unique}-a"
+    assert dead_letters(s, Subjects.memory(unique, "alice")) == {}
