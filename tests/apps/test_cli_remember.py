@@ -13,8 +13,13 @@ import pytest
 from blackboard.protocol.schemas import MemoryRecord, validate_wire
 from blackboard.settings import Settings
 from tests._worker_helpers import HashProvider, StartWorker
-from tests.apps.test_cli_people import acli, agent_settings, cli, env, json_lines, one_error  # noqa: F401
+from tests.apps import test_cli_people as _people
+from tests.apps.test_cli_people import acli, json_lines, one_error
 from tests.conftest import stored_memories
+
+# the command line's fixtures (its environment, main() in this process)
+env = _people.env
+cli = _people.cli
 
 
 async def _stored(env: dict[str, str], board: str) -> dict[str, MemoryRecord]:
