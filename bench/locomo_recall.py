@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from _common import add_bus_option, embedded_stack
+from pydantic import SecretStr
 
 from agents_sdk.agent import Agent
 from agents_sdk.memory.longterm import MemoryInput
@@ -132,9 +133,9 @@ def rerank_settings(args: argparse.Namespace) -> dict[str, Any] | None:
     if args.rerank_url:
         key = args.rerank_key or os.environ.get("OPENAI_API_KEY")
         return {"rerank": "llm", "rerank_base_url": args.rerank_url, "rerank_model": args.rerank_model,
-                **({"rerank_api_key": key} if key else {})}
+                **({"rerank_api_key": SecretStr(key)} if key else {})}
     if args.rerank_onnx:
-        return {"rerank": "cross-encoder", "rerank_model_path": str(args.rerank_onnx)}
+        return {"rerank": "cross-encoder", "rerank_model_path": args.rerank_onnx}
     return None
 
 
