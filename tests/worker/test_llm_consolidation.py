@@ -214,10 +214,11 @@ def memories(s: Settings) -> dict[str, dict[str, Any]]:
 
 
 @pytest.mark.asyncio
+@pytest.mark.parametrize("dedup", [False, True])
 async def test_an_llm_merge_is_a_worker_signed_memory_that_takes_its_sources_place(
         pg_settings: Settings, postgres_server: EmbeddedPostgres, js: JetStreamContext, unique: str,
-        start_worker: StartWorker, fake_llm: OpenAIFake) -> None:
-    s = llm_settings(pg_settings, postgres_server, unique, fake_llm)
+        start_worker: StartWorker, fake_llm: OpenAIFake, dedup: bool) -> None:
+    s = llm_settings(pg_settings, postgres_server, unique, fake_llm, dedup=dedup)
     worker = await start(start_worker, s, unique)
     seq_a = await remember(js, unique, "alice", f"{unique}-a", "the cat sat on the mat", created_at=_T0)
     seq_b = await remember(js, unique, "bob", f"{unique}-b", "On the mat the cat sat!",
