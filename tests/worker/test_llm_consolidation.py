@@ -17,6 +17,7 @@ import pytest
 import pytest_asyncio
 from nats.js import JetStreamContext
 
+from agents_sdk import Agent, Verdict
 from blackboard.client.connection import connect_nats
 from blackboard.client.streams import ensure_streams
 from blackboard.devstack import EmbeddedPostgres
@@ -329,3 +330,29 @@ async def test_a_memory_with_provenance_not_signed_by_a_worker_is_a_dead_letter(
     await settle(worker)
     assert "wrong_author" in dead_letters(s, subject)[seq]
     assert f"{unique}-forged" not in memories(s)
+
+
+@pytest.mark.asyncio
+async def test_through_the_sdk_both_merged_ids_answer_with_the_derived_memory(
+        pg_settings: Settings, start_worker: StartWorker, unique: str, fake_llm: OpenAIFake) -> None:
+    """End to end: two agents remember near-duplicates; the worker's LLM merge is what recall
+    returns, and either merged id answers with it, its two sources and their signatures."""
+    mem = pg_settings.memory.model_copy(update={"consolidate_interval": 0.1, "llm_merge": True})
+    s = pg_settings.model_copy(update={"memory": mem, "llm": LLMSettings(base_url=fake_llm.base_url, model="fake")})
+    model = f"h-{unique}"
+    await start_worker(s, name=f"w{unique}", provider=HashProvider(32, model), query_provider=HashProvider(32, model))
+    async with Agent.connect(f"{unique}-a", settings=s) as alice, Agent.connect(f"{unique}-b", settings=s) as bob:
+        first = await alice.remember(f"the {unique} cat sat on the mat", board=unique, wait="searchable", timeout=30)
+        second = await bob.remember(f"On the mat, the {unique} cat sat!", board=unique, wait="searchable", timeout=30)
+        deadline = asyncio.get_running_loop().time() + 30
+        while (detail := await alice.memory(second, board=unique)).memory.id == second or not detail.sources:
+            assert asyncio.get_running_loop().time() < deadline, "not merged in time"
+            await asyncio.sleep(0.1)
+        derived = detail.memory
+        assert derived.id.startswith("merge-") and derived.agent == "worker" and derived.verdict == Verdict.VERIFIED
+        assert derived.text == "A cat sat on a mat (merged)" and derived.seen_count == 2
+        assert {(src.id, src.how) for src in detail.sources} == {(first, "llm"), (second, "llm")}
+        assert all(src.sig_key and src.sig and src.verdict == Verdict.VERIFIED for src in detail.sources)
+        assert (await alice.memory(first, board=unique)).memory.id == derived.id
+        hits = await alice.recall("cat sat on the mat merged", board=unique, mode="keyword")
+        assert [h.id for h in hits] == [derived.id]
