@@ -67,6 +67,9 @@ async def stack(nats_server: object, postgres_server: object) -> AsyncIterator[S
     tag = uuid.uuid4().hex[:8]
     base: Settings = make_settings(nats_server.url, postgres_server.dsn)  # type: ignore[attr-defined]
     s = worker_settings(base, name=f"quality{tag}", batch_wait=0.02)
+    # The corpus holds near-duplicates on purpose (the two speakers' lines); the oracles below scan
+    # every stored vector, so nothing may be merged away (consolidation: tests/worker/test_consolidation.py).
+    s = s.model_copy(update={"memory": s.memory.model_copy(update={"near_duplicates": False})})
     nc = await connect_nats(s.nats, name="test-search-quality")
     js = nc.jetstream()
     await ensure_streams(js, s)
