@@ -28,7 +28,9 @@ __all__ = ["CrashLog", "Published", "account", "publish_all", "report", "unaccou
 #: Rows that carry a message's stream sequence, per stream (``%(stream)s``, ``%(seqs)s``).
 _STORED = {
     MEMORY_STREAM: """SELECT seq FROM bb_memories WHERE stream = %(stream)s AND seq = ANY(%(seqs)s)
-                      UNION SELECT seq FROM bb_memory_forgets WHERE stream = %(stream)s AND seq = ANY(%(seqs)s)""",
+                      UNION SELECT seq FROM bb_memory_forgets WHERE stream = %(stream)s AND seq = ANY(%(seqs)s)
+                      -- an exact duplicate, merged into the memory of its text (its provenance row)
+                      UNION SELECT seq FROM bb_memory_sources WHERE stream = %(stream)s AND seq = ANY(%(seqs)s)""",
     MESSAGE_STREAM: "SELECT seq FROM bb_messages WHERE stream = %(stream)s AND seq = ANY(%(seqs)s)",
     VOTE_STREAM: """SELECT seq FROM bb_proposals WHERE stream = %(stream)s AND seq = ANY(%(seqs)s)
                     UNION SELECT seq FROM bb_ballots WHERE stream = %(stream)s AND seq = ANY(%(seqs)s)

@@ -24,6 +24,7 @@ from blackboard.client.streams import ensure_streams
 from blackboard.devstack import EmbeddedNats, EmbeddedPostgres
 from blackboard.settings import Settings
 from blackboard.worker import Worker
+from tests._auth import TestAuth
 from tests._worker_helpers import HashProvider, drop_db, fresh_db, running_worker
 from tests.conftest import make_settings
 from tests.fuzz.accounting import CrashLog
@@ -40,7 +41,8 @@ class FuzzStack:
 
 
 @pytest.fixture(scope="session")
-def fuzz_settings_(stack_dir: Path, postgres_server: EmbeddedPostgres) -> Iterator[Settings]:
+def fuzz_settings_(stack_dir: Path, postgres_server: EmbeddedPostgres, test_auth: TestAuth) -> Iterator[Settings]:
+    # (test_auth: the servers and settings below use the session's authority, also when this module runs alone)
     name = f"fuzz{uuid.uuid4().hex[:8]}"
     ns = EmbeddedNats(stack_dir / name, port=0)
     ns.start()
