@@ -149,7 +149,11 @@ async def test_hybrid_top_k_and_min_score_cut_the_fused_ranking(corpus: Corpus) 
     scores = [h.score for h in full]
     assert scores == sorted(scores, reverse=True)
     first = await corpus.client.recall(query, board=corpus.a, top_k=3)
-    assert [h.id for h in first] == [h.id for h in full[:3]]
+    # The two leaders are the same; the third is one of the tied fillers (which of the 300
+    # equal vectors enter the candidate pool depends on top_k, and a filler next to a
+    # leader on the board gets the neighbour bonus only when that leader is a candidate).
+    assert [h.id for h in first[:2]] == [h.id for h in full[:2]] == [f"{corpus.a}-m1", f"{corpus.a}-m2"]
+    assert len(first) == 3 and first[2].scores["semantic"] == pytest.approx(full[2].scores["semantic"])
     # A threshold between two scores of the ranking keeps exactly the hits above it.
     cut = next(i for i in range(1, len(full)) if scores[i] < scores[i - 1])
     threshold = (scores[cut - 1] + scores[cut]) / 2
