@@ -100,6 +100,8 @@ def memory_payloads(draw: st.DrawFn) -> dict[str, Any]:
         v2 = {"key": subject_keys, "occurred_at": timestamps, "confidence": st.floats(0.0, 1.0) | st.sampled_from([0, 1])}
         for key in draw(st.lists(st.sampled_from(sorted(v2)), unique=True)):
             obj[key] = draw(st.none() | v2[key]) if draw(st.booleans()) else draw(v2[key])
+        if draw(st.booleans()):  # the writer's order of the metadata's keys
+            obj["metadata_order"] = draw(st.permutations(list(obj.get("metadata", {}))))
     return obj
 
 
@@ -147,6 +149,7 @@ BAD: dict[str, st.SearchStrategy[Any]] = {
     "key": st.sampled_from(["", "x" * 257, "a\nb", "a\x00", "\x7f", "a\x85", "k\n", 1, b"k", ["k"]]) | wrong_types,
     "occurred_at": st.sampled_from(["2026-01-01T00:00:00", "2026-13-01T00:00:00+00:00", "x", 1700000000, b"t"]),
     "confidence": st.floats() | st.sampled_from([-1e-12, 1 + 1e-12, 2, -1, "0.5", True, False]) | wrong_types,
+    "metadata_order": st.sampled_from([["not-a-key"], ["a", "a"], [1], "a", {}, [None], ["x"] * 257]) | wrong_types,
     "provenance": st.sampled_from([[{"stream": "BB_MEM"}], [{"stream": "", "seq": 1}], [{"stream": "S", "seq": 0}],
                                    [{"stream": "S", "seq": 1}] * 65, "x", [1], {}]) | wrong_types,
 }

@@ -25,7 +25,7 @@ from blackboard.client.publisher import RETRYABLE, Ack
 from blackboard.client.signing import signing_of
 from blackboard.protocol import codec
 from blackboard.protocol.errors import InvalidPayloadError, PayloadTooLargeError
-from blackboard.protocol.records import decode_memory, memory_wire
+from blackboard.protocol.records import decode_memory, memory_wire, metadata_order_of
 from blackboard.protocol.schemas import MemoryForget, validate_wire
 from blackboard.protocol.schemas.memory import MemoryKind
 from blackboard.protocol.subjects import Header, Subjects
@@ -112,7 +112,10 @@ class LongTermMemory:
         record = memory_wire(
             id=memory_id, board=board, agent=self._agent_id, kind=m.kind, text=m.text, tags=m.tags,
             metadata=m.metadata, importance=m.importance, source=m.source, read_only=m.read_only,
-            created_at=datetime.now(UTC), key=m.key, occurred_at=m.occurred_at, confidence=m.confidence)
+            created_at=datetime.now(UTC), key=m.key, occurred_at=m.occurred_at, confidence=m.confidence,
+            # the writer's key order, which the canonical encoding (sorted) would lose: the worker
+            # embeds the metadata lines in it (docs/search.md, "What is embedded")
+            metadata_order=metadata_order_of(m.metadata) if isinstance(m.metadata, Mapping) else None)
         memory_id = record["id"]  # as the schema made it (bytes given as the id are text now)
         # The canonical encoding (what the signature covers) is the payload; the record the
         # schema's fast path reads back from the map is equal to the schema's own

@@ -36,7 +36,8 @@ from pydantic import BaseModel
 
 from blackboard.protocol.errors import InvalidPayloadError
 
-__all__ = ["EXTENSION", "MAX_DEPTH", "canonical_bytes", "canonical_timestamp", "extension_fields"]
+__all__ = ["EXTENSION", "MAX_DEPTH", "canonical_bytes", "canonical_key_order", "canonical_timestamp",
+           "extension_fields"]
 
 #: Deepest nesting of maps and arrays with a canonical encoding.
 MAX_DEPTH = 256
@@ -86,6 +87,21 @@ def canonical_timestamp(value: datetime) -> str:
     except OverflowError as exc:
         raise InvalidPayloadError(f"timestamp out of range: {value!r}") from exc
     return utc.replace(tzinfo=None).isoformat(timespec="microseconds") + "+00:00"
+
+
+def canonical_key_order(keys: list[str]) -> list[str]:
+    """The order the canonical encoding gives a map's text keys (by the bytes of each key
+    encoded: shorter keys first up to 31 bytes, then by their UTF-8 bytes).
+
+    Raises:
+        InvalidPayloadError: a key that is not valid Unicode.
+    """
+    def encoded(key: str) -> bytes:
+        out = bytearray()
+        _str(key, out)
+        return bytes(out)
+
+    return sorted(keys, key=encoded)
 
 
 def canonical_bytes(record: BaseModel) -> bytes:

@@ -37,8 +37,8 @@ from datetime import UTC, datetime
 from typing import Any, Final, TypeVar, get_args
 
 from blackboard.protocol import codec
-from blackboard.protocol.canonical import canonical_timestamp, extension_fields
-from blackboard.protocol.errors import InvalidKeyError
+from blackboard.protocol.canonical import canonical_key_order, canonical_timestamp, extension_fields
+from blackboard.protocol.errors import InvalidKeyError, InvalidPayloadError
 from blackboard.protocol.limits import MAX_DEPTH, MAX_LABEL_CHARS, check_value, timestamp_ok
 from blackboard.protocol.schemas import (
     EntryEnvelope,
@@ -57,6 +57,7 @@ __all__ = [
     "fast_entry",
     "fast_memory",
     "memory_wire",
+    "metadata_order_of",
     "utc_now_iso",
 ]
 
@@ -110,6 +111,7 @@ _MEM_KEY_MAX: Final[int] = _constraint(MemoryRecord, "key", "max_length")
 _MEM_KEY_RE: Final = re.compile(_constraint(MemoryRecord, "key", "pattern"))
 _MEM_CONFIDENCE_MIN: Final[float] = _constraint(MemoryRecord, "confidence", "ge")
 _MEM_CONFIDENCE_MAX: Final[float] = _constraint(MemoryRecord, "confidence", "le")
+_MEM_ORDER_MAX: Final[int] = _constraint(MemoryRecord, "metadata_order", "max_length")
 
 
 # -- building a model from checked values --------------------------------------
@@ -440,7 +442,8 @@ def fast_memory(obj: Any) -> MemoryRecord | None:
     key = get("key")
     occurred_raw = get("occurred_at")
     confidence = get("confidence")
-    if key is None and occurred_raw is None and confidence is None:
+    order = get("metadata_order")
+    if key is None and occurred_raw is None and confidence is None and order is None:
         occurred = None
         if get("provenance") is not None:
             return None  # provenance (the worker's derived memories, rare): the schema reads it
@@ -449,7 +452,8 @@ def fast_memory(obj: Any) -> MemoryRecord | None:
         if (v != _MEM_V2 or get("provenance") is not None
                 or (key is not None and not _subject_key_ok(key))
                 or (occurred_raw is not None and occurred is None)
-                or (confidence is not None and not _unit_float(confidence, _MEM_CONFIDENCE_MIN, _MEM_CONFIDENCE_MAX))):
+                or (confidence is not None and not _unit_float(confidence, _MEM_CONFIDENCE_MIN, _MEM_CONFIDENCE_MAX))
+                or (order is not None and not _order_ok(order, metadata))):
             return None
         if confidence is not None:
             confidence = float(confidence)
@@ -457,7 +461,29 @@ def fast_memory(obj: Any) -> MemoryRecord | None:
         "v": v, "id": mid, "board": board, "agent": agent, "kind": kind, "text": text, "tags": tags,
         "metadata": metadata, "importance": float(importance), "source": source, "read_only": read_only,
         "created_at": created, "key": key, "occurred_at": occurred, "confidence": confidence, "provenance": None,
+        "metadata_order": order,
     }, _MEM_FIELDS.intersection(obj))
+
+
+def _order_ok(order: Any, metadata: Mapping[str, Any]) -> bool:
+    """Whether the schema keeps ``order`` unchanged as the ``metadata_order`` of ``metadata``."""
+    return (type(order) is list and len(order) == len(metadata) <= _MEM_ORDER_MAX
+            and all(type(k) is str for k in order) and set(order) == metadata.keys())
+
+
+def metadata_order_of(metadata: Mapping[str, Any] | None) -> list[str] | None:
+    """The writer's order of ``metadata``'s keys when the canonical encoding would change it
+    (two keys or more, all text, not already in the canonical order), else None: what a
+    writer puts in ``metadata_order`` so that the worker embeds the metadata lines in it."""
+    if not metadata or len(metadata) < 2 or len(metadata) > _MEM_ORDER_MAX:
+        return None
+    keys = list(metadata)
+    if not all(type(k) is str for k in keys):
+        return None
+    try:
+        return None if canonical_key_order(keys) == keys else keys
+    except InvalidPayloadError:
+        return None  # a key with no canonical encoding: the schema refuses the record anyway
 
 
 def _subject_key_ok(value: Any) -> bool:
@@ -492,7 +518,7 @@ def memory_wire(*, id: str, board: str, agent: str, text: str, created_at: datet
                 kind: str = _MEM_KIND, tags: Sequence[str] = (), metadata: Mapping[str, Any] | None = None,
                 importance: float = _MEM_IMPORTANCE, source: str | None = _MEM_SOURCE,
                 read_only: bool = _MEM_READ_ONLY, key: str | None = None, occurred_at: datetime | None = None,
-                confidence: float | None = None) -> dict[str, Any]:
+                confidence: float | None = None, metadata_order: Sequence[str] | None = None) -> dict[str, Any]:
     """The wire map of a :class:`MemoryRecord`, its fields in the schema's order.
 
     The writer's fast path: arguments of the exact types the schema keeps are
@@ -509,9 +535,12 @@ def memory_wire(*, id: str, board: str, agent: str, text: str, created_at: datet
     """
     tag_list: Any = list(tags) if type(tags) is tuple or type(tags) is list else tags
     meta: Any = {} if metadata is None else metadata
-    v2 = key is not None or occurred_at is not None or confidence is not None
+    order: Any = list(metadata_order) if type(metadata_order) is tuple or type(metadata_order) is list \
+        else metadata_order
+    v2 = key is not None or occurred_at is not None or confidence is not None or order is not None
     t = type(importance)
     if ((not v2 or ((key is None or _subject_key_ok(key))
+                    and (order is None or (type(meta) is dict and _order_ok(order, meta)))
                     and (occurred_at is None or (type(occurred_at) is datetime and occurred_at.tzinfo is not None
                                                  and timestamp_ok(occurred_at)))
                     and (confidence is None or _unit_float(confidence, _MEM_CONFIDENCE_MIN, _MEM_CONFIDENCE_MAX))))
@@ -535,12 +564,15 @@ def memory_wire(*, id: str, board: str, agent: str, text: str, created_at: datet
                 wire["occurred_at"] = occurred_at.isoformat()
             if confidence is not None:
                 wire["confidence"] = float(confidence)
+            if order is not None:
+                wire["metadata_order"] = order
         return wire
     _check_free(meta)
     args: dict[str, Any] = {
         "v": _MEM_V2 if v2 else _MEM_V, "id": id, "board": board, "agent": agent, "kind": kind, "text": text,
         "tags": tag_list, "metadata": meta, "importance": importance, "source": source, "read_only": read_only,
         "created_at": created_at, "key": key, "occurred_at": occurred_at, "confidence": confidence,
+        "metadata_order": order,
     }
     rec = validate_wire(MemoryRecord, args)
     wire = rec.model_dump(exclude={f for f in _MEM_EXTENSIONS if getattr(rec, f) is None})

@@ -175,6 +175,7 @@ class MemoryRow:
     kind: str
     text: str
     tags: list[str]
+    #: In the writer's key order (the record's ``metadata_order``, when it names one).
     metadata: dict[str, Any]
     importance: float
     source: str | None
@@ -372,10 +373,18 @@ def _fast_memory_row(rec: MemoryRecord, msg: RawMessage, index_chars: int) -> Me
     if meta_json is None:
         return None
     search = memory_search_text(rec.text, rec.tags, rec.metadata, index_chars)
+    metadata = _writer_ordered(rec)
     row = MemoryRow(msg.stream, msg.seq, rec.id, rec.board, rec.agent, rec.kind, rec.text, rec.tags,
-                    rec.metadata, rec.importance, source, rec.read_only, rec.created_at, search, meta_json,
-                    embed_meta=_clean(memory_embed_lines(rec.metadata), MAX_EMBED_CHARS))
+                    metadata, rec.importance, source, rec.read_only, rec.created_at, search, meta_json,
+                    embed_meta=_clean(memory_embed_lines(metadata), MAX_EMBED_CHARS))
     return _lifecycle(row, rec, msg)
+
+
+def _writer_ordered(rec: MemoryRecord) -> dict[str, Any]:
+    """A memory's metadata in its writer's key order (``metadata_order``, which the canonical
+    encoding's sorted map cannot keep), or as decoded when it names none."""
+    order = rec.metadata_order
+    return rec.metadata if order is None else {k: rec.metadata[k] for k in order}
 
 
 def _lifecycle(row: MemoryRow, rec: MemoryRecord, msg: RawMessage) -> MemoryRow:
@@ -477,7 +486,8 @@ def decode_memory(msg: RawMessage, *, max_bytes: int, index_chars: int) -> Memor
     _check_fields(rec.tags, rec.metadata, (rec.id, "id"), (rec.text, "text"), (rec.source, "source"),
                   (rec.key, "the subject key"))
     search = memory_search_text(rec.text, rec.tags, rec.metadata, index_chars)
+    metadata = dict(_writer_ordered(rec))
     row = MemoryRow(msg.stream, msg.seq, rec.id, rec.board, rec.agent, rec.kind, rec.text,
-                    list(rec.tags), dict(rec.metadata), rec.importance, rec.source, rec.read_only,
-                    rec.created_at, search, embed_meta=_clean(memory_embed_lines(rec.metadata), MAX_EMBED_CHARS))
+                    list(rec.tags), metadata, rec.importance, rec.source, rec.read_only,
+                    rec.created_at, search, embed_meta=_clean(memory_embed_lines(metadata), MAX_EMBED_CHARS))
     return _lifecycle(row, rec, msg)

@@ -183,6 +183,7 @@ export function canonicalMemory(rec, out = new Out()) {
       }
     }]);
   }
+  if (present(rec.metadata_order)) fields.push(["metadata_order", () => canonicalValue(rec.metadata_order, out, 1)]);
   recordMap(out, fields);
   return out.done();
 }

@@ -65,7 +65,7 @@ def _oracle_value(value: Any) -> Any:
 
 
 #: The fields docs/protocol.md §13.2 lists as left out when null.
-_EXTENSIONS = {"MemoryRecord": ("key", "occurred_at", "confidence", "provenance")}
+_EXTENSIONS = {"MemoryRecord": ("key", "occurred_at", "confidence", "provenance", "metadata_order")}
 
 
 def _oracle(record: WireModel) -> bytes:

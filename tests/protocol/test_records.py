@@ -92,7 +92,7 @@ def _round_trip(obj: Any) -> Any:
 
 # -- memories -----------------------------------------------------------------
 _MEM_FIELDS = list(MemoryRecord.model_fields)
-_MEM_V2_FIELDS = ("key", "occurred_at", "confidence", "provenance")
+_MEM_V2_FIELDS = ("key", "occurred_at", "confidence", "provenance", "metadata_order")
 
 
 @SETTINGS
@@ -167,6 +167,9 @@ def memory_arguments(draw: st.DrawFn, spoil: str | None = None) -> dict[str, Any
     v2 = {"key": subject_keys, "occurred_at": aware, "confidence": st.floats(0.0, 1.0) | st.sampled_from([0, 1])}
     for name in draw(st.lists(st.sampled_from(sorted(v2)), unique=True)):
         kw[name] = draw(st.none() | v2[name])
+    if draw(st.booleans()):  # the writer's order of the metadata's keys (a list or a tuple)
+        order = draw(st.permutations(list(kw["metadata"] or {})))
+        kw["metadata_order"] = tuple(order) if draw(st.booleans()) else order
     if spoil is not None:
         bad = BAD[spoil] | bad_values if draw(st.integers(0, 4)) == 4 else BAD[spoil]
         naive = aware.map(lambda dt: dt.replace(tzinfo=None))

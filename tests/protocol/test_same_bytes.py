@@ -23,6 +23,7 @@ from agents_sdk.messaging import decode_envelope, encode_envelope, new_envelope
 from blackboard.consensus.log import decode_ballot, decode_outcome, decode_proposal
 from blackboard.protocol import codec
 from blackboard.protocol import entries as sdk_entries
+from blackboard.protocol.records import metadata_order_of
 from blackboard.protocol.schemas import (
     Ballot,
     EntryEnvelope,
@@ -63,11 +64,14 @@ def _entry_of(row: EntryRow) -> EntryEnvelope:
 
 
 def _memory_of(row: MemoryRow) -> MemoryRecord:
-    v2 = row.key is not None or row.occurred_at is not None or row.confidence is not None or bool(row.provenance)
+    order = metadata_order_of(row.metadata)  # the row's metadata is in the writer's order
+    v2 = (row.key is not None or row.occurred_at is not None or row.confidence is not None or bool(row.provenance)
+          or order is not None)
     return MemoryRecord(v=2 if v2 else 1, id=row.id, board=row.board, agent=row.agent, kind=row.kind,
                         text=row.text, tags=row.tags, metadata=row.metadata, importance=row.importance,
                         source=row.source, read_only=row.read_only, created_at=row.created_at, key=row.key,
-                        occurred_at=row.occurred_at, confidence=row.confidence, provenance=row.provenance or None)
+                        occurred_at=row.occurred_at, confidence=row.confidence, provenance=row.provenance or None,
+                        metadata_order=order)
 
 
 def _message_of(row: MessageRow) -> MessageEnvelope:
@@ -236,11 +240,11 @@ async def test_remember_and_forget_are_decoded_by_the_worker_as_written(settings
     assert (row.id, row.board, row.agent, row.kind, row.text, row.tags, row.importance, row.source,
             row.read_only) == (mid, unique, "rememberer", "semantic", "the API freeze is on Friday",
                                ["schedule"], 1.0, "notes.md", False)
-    assert row.metadata == {"source_line": 12, "by": "planner"}
-    intended = MemoryRecord(id=mid, board=unique, agent="rememberer", kind="semantic",
+    assert list(row.metadata.items()) == [("source_line", 12), ("by", "planner")]  # the writer's order
+    intended = MemoryRecord(v=2, id=mid, board=unique, agent="rememberer", kind="semantic",
                             text="the API freeze is on Friday", tags=["schedule"],
                             metadata={"by": "planner", "source_line": 12}, importance=1.0, source="notes.md",
-                            created_at=row.created_at)
+                            created_at=row.created_at, metadata_order=["source_line", "by"])
     stored = validate_wire(MemoryRecord, codec.decode(remembered.data), strict=True)
     assert stored.canonical_bytes() == _memory_of(row).canonical_bytes() == intended.canonical_bytes()
 

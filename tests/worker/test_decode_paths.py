@@ -85,7 +85,8 @@ def _both(decode: Any, msg: d.RawMessage) -> tuple[Any, Any]:
     return fast, general
 
 
-_MEMORY_FIELDS = (*MemoryRecord.model_fields.keys() - {"v"}, "search_text")
+# (metadata_order is not a row field: the row's metadata is in that order)
+_MEMORY_FIELDS = (*MemoryRecord.model_fields.keys() - {"v", "metadata_order"}, "search_text", "embed_meta")
 _ENTRY_FIELDS = ("op", "value", "value_raw", "content_type", "tags", "metadata", "author", "created_at",
                  "search_text")
 
@@ -117,6 +118,7 @@ def _check_memory(obj: dict[str, Any]) -> None:
         assert fast == general
         return
     assert exact({f: getattr(fast, f) for f in _MEMORY_FIELDS}) == exact({f: getattr(general, f) for f in _MEMORY_FIELDS})
+    assert list(fast.metadata) == list(general.metadata)  # the writer's key order, both ways
     if fast.metadata_json is not None:  # what the writer stores is the same JSON value
         assert json.loads(fast.metadata_json) == json.loads(json.dumps(general.metadata))
 

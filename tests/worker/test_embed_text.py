@@ -126,6 +126,33 @@ async def test_the_worker_embeds_metadata_in_the_writers_order_without_ids_and_r
     assert "msg_" not in fallback and "9fceb02d" not in fallback
 
 
+@pytest.mark.asyncio
+async def test_an_sdk_memory_keeps_its_writers_metadata_order_through_the_canonical_encoding(
+        pg_settings: Settings, postgres_server: EmbeddedPostgres, unique: str) -> None:
+    """The SDK publishes the canonical encoding, whose maps are sorted; the record's
+    ``metadata_order`` carries the writer's order to the worker's embedded lines. Metadata
+    already in the canonical order adds nothing (a version-1 record)."""
+    from agents_sdk import Agent
+    from blackboard.protocol.canonical import canonical_key_order
+    from tests.conftest import stored_memories
+
+    own = make_settings(pg_settings.nats.url, fresh_db(postgres_server, unique))
+    s = worker_settings(own, name=f"w{unique}", serve_search=False)
+    sorted_meta = {k: _META[k] for k in canonical_key_order(list(_META))}
+    async with Agent.connect(f"{unique}-a", settings=s) as agent:
+        first = await agent.remember("we went hiking at dawn", board=unique, metadata=_META)
+        second = await agent.remember("we went hiking at dusk", board=unique, metadata=sorted_meta)
+    stored = {r["id"]: r for r in await stored_memories(s.nats.url, unique)}
+    assert stored[first]["v"] == 2 and stored[first]["metadata_order"] == list(_META)
+    assert stored[second]["v"] == 1 and "metadata_order" not in stored[second]
+    live = _Recorder(32, f"rec-o-{unique}")
+    async with running_worker(s, provider=live, handlers=[board_memories_handler(s, unique)]) as w:
+        await w.wait_caught_up(30, embedded=True)
+    canonical_lines = "\n".join(line for line in (f"{k}: {v}" for k, v in sorted_meta.items())
+                                 if line.split(": ")[0] in ("speaker_name", "topic", "at"))
+    assert sorted(live.texts) == sorted([_EXPECTED, canonical_lines + "\nwe went hiking at dusk"])
+
+
 def test_a_threaded_memory_is_embedded_with_the_previous_text_after_its_own() -> None:
     meta = {"speaker": "Caroline", "thread": "session-3"}
     # the thread links, it is not a line

@@ -9,7 +9,7 @@ from blackboard.protocol.limits import MAX_ID_CHARS
 from blackboard.protocol.schemas._base import Id, Label, Name, Timestamp, WireModel
 from blackboard.protocol.schemas.provenance import SourceRef
 
-__all__ = ["MAX_PROVENANCE", "MAX_SUBJECT_KEY_CHARS", "SUBJECT_KEY_PATTERN", "MemoryKind", "MemoryRecord"]
+__all__ = ["MAX_METADATA_ORDER", "MAX_PROVENANCE", "MAX_SUBJECT_KEY_CHARS", "SUBJECT_KEY_PATTERN", "MemoryKind", "MemoryRecord"]
 
 MemoryKind = Literal["episodic", "semantic", "procedural", "knowledge", "summary"]
 
@@ -19,6 +19,8 @@ MAX_SUBJECT_KEY_CHARS: Final = 256
 SUBJECT_KEY_PATTERN: Final = r"^[^\x00-\x1f\x7f-\x9f]+$"
 #: Most sources a derived memory names.
 MAX_PROVENANCE: Final = 64
+#: Most keys a ``metadata_order`` names.
+MAX_METADATA_ORDER: Final = 256
 #: Fields of version 2 (left out of the canonical encoding when null: docs/protocol.md §13.1).
 _V2: Final[dict[str, JsonValue]] = {EXTENSION: 2}
 
@@ -27,7 +29,8 @@ class MemoryRecord(WireModel):
     """A long-term memory, published on ``bb.mem.<board>.<agent>`` and persisted by the worker."""
 
     v: Literal[1, 2] = Field(1, description="Schema version: 2 when any of the version-2 fields "
-                                            "(key, occurred_at, confidence, provenance) is set, else 1.")
+                                            "(key, occurred_at, confidence, provenance, metadata_order) is set, "
+                                            "else 1.")
     id: str = Field(min_length=1, max_length=MAX_ID_CHARS, description="Unique id chosen by the writer.")
     board: Name = Field(description="Scope of the memory (a board name).")
     agent: Name = Field(description="Agent id of the writer.")
@@ -54,12 +57,20 @@ class MemoryRecord(WireModel):
         None, max_length=MAX_PROVENANCE, json_schema_extra=_V2,
         description="Version 2. Set only on memories the worker derives (merged or extracted): the stored, "
                     "signed records it was made from, by stream and sequence (the exact versions read).")
+    metadata_order: list[str] | None = Field(
+        None, max_length=MAX_METADATA_ORDER, json_schema_extra=_V2,
+        description="Version 2. The writer's order of metadata's keys, each key once (the canonical encoding "
+                    "sorts maps): the order of the metadata lines embedded before the text. Written only when "
+                    "it differs from the canonical order.")
 
     @model_validator(mode="after")
     def _version(self) -> MemoryRecord:
         if self.v == 1 and (self.key is not None or self.occurred_at is not None or self.confidence is not None
-                            or self.provenance is not None):
-            raise ValueError("key, occurred_at, confidence and provenance need v 2")
+                            or self.provenance is not None or self.metadata_order is not None):
+            raise ValueError("key, occurred_at, confidence, provenance and metadata_order need v 2")
+        order = self.metadata_order
+        if order is not None and (len(order) != len(self.metadata) or set(order) != set(self.metadata)):
+            raise ValueError("metadata_order must name each key of metadata once")
         return self
 
 
