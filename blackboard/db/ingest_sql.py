@@ -126,7 +126,11 @@ WITH latest AS (
         search_text = EXCLUDED.search_text, verdict = EXCLUDED.verdict, embed_meta = EXCLUDED.embed_meta,
         subject_key = EXCLUDED.subject_key, occurred_at = EXCLUDED.occurred_at, valid_from = EXCLUDED.valid_from,
         confidence = EXCLUDED.confidence, content_hash = EXCLUDED.content_hash,
-        last_seen = greatest(m.last_seen, EXCLUDED.last_seen)
+        last_seen = greatest(m.last_seen, EXCLUDED.last_seen),
+        -- a new version of a pruned memory is live again (its writer said it anew); one merged
+        -- away is revived by worker.derived.revive_merged, which also mends its kept memory's count
+        archived_at = CASE WHEN m.archive_reason IN ('merged', 'conflict') THEN m.archived_at END,
+        archive_reason = CASE WHEN m.archive_reason IN ('merged', 'conflict') THEN m.archive_reason END
     WHERE m.seq < EXCLUDED.seq
     RETURNING m.mid
 )

@@ -16,6 +16,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 import pytest_asyncio
 from nats.aio.client import Client as NATS
@@ -27,8 +28,11 @@ from blackboard.client.connection import connect_nats
 from blackboard.client.streams import ensure_streams
 from blackboard.devstack import EmbeddedPostgres
 from blackboard.protocol.errors import ConfigurationError
+from blackboard.protocol.subjects import MEMORY_STREAM
 from blackboard.settings import MemorySettings, Settings
 from blackboard.worker import Worker
+from blackboard.worker.decode import MemoryRow, RawMessage, decode_memory
+from blackboard.worker.memories import write_memories
 from tests._worker_helpers import (
     HashProvider,
     board_memories_handler,
@@ -198,6 +202,29 @@ async def test_restore_tells_what_it_did_not_restore(cli: Any, stack: Stack) -> 
     assert (await acli(cli, stack, "prune", "--strategy", "low_confidence", "--board", b))[0] == 0
     code, out, _ = await acli(cli, stack, "restore", f"{b}-a", "--board", "elsewhere")
     assert code == 3 and out.strip() == f"not restored {b}-a: on board {b}, not elsewhere"
+
+
+@pytest.mark.asyncio
+async def test_a_new_version_of_a_pruned_memory_is_live_again(cli: Any, stack: Stack) -> None:
+    """Its writer said it anew: the rewrite is recalled; the pruned version itself, published
+    again (a redelivery, a replay), does not bring it back."""
+    await _write(stack, {"a": {"text": "a shaky kestrel", "confidence": 0.1}, "b": {"text": "a shaky merlin",
+                                                                                    "confidence": 0.1}})
+    assert (await acli(cli, stack, "prune", "--strategy", "low_confidence", "--board", stack.board))[0] == 0
+    assert _archived(stack) == {"a": "low_confidence", "b": "low_confidence"}
+    # b's stored version written again by the worker's ingest (as after a redelivery or a replay)
+    [(seq,)] = rows(stack.settings, "SELECT seq FROM bb_memories WHERE id = %s", f"{stack.board}-b")
+    msg = await stack.nc.jetstream().get_msg(MEMORY_STREAM, int(seq))
+    row = decode_memory(RawMessage(MEMORY_STREAM, int(seq), msg.subject, dict(msg.headers or {}), msg.data or b"",
+                                   datetime.now(UTC)), max_bytes=10**6, index_chars=10**5)
+    dsn = stack.settings.postgres.dsn.get_secret_value()
+    async with await psycopg.AsyncConnection.connect(dsn) as conn:
+        assert isinstance(row, MemoryRow)
+        await write_memories(conn, [row])
+        await conn.commit()
+    await _write(stack, {"a": {"text": "a kestrel, seen clearly", "confidence": 0.9}})
+    assert _archived(stack) == {"b": "low_confidence"}
+    assert await _recalled(stack, "kestrel merlin") == {"a"}
 
 
 @pytest.mark.asyncio
