@@ -8,7 +8,7 @@ from typing import Any
 
 from blackboard.client.lifecycle import first_error
 
-__all__ = ["run_until_stopped"]
+__all__ = ["first_of", "run_until_stopped"]
 
 
 class _Stopped(Exception):
@@ -34,3 +34,13 @@ async def run_until_stopped(stop: asyncio.Event, work: Mapping[str, Coroutine[An
         if errors is not None:
             raise first_error(errors) from None
 
+
+
+async def first_of(*events: asyncio.Event) -> None:
+    """Return when any of the events is set."""
+    waits = [asyncio.ensure_future(e.wait()) for e in events]
+    try:
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for w in waits:
+            w.cancel()

@@ -52,6 +52,7 @@ from blackboard.protocol.errors import BlackboardError
 from blackboard.protocol.schemas import Outcome
 from blackboard.protocol.subjects import Subjects
 from blackboard.settings import Settings
+from blackboard.worker._tasks import first_of
 
 __all__ = ["CommitterStats", "VoteCommitter", "retry_wait"]
 
@@ -210,12 +211,12 @@ class VoteCommitter:
                 try:
                     # Decide only on the whole history: a commit found later in the
                     # stream must not be redone during the replay.
-                    await _first(stop, self.ready)
+                    await first_of(stop, self.ready)
                     while not stop.is_set():
                         self._wake.clear()
                         wait = await self._check()
                         with contextlib.suppress(TimeoutError):
-                            await asyncio.wait_for(_first(stop, self._wake), wait)
+                            await asyncio.wait_for(first_of(stop, self._wake), wait)
                 finally:
                     self._group = None
                     for task in self._commits.values():
@@ -325,13 +326,3 @@ class VoteCommitter:
         self._retry_at[key] = time.monotonic() + wait
         log.warning("proposal %s.%s: %r (failure %d in a row; next try in %.0fs)", key[0], key[1], exc,
                     failures, wait)
-
-
-async def _first(*events: asyncio.Event) -> None:
-    """Return when any of the events is set."""
-    waits = [asyncio.ensure_future(e.wait()) for e in events]
-    try:
-        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for w in waits:
-            w.cancel()

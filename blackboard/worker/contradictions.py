@@ -59,6 +59,7 @@ from blackboard.protocol.errors import (
 from blackboard.protocol.schemas import Outcome, Policy, Proposal
 from blackboard.protocol.subjects import Header, encode_key
 from blackboard.settings import Settings
+from blackboard.worker._tasks import first_of
 from blackboard.worker.ingest import RETRYABLE, backoff_delays, error_line
 from blackboard.worker.stream_handler import Conn
 from blackboard.worker.supersession import CONTEST_PREFIX, lock_keys, settle_keys
@@ -237,7 +238,7 @@ class ContradictionPublisher:
                     continue
                 delay = backoff_delays(0.05, self._settings.worker.max_backoff)
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(_first(stop, self._wake), _POLL)
+                    await asyncio.wait_for(first_of(stop, self._wake), _POLL)
         finally:
             await self.store.close()
 
@@ -325,12 +326,3 @@ class ContradictionPublisher:
                 contests = await cur2.fetchall()
             for contest in contests:
                 await _settle(conn, contest, *decided)
-
-
-async def _first(*events: asyncio.Event) -> None:
-    waits = [asyncio.ensure_future(e.wait()) for e in events]
-    try:
-        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for w in waits:
-            w.cancel()
