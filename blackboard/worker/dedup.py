@@ -43,10 +43,11 @@ __all__ = [
 LOCK_BOARD = 0x6262_0001
 LOCK_TEXT = 0x6262_0002
 LOCK_ID = 0x6262_0003
-#: A batch with more ids than this locks its boards instead (each lock is an entry
+#: A batch with more ids than this locks its boards instead: cheaper under load than one lock
+#: per id and per new text (docs/memory-lifecycle.md, "Concurrent writers"; each lock is an entry
 #: of PostgreSQL's shared lock table, sized for ``max_locks_per_transaction`` (64)
 #: per connection on average).
-MAX_ITEM_LOCKS = 1024
+MAX_ITEM_LOCKS = 64
 
 
 def normalize_text(text: str) -> str:
