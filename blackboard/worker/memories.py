@@ -24,7 +24,7 @@ from blackboard.security.verifier import Signed
 from blackboard.settings import Settings
 from blackboard.worker.decode import ForgetRow, MemoryRow, RawMessage, decode_memory
 from blackboard.worker.dedup import DedupLocks, id_locks, text_locks
-from blackboard.worker.derived import derived_kind, revive_merged, store_derived
+from blackboard.worker.derived import MERGE_SOURCE, derived_kind, revive_merged, store_derived
 from blackboard.worker.stream_handler import Conn, StreamHandler
 from blackboard.worker.supersession import (
     ContradictionPolicy,
@@ -121,11 +121,6 @@ async def _write_memory_rows(conn: Conn, rows: Sequence[MemoryRow], *, dedup: bo
     await _deduplicated_move(conn, rows, locks, per_agent, table_locked)
 
 
-#: The ``source`` of the worker's derived merges (``worker.derived.MERGE_SOURCE``): such a
-#: memory takes its sources' place, it is never merged into one of them.
-_DERIVED_MERGE = "bb:merge"
-
-
 async def _deduplicated_move(conn: Conn, rows: Sequence[MemoryRow], locks: DedupLocks, per_agent: bool,
                              table_locked: bool) -> None:
     """Store the staged batch with exact deduplication (``memory_sql``'s steps): the ids'
@@ -140,7 +135,9 @@ async def _deduplicated_move(conn: Conn, rows: Sequence[MemoryRow], locks: Dedup
         await conn.execute(dq.LOCK_DEDUP_KEYS, (locks.spaces, locks.keys, locks.shared))
         await conn.execute(dq.CREATE_FOLLOWERS)
         stale = await conn.execute(dq.DROP_STALE_SOURCES)
-        staged = await conn.execute(dq.MERGE_STAGED, {"per_agent": per_agent, "unmerged_source": _DERIVED_MERGE})
+        staged = await conn.execute(dq.MERGE_STAGED, {"per_agent": per_agent,
+                                                        # a derived merge takes its sources' place: never merged
+                                                        "unmerged_source": MERGE_SOURCE})
     found = await staged.fetchone()
     released = await stale.fetchone()
     leaders: list[str] = (found[0] if found is not None else None) or []
