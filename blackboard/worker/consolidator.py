@@ -154,6 +154,7 @@ class Consolidator:
         """Consolidate until ``stop`` is set: when woken, and every ``memory.consolidate_interval``."""
         interval = self.settings.memory.consolidate_interval
         while not stop.is_set():
+            self._wake.clear()  # before the pass: a wake during it (memories queued meanwhile) is kept
             try:
                 taken = await self.consolidate_once()
             except (psycopg.OperationalError, PoolTimeout) as exc:
@@ -162,7 +163,6 @@ class Consolidator:
                 taken = 0
             if taken >= _BATCH:
                 continue
-            self._wake.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), interval)
 
