@@ -338,6 +338,68 @@ class MemorySettings(BaseModel):
     max_per_board: int | None = Field(None, ge=1)
 
 
+class AgentMemorySettings(BaseModel):
+    """The agent's memory toolkit in the SDK (``agent.memory``; docs/memory.md): its
+    layers, limits, router, episodes, stores, prompt context budget and tokenizer."""
+
+    #: The layers ``agent.memory`` searches and routes to (short_term: the episode's
+    #: items; working: the episode's notes with TTL; long_term: the agent's long-term
+    #: scope; shared: the boards and long-term scopes the agent has joined).
+    layers: list[Literal["short_term", "working", "long_term", "shared"]] = [
+        "short_term", "working", "long_term", "shared"]
+    #: Most items an episode's short-term memory keeps (the oldest are evicted).
+    short_term_max_items: int | None = Field(1000, ge=1)
+    #: Most bytes an episode's short-term memory keeps (None: no bound).
+    short_term_max_bytes: int | None = Field(None, ge=1)
+    #: Seconds a working note lives unless told otherwise (None: until removed).
+    working_ttl: float | None = Field(600.0, gt=0)
+    #: The board of the agent's own long-term scope (the long_term layer).
+    long_term_board: str = "default"
+    #: Boards whose long-term memories form the shared layer, beside the boards the
+    #: agent has joined.
+    shared_boards: list[str] = []
+    #: Hits ``agent.memory.search`` returns when the call gives no top_k.
+    top_k: int = Field(10, ge=1, le=1000)
+    #: Hits scoring below this (0..1, normalised per layer) are left out.
+    min_relevance: float = Field(0.0, ge=0, le=1)
+    #: Which layers a search without ``layers`` reads: ``rules`` (documented,
+    #: docs/memory.md "The router") or ``llm`` (asks the chat model of ``llm.*``;
+    #: falls back to the rules when it fails).
+    router: Literal["rules", "llm"] = "rules"
+    #: Seconds a long-term or shared search result is reused for the same query and
+    #: filters (0: no cache).
+    cache_ttl: float = Field(30.0, ge=0)
+    #: Most cached search results.
+    cache_size: int = Field(256, ge=0)
+    #: Summarize an episode into long-term memory when it ends.
+    auto_summarize: bool = True
+    #: How summaries are made: ``extractive`` (offline) or ``llm`` (``llm.*``).
+    summarize_strategy: Literal["extractive", "llm"] = "extractive"
+    #: Target size of a summary, in tokens of the tokenizer below.
+    summary_tokens: int = Field(256, ge=16)
+    #: Seconds between automatic prunes of the agent's own memories (0: never).
+    auto_prune_interval: float = Field(0.0, ge=0)
+    #: The strategy of the automatic prune.
+    auto_prune_strategy: Literal["lru", "low_confidence", "old_age"] = "low_confidence"
+    #: Its threshold: a confidence (low_confidence), or seconds (lru, old_age).
+    auto_prune_threshold: float = Field(0.3, ge=0)
+    #: Token budget of ``agent.memory.context`` (the related-memories block).
+    context_budget: int = Field(1500, ge=1)
+    #: How tokens are counted: ``chars`` (characters / 4), ``model`` (the local
+    #: embedding model's tokenizer, offline and exact for it) or ``tiktoken`` (needs
+    #: tiktoken_cache_dir holding its encoding files: it downloads them otherwise).
+    tokenizer: Literal["chars", "model", "tiktoken"] = "chars"
+    #: The tiktoken encoding (tokenizer = tiktoken).
+    tiktoken_encoding: str = "cl100k_base"
+    #: A directory holding tiktoken's encoding files (tokenizer = tiktoken).
+    tiktoken_cache_dir: Path | None = None
+    #: A TOML or YAML file declaring memory stores and this agent's attachments
+    #: (docs/memory.md "Stores and attachments").
+    stores_file: Path | None = None
+    #: Retrieval latencies kept for the metrics' percentiles.
+    metrics_window: int = Field(2048, ge=16)
+
+
 class SearchSettings(BaseModel):
     """The search service and the SDK's search client."""
 
@@ -531,6 +593,7 @@ class Settings(BaseSettings):
     llm: LLMSettings = LLMSettings()
     worker: WorkerSettings = WorkerSettings()
     memory: MemorySettings = MemorySettings()
+    agent_memory: AgentMemorySettings = AgentMemorySettings()
     search: SearchSettings = SearchSettings()
     messaging: MessagingSettings = MessagingSettings()
     dev: DevSettings = DevSettings()
