@@ -541,6 +541,25 @@ class CliSettings(BaseModel):
     agent: str | None = None
 
 
+class ContainerSettings(BaseModel):
+    """The stacks ``blackboard.testing`` starts for a test suite (docs/testing.md): embedded
+    processes by default, or containers (testcontainers and a Docker engine) with these images.
+    The defaults are the official images a user's machine pulls; a machine without a registry
+    points them at locally built ones (``docker/images``)."""
+
+    #: How the stacks run: ``embedded`` (nats-server and PostgreSQL from the pip packages,
+    #: as processes) or ``containers`` (these images, through testcontainers).
+    mode: Literal["embedded", "containers"] = "embedded"
+    #: The NATS server image (JetStream on).
+    nats_image: str = "nats:2.11"
+    #: The PostgreSQL image with pgvector.
+    postgres_image: str = "pgvector/pgvector:pg18"
+    #: The blackboard image (``docker/Dockerfile``) that runs the worker.
+    worker_image: str = "blackboard:latest"
+    #: Seconds a container may take to become healthy.
+    start_timeout: float = Field(120.0, gt=0)
+
+
 class SecuritySettings(BaseModel):
     """Identities and rights (docs/security.md)."""
 
@@ -599,6 +618,7 @@ class Settings(BaseSettings):
     dev: DevSettings = DevSettings()
     security: SecuritySettings = SecuritySettings()
     cli: CliSettings = CliSettings()
+    containers: ContainerSettings = ContainerSettings()
 
     @model_validator(mode="after")
     def _check_windows(self) -> Settings:
