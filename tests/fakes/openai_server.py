@@ -5,6 +5,12 @@ It serves ``POST /v1/embeddings`` and ``POST /v1/chat/completions`` on
 127.0.0.1 from a background thread, records every request, and can be told to
 fail the next requests (e.g. with 429) to exercise client retries.
 
+Chat completions answer ``chat(messages)`` as the assistant's text, unless
+``respond`` is set: ``respond(body)`` gets the whole request (``messages``,
+``tools``...) and returns the assistant message itself, e.g. one with
+``tool_calls`` (see :func:`tool_call`); the finish reason is then
+``"tool_calls"``.
+
 Usage::
 
     with OpenAIFake() as fake:
@@ -27,7 +33,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-__all__ = ["OpenAIFake", "RecordedRequest", "hashed_embedding"]
+__all__ = ["OpenAIFake", "RecordedRequest", "hashed_embedding", "tool_call"]
 
 _WORD_RE = re.compile(r"[a-z0-9]+")
 
@@ -51,6 +57,14 @@ def _default_chat(messages: list[dict[str, Any]]) -> str:
     return "SUMMARY: " + " ".join(words[:40])
 
 
+def tool_call(name: str, arguments: dict[str, Any] | str, call_id: str | None = None) -> dict[str, Any]:
+    """One tool call of an assistant message, as the chat completions API sends it
+    (``arguments`` a JSON string; a ``str`` is sent as it is, e.g. broken JSON)."""
+    args = arguments if isinstance(arguments, str) else json.dumps(arguments)
+    return {"id": call_id or f"call_{hashlib.blake2b(f'{name}{args}'.encode(), digest_size=6).hexdigest()}",
+            "type": "function", "function": {"name": name, "arguments": args}}
+
+
 @dataclass
 class RecordedRequest:
     path: str
@@ -70,6 +84,8 @@ class OpenAIFake:
 
     default_dimensions: int = 384
     chat: Callable[[list[dict[str, Any]]], str] = _default_chat
+    #: When set, the assistant message of a chat completion (given the request's body).
+    respond: Callable[[dict[str, Any]], dict[str, Any]] | None = None
     requests: list[RecordedRequest] = field(default_factory=list)
     _failures: list[_Failure] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -150,15 +166,17 @@ class OpenAIFake:
                                  "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
 
             def _chat(self, body: dict[str, Any]) -> None:
-                messages = body.get("messages") or []
-                text = fake.chat(messages)
+                if fake.respond is not None:
+                    message = {"role": "assistant", "content": None, **fake.respond(body)}
+                else:
+                    message = {"role": "assistant", "content": fake.chat(body.get("messages") or [])}
+                finish = "tool_calls" if message.get("tool_calls") else "stop"
                 self._send(200, {
                     "id": f"chatcmpl-{int(time.time() * 1000)}",
                     "object": "chat.completion",
                     "created": int(time.time()),
                     "model": body.get("model", "fake"),
-                    "choices": [{"index": 0, "finish_reason": "stop",
-                                 "message": {"role": "assistant", "content": text}}],
+                    "choices": [{"index": 0, "finish_reason": finish, "message": message}],
                     "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
                 })
 
