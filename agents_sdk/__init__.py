@@ -3,6 +3,8 @@
 from agents_sdk.agent import Agent
 from agents_sdk.board import Board, BoardPipeline
 from agents_sdk.consensus import BallotReceipt, ProposalHandle, VoteEvent, VoteWatch, Voting
+from agents_sdk.memory.facade import AgentMemory
+from agents_sdk.memory.layers import LayerHit
 from agents_sdk.memory.longterm import MemoryInput
 from agents_sdk.messaging import Handler, Inbox, Message, Messenger, Sent, Subscriptions
 from agents_sdk.objects import ObjectRef, ObjectStore
@@ -58,6 +60,7 @@ from blackboard.settings import Settings
 
 __all__ = [
     "Agent",
+    "AgentMemory",
     "AuthenticationError",
     "Ballot",
     "BallotReceipt",
@@ -81,6 +84,7 @@ __all__ = [
     "InvalidKeyError",
     "InvalidPayloadError",
     "LLMError",
+    "LayerHit",
     "LimitExceededError",
     "MemoryDetail",
     "MemoryHit",

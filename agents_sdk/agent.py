@@ -14,7 +14,8 @@ from nats.aio.client import Client as NATS
 from agents_sdk.board import Board
 from agents_sdk.consensus import Voting
 from agents_sdk.context import AgentContext
-from agents_sdk.memory.longterm import DEFAULT_MEMORY_BOARD, LongTermMemory, MemoryInput
+from agents_sdk.memory.facade import AgentMemory
+from agents_sdk.memory.longterm import LongTermMemory, MemoryInput
 from agents_sdk.memory.searchable import DEFAULT_SEARCHABLE_TIMEOUT, WaitFor
 from agents_sdk.messaging.inbox import Inbox
 from agents_sdk.messaging.messenger import Messenger, Subscriptions
@@ -31,7 +32,6 @@ from blackboard.protocol.schemas.memory import MemoryKind
 from blackboard.protocol.schemas.message_search import MessageHit
 from blackboard.protocol.schemas.search import (
     BoardsResponse,
-    MemoryDetail,
     MemoryHit,
     SearchFilters,
 )
@@ -66,6 +66,7 @@ class Agent:
         self._search: SearchClient | None = None
         self._messenger: Messenger | None = None
         self._voting: Voting | None = None
+        self._memory: AgentMemory | None = None
         self._closed = False
         #: Large binaries (JetStream object store).
         self.objects = ObjectStore(self.context.js, settings.board.objects_bucket)
@@ -232,18 +233,21 @@ class Agent:
         """
         return await self.search.recall(query, filters=filters, **args)
 
-    async def memory(self, id: str, *, board: str | None = None) -> MemoryDetail:
-        """One long-term memory of ``board`` (default ``"default"``) by id, with the memories
-        merged into it and the versions of its subject key
-        (:meth:`~agents_sdk.search.SearchClient.memory`; the id of a merged memory answers with
-        the kept one).
+    @property
+    def memory(self) -> AgentMemory:
+        """This agent's memory toolkit (:class:`~agents_sdk.memory.facade.AgentMemory`: layers,
+        episodes, search across them, memory actions as tools, attached stores; docs/memory.md).
 
-        Raises:
-            NotFoundError: no memory of that id on that board.
-            PermissionDeniedError: this agent may not read the board.
-            SearchError: no worker is serving search, or it failed / timed out.
+        Awaiting it with an id is one long-term memory of ``board`` (default ``"default"``),
+        with the memories merged into it and the versions of its subject key
+        (:meth:`~agents_sdk.search.SearchClient.memory`; the id of a merged memory answers with
+        the kept one): ``detail = await agent.memory(id)``, which raises NotFoundError (no
+        memory of that id on that board), PermissionDeniedError (this agent may not read the
+        board) or SearchError (no worker is serving search, or it failed / timed out).
         """
-        return await self.search.memory(board or DEFAULT_MEMORY_BOARD, id)
+        if self._memory is None:
+            self._memory = AgentMemory(self)
+        return self._memory
 
     async def forget(self, ids: Sequence[str], *, board: str | None = None) -> None:
         """Delete long-term memories by id (the workers apply it)."""
@@ -352,7 +356,7 @@ class Agent:
         return stats
 
     async def close(self) -> None:
-        """Close the views, messaging and voting, flush pending writes and close the connection.
+        """Close the memory toolkit, views, messaging and voting, flush pending writes and close the connection.
 
         Everything is closed even when a part fails to; the first failure is
         raised afterwards. Closing twice does nothing. A connection that is down
@@ -369,6 +373,8 @@ class Agent:
             if self._messenger is not None:
                 stack.push_async_callback(self._messenger.close)
             stack.push_async_callback(self.context.views.close_all)
+            if self._memory is not None:  # first: its automatic prune and stores use the connection
+                stack.push_async_callback(self._memory.close)
 
     async def _drain(self) -> None:
         """Drain the connection (what is buffered goes out, the subscriptions finish), which

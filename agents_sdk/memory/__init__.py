@@ -23,6 +23,8 @@ from agents_sdk.memory.consolidate import (
     consolidation_requests,
     item_text,
 )
+from agents_sdk.memory.episodes import Episode, EpisodeSummary
+from agents_sdk.memory.facade import AgentMemory, PruneResult, SummaryResult
 from agents_sdk.memory.items import (
     STANDARD_FIELDS,
     ItemId,
@@ -31,6 +33,8 @@ from agents_sdk.memory.items import (
     ViewItem,
     render_item,
 )
+from agents_sdk.memory.layers import LAYERS, Layer, LayerHit, PruneStrategy
+from agents_sdk.memory.metrics import LatencyStats, MemoryMetrics
 from agents_sdk.memory.prompt import (
     BoardEntryLike,
     ChatMessage,
@@ -43,12 +47,16 @@ from agents_sdk.memory.prompt import (
     prompt_cost,
     render_prompt,
 )
+from agents_sdk.memory.router import LLMRouter, Router, RouteRule, RuleRouter
 from agents_sdk.memory.short_term import ShortTermMemory
+from agents_sdk.memory.summarize import extractive_summary
 from agents_sdk.memory.summarizer import OpenAISummarizer, summary_messages
 from agents_sdk.memory.working import WorkingItem, WorkingMemory
 
 __all__ = [
+    "LAYERS",
     "STANDARD_FIELDS",
+    "AgentMemory",
     "BoardEntryLike",
     "ChatMessage",
     "CondensationEvent",
@@ -56,18 +64,31 @@ __all__ = [
     "Condenser",
     "CondenserPipeline",
     "ConsolidationRequest",
+    "Episode",
+    "EpisodeSummary",
     "ItemId",
+    "LLMRouter",
     "LLMSummarizingCondenser",
+    "LatencyStats",
+    "Layer",
+    "LayerHit",
     "MemoryItem",
+    "MemoryMetrics",
     "OpenAISummarizer",
     "PromptBudget",
     "PromptContext",
+    "PruneResult",
+    "PruneStrategy",
     "RecalledMemoryLike",
     "Remember",
     "RollingWindowCondenser",
+    "RouteRule",
+    "Router",
+    "RuleRouter",
     "ShortTermMemory",
     "Summarizer",
     "Summary",
+    "SummaryResult",
     "TokenCounter",
     "ViewItem",
     "WorkingItem",
@@ -77,6 +98,7 @@ __all__ = [
     "build_prompt",
     "consolidate",
     "consolidation_requests",
+    "extractive_summary",
     "item_text",
     "prompt_cost",
     "render_item",

@@ -10,10 +10,10 @@ import blackboard.protocol.errors
 import blackboard.search
 
 AGENTS_SDK = {
-    "Agent", "AuthenticationError", "Ballot", "BallotReceipt", "BlackboardError", "Board", "BoardPipeline", "BudgetExceededError",
+    "Agent", "AgentMemory", "AuthenticationError", "Ballot", "BallotReceipt", "BlackboardError", "Board", "BoardPipeline", "BudgetExceededError",
     "Change", "ConfigurationError", "ConflictError", "ConsumerLimitError", "DeadlinePassedError", "Entry", "EntryHit", "EntryRevision", "Handler", "Inbox",
     "InboxBusyError", "IneligibleVoterError", "InvalidBallotError", "InvalidKeyError", "InvalidPayloadError",
-    "LLMError", "LimitExceededError", "MemoryDetail", "MemoryHit", "MemoryInput", "MemorySource", "Message", "MessagingError", "Messenger", "NoHandlerError", "NoResponderError",
+    "LLMError", "LayerHit", "LimitExceededError", "MemoryDetail", "MemoryHit", "MemoryInput", "MemorySource", "Message", "MessagingError", "Messenger", "NoHandlerError", "NoResponderError",
     "NotConnectedError", "NotFoundError", "NotSearchableError", "ObjectRef", "ObjectStore", "Operation",
     "OperationTimeoutError",
     "Outcome", "OutcomeTimeoutError", "PermissionDeniedError", "PayloadTooLargeError", "Policy", "Proposal", "ProposalClosedError",
