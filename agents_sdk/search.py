@@ -1,4 +1,5 @@
-"""SDK client of the search micro service: recall memories, search entries, history, as-of.
+"""SDK client of the search micro service: recall memories, search entries, history, as-of;
+prune, archive and restore long-term memories with the principal's rights.
 
 ``Agent.recall(...)`` and ``Board.search(...)`` delegate to :class:`SearchClient`.
 The filters are keyword arguments (:class:`RecallArgs`, :class:`EntrySearchArgs`:
@@ -36,7 +37,7 @@ from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
 from pydantic import BaseModel, ValidationError
 
-from agents_sdk._args import mapping_arg, sequence_arg
+from agents_sdk._args import mapping_arg, sequence_arg, str_list
 from blackboard.protocol import codec
 from blackboard.protocol.errors import (
     InvalidPayloadError,
@@ -48,6 +49,16 @@ from blackboard.protocol.filters import Where, parse_where
 from blackboard.protocol.limits import MAX_REPLY_DEPTH
 from blackboard.protocol.schemas import WireModel, validate_wire
 from blackboard.protocol.schemas.memory import MemoryKind
+from blackboard.protocol.schemas.prune import (
+    MemoryArchiveRequest,
+    MemoryArchiveResponse,
+    MemoryPruneRequest,
+    MemoryPruneResponse,
+    MemoryRestoreRequest,
+    MemoryRestoreResponse,
+    PruneScope,
+    PruneStrategy,
+)
 from blackboard.protocol.schemas.search import (
     AsOfRequest,
     EntryHit,
@@ -372,6 +383,83 @@ class SearchClient:
         except ValueError as exc:
             raise InvalidPayloadError(f"invalid searchable request: {exc}") from exc
         return await self._call("searchable", req, SearchableResponse)
+
+    async def prune(self, board: str, *, strategy: PruneStrategy = "low_confidence", threshold: float | None = None,
+                    scope: PruneScope = "own", dry_run: bool = False,
+                    limit: int | None = None) -> MemoryPruneResponse:
+        """Archive the long-term memories of ``board`` a strategy selects, least worth keeping
+        first (docs/memory-lifecycle.md, "Pruning and archive"; restore them with
+        :meth:`restore`). A knowledge file's memories and contested ones are never pruned.
+
+        Args:
+            board: the board whose memories to prune.
+            strategy: ``lru``, ``low_confidence``, ``old_age``, ``importance`` or ``max_per_board``.
+            threshold: replaces the strategy's setting (``memory.prune_*``): seconds for ``lru``
+                and ``old_age``, 0..1 for ``low_confidence`` and ``importance``, a count for
+                ``max_per_board``.
+            scope: ``"own"``: only this principal's memories (it must hold ``write`` on the
+                board); ``"all"``: every author's (``admin`` on the board).
+            dry_run: only tell which would be archived (the rights are checked alike).
+            limit: at most this many (default and most: ``MAX_PRUNE_LIMIT``, 10,000).
+
+        Returns:
+            The ids archived (``dry_run``: that would be) and their count.
+
+        Raises:
+            PermissionDeniedError: ``scope="all"`` without ``admin`` on the board, or no
+                ``write`` there; nothing is archived.
+            InvalidPayloadError: an unknown strategy or scope, a threshold out of range, a bad
+                board name or limit.
+            SearchError: the service is not running, timed out or failed.
+        """
+        try:
+            req = MemoryPruneRequest(board=board, strategy=strategy, threshold=threshold, scope=scope,
+                                     dry_run=dry_run, limit=limit)
+        except ValueError as exc:
+            raise InvalidPayloadError(f"invalid prune: {exc}") from exc
+        return await self._call("prune", req, MemoryPruneResponse)
+
+    async def archive(self, board: str, ids: Sequence[str], *, reason: str = "archived",
+                      dry_run: bool = False) -> MemoryArchiveResponse:
+        """Archive these long-term memories of ``board`` (recall leaves them out; :meth:`restore`
+        brings them back), recording ``reason``. All or nothing on the rights: another agent's
+        memory among them needs ``admin`` on the board; this principal's own need ``write``.
+
+        Returns:
+            ``archived`` (dry_run: would be), ``missing`` (no memory of the board has that id)
+            and ``refused`` (id -> why left: already archived, read-only, contested).
+
+        Raises:
+            PermissionDeniedError: an id of another agent's memory without ``admin`` on the
+                board, or no ``write`` there; nothing is archived.
+            InvalidPayloadError: no ids or more than 1,000, a bad board name or reason (``merged``
+                and ``conflict`` are reserved).
+            SearchError: the service is not running, timed out or failed.
+        """
+        try:
+            req = MemoryArchiveRequest(board=board, ids=str_list(ids, "ids"), reason=reason, dry_run=dry_run)
+        except ValueError as exc:
+            raise InvalidPayloadError(f"invalid archive: {exc}") from exc
+        return await self._call("archive", req, MemoryArchiveResponse)
+
+    async def restore(self, board: str, ids: Sequence[str]) -> MemoryRestoreResponse:
+        """Bring archived memories of ``board`` back into recall (rights as :meth:`archive`).
+
+        Returns:
+            ``restored``, and ``refused`` (id -> why not: not found, not archived, merged into
+            another memory, a merge whose sources changed).
+
+        Raises:
+            PermissionDeniedError: an id of another agent's memory without ``admin`` on the
+                board, or no ``write`` there; nothing is restored.
+            InvalidPayloadError: no ids or more than 1,000, a bad board name.
+            SearchError: the service is not running, timed out or failed.
+        """
+        try:
+            req = MemoryRestoreRequest(board=board, ids=str_list(ids, "ids"))
+        except ValueError as exc:
+            raise InvalidPayloadError(f"invalid restore: {exc}") from exc
+        return await self._call("restore", req, MemoryRestoreResponse)
 
     async def status(self) -> dict[str, Any]:
         """A worker's status: consumer lag, counters, embedding backlog.

@@ -7,7 +7,9 @@ board), and a few prefixes narrow that for the tests of refusals:
 * ``outsider-*``: declared, but with no right on any board;
 * ``reader-*``: read every board, nothing else;
 * ``solo-*``: read, write and vote on the board ``solo-board`` only, topics
-  ``solo.>``.
+  ``solo.>``;
+* ``admin-*``: a member with ``admin`` on every board (prune or archive every
+  author's memories: docs/security.md, "Who may prune").
 
 The SDK finds credentials through ``security.authority_dir`` (the settings of
 :func:`auth_settings`), which issues a declared id its credential on first
@@ -42,6 +44,10 @@ roles = ["reader"]
 [agents."solo-*"]
 boards = { "solo-board" = ["read", "write", "vote"] }
 topics = ["solo.>"]
+
+[agents."admin-*"]
+roles = ["member"]
+boards = { "*" = ["admin"] }
 
 [workers.worker]
 

@@ -9,8 +9,9 @@ parameters, which every statement here takes: ``w_recency``, ``w_frequency``,
 
 A prune selects its candidates among the **live** memories (``archived_at IS NULL``) that are
 not a knowledge file's (``read_only``) nor under an open contradiction vote (``contested_by``),
-optionally of one board, and
-locks them (``FOR UPDATE OF m SKIP LOCKED``: a memory another transaction is changing is left
+optionally of one board (parameter ``board``, NULL: every board) and of one author (``agent``,
+NULL: every author: the search service's ``prune`` endpoint passes the principal for a prune of
+its own memories), and locks them (``FOR UPDATE OF m SKIP LOCKED``: a memory another transaction is changing is left
 for the next prune; one changed meanwhile is re-checked against the strategy's condition on
 its newest version, so a memory recalled while the prune ran is not archived as unused).
 Each strategy is a condition and an order, least worth keeping first:
@@ -27,16 +28,21 @@ max_per_board  beyond the ``threshold`` most important of board  least important
 
 The statements: :func:`candidates_query` (a dry run), :func:`archive_query` (archive them),
 :func:`delete_query` (delete them, leaving a forget tombstone per id: see
-:data:`TOMBSTONE_SEQ`), and :data:`RESTORE` / :data:`ARCHIVED_STATE` for restoring.
+:data:`TOMBSTONE_SEQ`), :data:`LOCK_BY_ID` / :data:`ARCHIVE_BY_ID` for archiving chosen
+memories, and :data:`RESTORE` / :data:`ARCHIVED_STATE` for restoring.
 """
 
 from __future__ import annotations
 
 from typing import Literal
 
+from blackboard.settings import MemorySettings
+
 __all__ = [
     "ARCHIVED_STATE",
+    "ARCHIVE_BY_ID",
     "DELETE_MERGED_INTO",
+    "LOCK_BY_ID",
     "PRUNE_LOCK",
     "RESTORE",
     "STRATEGIES",
@@ -47,6 +53,7 @@ __all__ = [
     "candidates_query",
     "delete_query",
     "event_time_sql",
+    "importance_params",
     "importance_sql",
     "used_at_sql",
 ]
@@ -71,6 +78,18 @@ def event_time_sql(alias: str = "m") -> str:
     return f"coalesce({alias}.valid_from, {alias}.created_at)"
 
 
+def importance_params(memory: MemorySettings) -> dict[str, float]:
+    """The weights and scales :func:`importance_sql` takes, from ``memory``: ``weight_*``
+    normalised to sum to 1 (all 0 when all are 0), ``recency_half_life``, ``frequency_scale``;
+    the same numbers as :meth:`blackboard.worker.importance.ImportanceWeights.from_settings`
+    (a test holds them equal; this layer may not import the worker's)."""
+    raw = (memory.weight_recency, memory.weight_frequency, memory.weight_confidence, memory.weight_importance)
+    total = sum(raw)
+    r, f, c, i = (w / total for w in raw) if total > 0 else (0.0, 0.0, 0.0, 0.0)
+    return {"w_recency": r, "w_frequency": f, "w_confidence": c, "w_importance": i,
+            "half_life": memory.recency_half_life, "frequency_scale": memory.frequency_scale}
+
+
 def importance_sql(alias: str = "m") -> str:
     """The importance score of the row ``alias`` (float8), with the module's named parameters.
 
@@ -88,9 +107,11 @@ def importance_sql(alias: str = "m") -> str:
 
 
 #: The memories a prune may archive: live, not a knowledge file's (read-only: a re-ingest of an
-#: unchanged file would not bring it back), not under an open contradiction vote.
+#: unchanged file would not bring it back), not under an open contradiction vote; of the board
+#: and the author given (NULL: any).
 _PRUNABLE = ("m.archived_at IS NULL AND NOT m.read_only AND m.contested_by IS NULL"
-             " AND (%(board)s::text IS NULL OR m.board = %(board)s::text)")
+             " AND (%(board)s::text IS NULL OR m.board = %(board)s::text)"
+             " AND (%(agent)s::text IS NULL OR m.agent = %(agent)s::text)")
 
 #: Per strategy: the condition (on ``m``, parameter ``threshold``) and the order, first the
 #: least worth keeping.
@@ -124,7 +145,8 @@ def _selection(strategy: PruneStrategy, *, lock: bool) -> str:
 def candidates_query(strategy: PruneStrategy) -> str:
     """What a prune by ``strategy`` would archive (nothing locked): a dry run. Parameters: the
     module's, ``threshold`` (an instant for lru and old_age, a number otherwise), ``board``
-    (NULL: every board) and ``limit`` (NULL: no limit)."""
+    (NULL: every board), ``agent`` (the author; NULL: every author; with ``max_per_board`` the
+    bound then counts that author's memories of each board) and ``limit`` (NULL: no limit)."""
     return _selection(strategy, lock=False)
 
 
@@ -175,6 +197,22 @@ RETURNING a.mid"""
 
 #: Memories deleted are not checked for near-duplicates any more. Param: mids (bigint[]).
 UNQUEUE_CONSOLIDATION = "DELETE FROM bb_consolidate_queue WHERE mid = ANY(%s)"
+
+#: The memories among some ids (of one board; NULL: any), locked for an archive by id
+#: (:data:`ARCHIVE_BY_ID`) or a restore that checks their authors first, with what decides whether they may be archived: the author, and whether each is archived
+#: already, a knowledge file's (``read_only``) or under an open contradiction vote. Params: ids
+#: (text[]), board (text or NULL).
+LOCK_BY_ID = """
+SELECT m.mid, m.id, m.agent, m.archived_at IS NOT NULL AS archived, m.read_only, m.contested_by IS NOT NULL AS contested
+FROM bb_memories m WHERE m.id = ANY(%(ids)s::text[]) AND (%(board)s::text IS NULL OR m.board = %(board)s::text)
+ORDER BY m.mid FOR UPDATE OF m"""
+
+#: Archive chosen memories (locked by :data:`LOCK_BY_ID`) that are still live. Params: mids
+#: (bigint[]), now, reason. Returns the ids archived.
+ARCHIVE_BY_ID = """
+UPDATE bb_memories m SET archived_at = %(now)s::timestamptz, archive_reason = %(reason)s::text
+WHERE m.mid = ANY(%(mids)s::bigint[]) AND m.archived_at IS NULL
+RETURNING m.id"""
 
 #: Bring archived memories back (by id, optionally of one board), but not those merged into
 #: another memory (their provenance lives on in the memory kept) nor a derived merge stored

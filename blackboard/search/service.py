@@ -23,11 +23,19 @@ boards      (empty)                 BoardsResponse
 searchable  SearchableRequest       SearchableResponse
 memory      MemoryGetRequest        MemoryDetail
 status      (empty)                 worker status (lag, embedding backlog)
+prune       MemoryPruneRequest      MemoryPruneResponse
+archive     MemoryArchiveRequest    MemoryArchiveResponse
+restore     MemoryRestoreRequest    MemoryRestoreResponse
 =========== ======================= =========================
 
 ``searchable`` answers which of some memories of one readable board are not yet
 stored or not yet embedded (what ``remember(..., wait="searchable")`` polls); a
 board the principal may not read is refused like a search naming it.
+
+``prune``, ``archive`` and ``restore`` archive long-term memories (by a strategy, by id) or
+bring archived ones back, with the principal's rights (:mod:`blackboard.search.lifecycle`): its
+own memories where it may write on the board, every author's (``scope="all"``) or another
+agent's only with ``admin`` on the board; a refusal changes nothing.
 
 ``memory`` reads one memory of a readable board by id (the id of a memory merged
 into another answers with the kept one), with the memories merged into it and
@@ -87,6 +95,11 @@ from blackboard.protocol.errors import (
 from blackboard.protocol.limits import MAX_REPLY_DEPTH
 from blackboard.protocol.schemas import validate_wire
 from blackboard.protocol.schemas.message_search import MessageSearchRequest, MessageSearchResponse
+from blackboard.protocol.schemas.prune import (
+    MemoryArchiveRequest,
+    MemoryPruneRequest,
+    MemoryRestoreRequest,
+)
 from blackboard.protocol.schemas.search import (
     AsOfRequest,
     BoardsResponse,
@@ -108,6 +121,7 @@ from blackboard.search.access import RightsLookup, check_boards, message_scope, 
 from blackboard.search.detail import memory_detail
 from blackboard.search.engine import SearchEngine
 from blackboard.search.history import EntryHistory
+from blackboard.search.lifecycle import archive_memories, prune_memories, restore_memories
 from blackboard.search.messages import search_messages
 from blackboard.search.rows import SkippedRows, encode_response
 from blackboard.search.usage import AccessRecorder
@@ -120,7 +134,7 @@ __all__ = ["SEARCH_SESSION", "SEARCH_VERSION", "SearchService", "error_reply", "
 
 log = logging.getLogger("blackboard.worker.search")
 
-SEARCH_VERSION = "2.2.0"
+SEARCH_VERSION = "2.3.0"
 #: Session settings of the search pool's connections. psycopg prepares a
 #: statement run five times, and PostgreSQL then may switch it to a generic
 #: plan, made without the parameters' values: for a search (which boards,
@@ -285,7 +299,7 @@ class SearchService:
         history = EntryHistory(self.engine.pool, skipped=self.skipped)
         svc = await add_service(self._nc, name=SEARCH_SERVICE, version=SEARCH_VERSION,
                                 description="blackboard search: memories, entries, history, as-of, messages, boards, searchable, "
-                                            "memory",
+                                            "memory, prune, archive, restore",
                                 queue_group=SEARCH_SERVICE)
         engine = self.engine
         access = self.access
@@ -325,6 +339,15 @@ class SearchService:
                 return BoardsResponse(boards=[])
             return BoardsResponse(boards=await store.boards(where=lambda board: rights.can(board, Right.READ)))
 
+        async def prune(req: MemoryPruneRequest, rights: Rights) -> BaseModel:
+            return await prune_memories(engine.pool, self._settings.memory, req, rights)
+
+        async def archive(req: MemoryArchiveRequest, rights: Rights) -> BaseModel:
+            return await archive_memories(engine.pool, req, rights)
+
+        async def restore(req: MemoryRestoreRequest, rights: Rights) -> BaseModel:
+            return await restore_memories(engine.pool, req, rights)
+
         routes: dict[str, tuple[type[BaseModel] | None, Route]] = {
             "memories": (MemorySearchRequest, memories),
             "entries": (EntrySearchRequest, entries),
@@ -335,6 +358,9 @@ class SearchService:
             "boards": (None, boards),
             "searchable": (SearchableRequest, searchable),
             "memory": (MemoryGetRequest, memory),
+            "prune": (MemoryPruneRequest, prune),
+            "archive": (MemoryArchiveRequest, archive),
+            "restore": (MemoryRestoreRequest, restore),
         }
         for name, (model, fn) in routes.items():
             await svc.add_endpoint(name=name, subject=Subjects.search_endpoint(name),
