@@ -25,11 +25,13 @@ against four rules.
    worker      ``blackboard.worker``                                ..., client, db, embeddings, search
    root        ``blackboard`` (the package's ``__init__``, a facade)  settings, protocol, client
    apps        ``blackboard.apps``, ``blackboard.__main__``         everything
+   testing     ``blackboard.testing`` (test stacks, pytest plugin)  everything but the apps
    ==========  ===================================================  =========================================
 
    db, embeddings, devstack, search and worker are the server side: none of
    them imports the SDK or the apps, and the SDK imports none of them. Only
-   the apps (programs that act as agents) import both. Imports under
+   the apps (programs that act as agents) and testing (stacks that start the
+   servers and hand out agents) import both. Imports under
    ``if TYPE_CHECKING:`` obey the layers too.
 
 2. **No cycles** between modules, counting module-level imports and deferred
@@ -84,6 +86,9 @@ LAYERS: tuple[tuple[str, tuple[str, ...], frozenset[str]], ...] = (
      frozenset({"settings", "protocol", "consensus", "security", "client", "db", "embeddings", "search"})),
     ("root", ("blackboard",), frozenset({"settings", "protocol", "client"})),
     ("apps", ("blackboard.apps", "blackboard.__main__"),
+     frozenset({"settings", "protocol", "consensus", "security", "client", "sdk", "db", "embeddings",
+                "devstack", "search", "worker", "root"})),
+    ("testing", ("blackboard.testing",),
      frozenset({"settings", "protocol", "consensus", "security", "client", "sdk", "db", "embeddings",
                 "devstack", "search", "worker", "root"})),
 )
