@@ -23,7 +23,7 @@ from blackboard.settings import LLMSettings
 if TYPE_CHECKING:
     from openai import AsyncOpenAI
 
-__all__ = ["DEFAULT_RULES", "LLMRouter", "RouteRule", "Router", "RuleRouter"]
+__all__ = ["DEFAULT_RULES", "LLMRouter", "RouteRule", "Router", "RuleRouter", "parse_layers"]
 
 log = logging.getLogger("agents_sdk.memory.router")
 
