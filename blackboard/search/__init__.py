@@ -16,6 +16,10 @@ service. One module per concept:
 * :mod:`~blackboard.search.messages`: message search;
 * :mod:`~blackboard.search.rerank`: rerankers (the :class:`Reranker` protocol, an
   OpenAI-compatible LLM, a local ONNX cross-encoder) of memory searches;
+* :mod:`~blackboard.search.archive`: the memory lifecycle's writes: prune (by a strategy,
+  optionally of one author), archive by id, restore;
+* :mod:`~blackboard.search.lifecycle`: the prune, archive and restore endpoints with the
+  principal's rights;
 * :mod:`~blackboard.search.pool`: reads through the search pool (one retry on a broken connection);
 * :mod:`~blackboard.search.service`: :class:`SearchService`, the NATS micro service.
 """
