@@ -12,6 +12,7 @@ import pytest
 
 from agents_sdk import Agent
 from agents_sdk.search import SearchClient
+from blackboard.db import connect
 from blackboard.protocol.errors import InvalidPayloadError, PermissionDeniedError
 from blackboard.settings import Settings
 from tests._worker_helpers import HashProvider, StartWorker
@@ -96,7 +97,7 @@ async def test_own_prune_and_archive_and_the_refusals(pg_settings: Settings, sta
         assert (await a.memory(board, a_high)).memory.archive_reason == "superseded"
 
 
-async def test_knowledge_is_never_pruned_and_own_counts_own(pg_settings: Settings, start_worker: StartWorker,
+async def test_knowledge_and_contested_memories_are_never_pruned_and_own_counts_own(pg_settings: Settings, start_worker: StartWorker,
                                                              unique: str) -> None:
     await start_worker(pg_settings, name=f"w{unique}", provider=HashProvider())
     board = unique
@@ -125,3 +126,15 @@ async def test_knowledge_is_never_pruned_and_own_counts_own(pg_settings: Setting
         done = await admin.search.prune(board, strategy="low_confidence", threshold=0.5, scope="all")
         assert done.ids == []  # the knowledge memory is the only one below 0.5
         assert (await alice.search.memory(board, doc)).memory.archived_at is None
+
+        # a memory under an open contradiction vote (as the worker marks one) is left alone too
+        contested = await bob.remember("bob says deploy on mondays", board=board, confidence=0.1,
+                                       wait="searchable")
+        conn = await connect(pg_settings.postgres)
+        try:
+            await conn.execute("UPDATE bb_memories SET contested_by = %s WHERE id = %s", (f"p-{unique}", contested))
+        finally:
+            await conn.close()
+        assert (await admin.search.prune(board, strategy="low_confidence", threshold=0.5, scope="all")).ids == []
+        arch = await admin.search.archive(board, [contested])
+        assert (arch.archived, arch.refused) == ([], {contested: "contested (an open contradiction vote)"})
