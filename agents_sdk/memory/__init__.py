@@ -5,6 +5,7 @@ Everything here is local, synchronous where possible and free of network IO
 given). See ``docs/memory.md``.
 """
 
+from agents_sdk.memory.actions import ACTION_NAMES, ActionResult, call_action, memory_tools
 from agents_sdk.memory.condense import (
     CondensationEvent,
     CondensedHistory,
@@ -51,11 +52,14 @@ from agents_sdk.memory.router import LLMRouter, Router, RouteRule, RuleRouter
 from agents_sdk.memory.short_term import ShortTermMemory
 from agents_sdk.memory.summarize import extractive_summary
 from agents_sdk.memory.summarizer import OpenAISummarizer, summary_messages
+from agents_sdk.memory.toolloop import ExtraTool, ToolLoopResult, run_tool_loop
 from agents_sdk.memory.working import WorkingItem, WorkingMemory
 
 __all__ = [
+    "ACTION_NAMES",
     "LAYERS",
     "STANDARD_FIELDS",
+    "ActionResult",
     "AgentMemory",
     "BoardEntryLike",
     "ChatMessage",
@@ -66,6 +70,7 @@ __all__ = [
     "ConsolidationRequest",
     "Episode",
     "EpisodeSummary",
+    "ExtraTool",
     "ItemId",
     "LLMRouter",
     "LLMSummarizingCondenser",
@@ -90,19 +95,23 @@ __all__ = [
     "Summary",
     "SummaryResult",
     "TokenCounter",
+    "ToolLoopResult",
     "ViewItem",
     "WorkingItem",
     "WorkingMemory",
     "apply_events",
     "approx_tokens",
     "build_prompt",
+    "call_action",
     "consolidate",
     "consolidation_requests",
     "extractive_summary",
     "item_text",
+    "memory_tools",
     "prompt_cost",
     "render_item",
     "render_prompt",
+    "run_tool_loop",
     "summary_id",
     "summary_messages",
 ]

@@ -96,7 +96,8 @@ class OpenAIFake:
     def base_url(self) -> str:
         assert self._server is not None, "server not started"
         host, port = self._server.server_address[:2]
-        return f"http://{host}:{port}/v1"
+        name = host.decode() if isinstance(host, bytes) else host
+        return f"http://{name}:{port}/v1"
 
     def fail_next(self, count: int, status: int = 429, retry_after: float | None = 0.0) -> None:
         """Make the next ``count`` requests fail with ``status``."""

@@ -34,6 +34,8 @@ from mcp.types import (
 from pydantic import ValidationError
 
 from agents_sdk import Agent
+from agents_sdk.memory.actions import ACTION_NAMES
+from blackboard.apps.mcp.actions import register_memory_actions, run_memory_action
 from blackboard.apps.mcp.resources import Subscriptions, register_resources
 from blackboard.apps.mcp.results import validation_message
 from blackboard.apps.mcp.tools import register_tools
@@ -74,8 +76,11 @@ revision. Read with board_get / board_entries / board_search; write with board_p
 board_update(expected_revision=<the revision you read>) - a ConflictError tells the current revision:
 read again and retry. Coordinate with task_claim / task_release, messages (message_send, inbox_read then
 inbox_ack, message_reply) and votes (vote_propose, vote_cast, vote_outcome). Long-term memory:
-memory_remember and memory_recall. Resources: blackboard://{board}, blackboard://{board}/{section},
-blackboard://{board}/{section}/{key} (JSON; subscribe to be told of changes)."""
+memory_remember and memory_recall; your own layered memory (this episode's steps, working notes by key,
+your long-term memory, the boards you joined): memory_write, memory_read, memory_search, memory_summarize,
+memory_prune (your own memories; others' only with admin rights on the board). Resources:
+blackboard://{board}, blackboard://{board}/{section}, blackboard://{board}/{section}/{key} (JSON; subscribe
+to be told of changes)."""
 
 
 class BlackboardMCP(MCPServer[Any]):
@@ -91,6 +96,7 @@ class BlackboardMCP(MCPServer[Any]):
         self.blackboard_settings = settings
         self.subscriptions = Subscriptions(source)
         register_tools(self, source)
+        register_memory_actions(self, source)
         register_resources(self, source)
         # Resource subscriptions: served here (each a watch as the subscriber's identity)
         # for both eras, instead of the SDK's shared in-process bus.
@@ -102,7 +108,12 @@ class BlackboardMCP(MCPServer[Any]):
 
     async def call_tool(self, name: str, arguments: dict[str, Any],
                         context: Context[Any, Any] | None = None) -> CallToolResult | InputRequiredResult:
-        """Call a tool; arguments that do not fit its schema are a tool error naming each field."""
+        """Call a tool; arguments that do not fit its schema are a tool error naming each field.
+
+        A memory action gets its raw arguments, validated by the SDK's argument model
+        (``agents_sdk.memory.actions``), and answers its ``ActionResult``."""
+        if name in ACTION_NAMES and context is not None:
+            return await run_memory_action(self.source, context.request_context, name, arguments)
         try:
             return await super().call_tool(name, arguments, context)
         except ToolError as exc:

@@ -27,6 +27,8 @@ TOOLS = {
     "board_sections", "board_keys", "board_entries", "board_search", "memory_recall", "memory_remember",
     "message_send", "inbox_read", "inbox_ack", "message_reply", "message_request", "vote_propose", "vote_cast",
     "vote_outcome", "task_claim", "task_release",
+    # the agent's memory actions (test_memory_actions.py)
+    "memory_write", "memory_read", "memory_search", "memory_summarize", "memory_prune",
 }
 
 
