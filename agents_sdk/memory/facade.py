@@ -60,7 +60,6 @@ from blackboard.protocol.errors import (
     BlackboardError,
     InvalidPayloadError,
     NotFoundError,
-    SearchError,
 )
 from blackboard.protocol.schemas.memory import MemoryKind
 from blackboard.protocol.schemas.search import MemoryDetail, MemoryHit, SearchFilters, SearchMode
@@ -706,11 +705,7 @@ class AgentMemory:
                              written, replaced)
 
     async def _archive(self, board: str, ids: Sequence[str], *, dry_run: bool) -> list[str]:
-        archive = getattr(self._agent.search, "archive", None)
-        if archive is None:
-            raise SearchError("archiving long-term memories needs the search service's archive endpoint "
-                              "(SearchClient.archive), which this SDK does not have yet")
-        reply = await archive(board, list(ids), reason="summarized", dry_run=dry_run)
+        reply = await self._agent.search.archive(board, list(ids), reason="summarized", dry_run=dry_run)
         return list(reply.archived)
 
     async def prune(self, *, layer: Layer = "long_term", strategy: PruneStrategy = "low_confidence",
@@ -749,12 +744,8 @@ class AgentMemory:
                 self._metrics.pruned(layer, len(ids))
             return PruneResult(layer, strategy, None, tuple(ids), dry_run)
         target = self._board_of(layer, board)
-        prune = getattr(self._agent.search, "prune", None)
-        if prune is None:
-            raise SearchError("pruning long-term memories needs the search service's prune endpoint "
-                              "(SearchClient.prune), which this SDK does not have yet")
-        reply = await prune(target, strategy=strategy, threshold=threshold, scope=scope, dry_run=dry_run,
-                            limit=limit)
+        reply = await self._agent.search.prune(target, strategy=strategy, threshold=threshold, scope=scope,
+                                               dry_run=dry_run, limit=limit)
         pruned = tuple(reply.ids)
         if not dry_run:
             self._cache.clear()

@@ -25,6 +25,7 @@ from typing import Any, Final, Literal
 
 from agents_sdk.memory.items import MemoryItem, render_item, render_value
 from agents_sdk.memory.working import WorkingItem
+from blackboard.protocol.schemas.prune import PRUNE_STRATEGIES, PruneStrategy
 from blackboard.protocol.schemas.search import MemoryHit, SearchMode
 
 __all__ = [
@@ -48,13 +49,10 @@ __all__ = [
 
 Layer = Literal["short_term", "working", "long_term", "shared"]
 LAYERS: tuple[Layer, ...] = ("short_term", "working", "long_term", "shared")
-
-#: How a prune picks what goes (the search service's strategies; docs/memory-lifecycle.md):
-#: ``lru`` (not used for ``threshold`` seconds), ``low_confidence`` (confidence below
-#: ``threshold``), ``old_age`` (older than ``threshold`` seconds), ``importance``
-#: (importance below ``threshold``), ``max_per_board`` (all but the newest ``threshold``).
-PruneStrategy = Literal["lru", "low_confidence", "old_age", "importance", "max_per_board"]
-PRUNE_STRATEGIES: tuple[PruneStrategy, ...] = ("lru", "low_confidence", "old_age", "importance", "max_per_board")
+# PruneStrategy, PRUNE_STRATEGIES: how a prune picks what goes, the search service's
+# strategies (blackboard.protocol.schemas.prune; docs/memory-lifecycle.md): lru (not used for
+# threshold seconds), low_confidence (confidence below threshold), old_age (older than threshold
+# seconds), importance (importance below threshold), max_per_board (all but the newest threshold).
 
 #: The prefixes of local ids: ``st:<episode id>:<item id>`` and ``wm:<key>``.
 SHORT_TERM_PREFIX: Final = "st:"

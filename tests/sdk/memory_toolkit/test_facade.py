@@ -3,6 +3,8 @@ the former agent.memory(id), and its lifecycle."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -11,7 +13,7 @@ import pytest
 from agents_sdk import Agent, AgentMemory, LayerHit
 from agents_sdk.memory import PruneResult, RuleRouter
 from agents_sdk.memory.layers import Layer
-from blackboard.protocol.errors import InvalidPayloadError, NotFoundError
+from blackboard.protocol.errors import InvalidPayloadError, NotFoundError, PermissionDeniedError
 from blackboard.settings import Settings
 from tests._worker_helpers import HashProvider, StartWorker
 
@@ -219,3 +221,76 @@ async def test_long_term_and_shared_layers_through_the_search_service(
         await memory.search(f"{unique} kestrel", layers=["long_term", "shared"])
         assert memory.metrics().cache_misses == after.cache_misses + 2
         assert memory.metrics().latency_by_layer["long_term"].count >= 3
+
+
+async def _archived(agent: Agent, board: str, *ids: str) -> dict[str, bool]:
+    return {i: (await agent.memory(i, board=board)).memory.archived_at is not None for i in ids}
+
+
+async def test_long_term_prune_and_summary_go_through_the_service_with_the_agents_rights(
+        pg_settings: Settings, start_worker: StartWorker, unique: str) -> None:
+    await start_worker(pg_settings, name=f"w{unique}", provider=HashProvider())
+    board = unique
+    settings = with_memory(pg_settings, long_term_board=board, shared_boards=[board])
+    async with Agent.connect(f"{unique}-alice", settings=settings) as alice, \
+            Agent.connect(f"{unique}-bob", settings=settings) as bob, \
+            Agent.connect(f"admin-{unique}", settings=settings) as admin:
+        a_low = await alice.remember("the selector guess div.cost", board=board, confidence=0.1, wait="searchable")
+        a_high = await alice.remember("the selector span.price holds the price", board=board, confidence=0.9,
+                                      wait="searchable")
+        b_low = await bob.remember("the selector maybe p.amount", board=board, confidence=0.2, wait="searchable")
+        everyone = (a_low, a_high, b_low)
+        dry = await alice.memory.prune(threshold=0.5, dry_run=True)
+        assert (dry.layer, dry.board, dry.ids, dry.dry_run) == ("long_term", board, (a_low,), True)
+        assert await _archived(alice, board, *everyone) == dict.fromkeys(everyone, False)
+        # every author's needs admin on the board: refused, nothing archived
+        with pytest.raises(PermissionDeniedError) as caught:
+            await alice.memory.prune(layer="shared", threshold=0.5, scope="all")
+        assert board in str(caught.value) and "admin" in str(caught.value)
+        assert await _archived(alice, board, *everyone) == dict.fromkeys(everyone, False)
+        done = await alice.memory.prune(threshold=0.5)
+        assert done.ids == (a_low,) and alice.memory.metrics().pruned == {"long_term": 1}
+        adm = await admin.memory.prune(layer="shared", board=board, threshold=0.5, scope="all")
+        assert adm.ids == (b_low,)
+        assert await _archived(alice, board, *everyone) == {a_low: True, a_high: False, b_low: True}
+        await admin.search.restore(board, [a_low, b_low])
+
+        # a summary replacing another agent's memory: refused before anything is written
+        before = {h.id for h in await alice.recall("selector", board=board, mode="keyword", top_k=50)}
+        with pytest.raises(PermissionDeniedError):
+            await alice.memory.summarize(layer="long_term", ids=[a_high, b_low], replace=True)
+        assert {h.id for h in await alice.recall("selector", board=board, mode="keyword", top_k=50)} == before
+        # its own: the summary is remembered, the sources archived
+        made = await alice.memory.summarize(layer="long_term", ids=[a_low, a_high], replace=True)
+        assert made.written_id is not None and set(made.replaced) == {a_low, a_high}
+        assert "span.price" in made.text
+        assert await _archived(alice, board, a_low, a_high, b_low) == {a_low: True, a_high: True, b_low: False}
+        await alice.wait_searchable([made.written_id], board=board)
+        summary = (await alice.memory(made.written_id, board=board)).memory
+        assert (summary.kind, summary.agent, summary.metadata["summarizes"]) == ("summary", alice.id,
+                                                                                 [a_low, a_high])
+        # without replace: only the text, nothing written or archived
+        text_only = await alice.memory.summarize(layer="shared", query="selector", board=board)
+        assert text_only.written_id is None and text_only.replaced == ()
+
+
+async def test_the_automatic_prune_runs_in_the_background_and_stops_with_the_agent(
+        pg_settings: Settings, start_worker: StartWorker, unique: str) -> None:
+    await start_worker(pg_settings, name=f"w{unique}", provider=HashProvider())
+    settings = with_memory(pg_settings, long_term_board=unique, auto_prune_interval=0.2,
+                           auto_prune_strategy="low_confidence", auto_prune_threshold=0.5)
+    async with Agent.connect(f"{unique}-a", settings=settings) as agent:
+        low = await agent.memory.write("a shaky guess", layer="long_term", confidence=0.1)
+        high = await agent.memory.write("a solid fact", layer="long_term", confidence=0.9)
+        task = agent.memory._prune_task
+        assert task is not None and not task.done()  # started by the first write
+        deadline = asyncio.get_running_loop().time() + 30
+        while True:
+            with contextlib.suppress(NotFoundError):  # not stored by the worker yet
+                if (await _archived(agent, unique, low))[low]:
+                    break
+            assert asyncio.get_running_loop().time() < deadline, "the automatic prune never ran"
+            await asyncio.sleep(0.1)
+        assert await _archived(agent, unique, high) == {high: False}
+        assert agent.memory.metrics().pruned.get("long_term", 0) >= 1
+    assert task.done()
