@@ -314,10 +314,9 @@ class Attachments(Mapping[str, Attachment]):
         self.load()
         if isinstance(store, str):
             store = self.store(store)
-        elif self._catalog.made.get(store.name, store) is not store:
+        elif self._catalog.made.get(store.name, store) is not store or (
+                store.name in self._catalog.specs and store.name not in self._catalog.made):
             raise ConfigurationError(f"duplicate store name {store.name!r}: another store has it")
-        else:
-            self._catalog.made[store.name] = store
         if write and not store.writable:
             raise ConfigurationError(f"store {store.name!r} ({store.kind}) is read-only: it cannot be attached "
                                      "with write=True")
@@ -332,6 +331,7 @@ class Attachments(Mapping[str, Attachment]):
         if not chosen:
             raise ConfigurationError("an attachment needs at least one stage")
         attachment = Attachment(store, read, write, top_k, float(similarity_threshold), chosen)
+        self._catalog.made[store.name] = store
         self._attached[store.name] = attachment
         return attachment
 
