@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ACTION_NAMES",
+    "TEXT_CHARS",
     "ActionResult",
     "MemoryPruneArgs",
     "MemoryReadArgs",

@@ -4,6 +4,7 @@ call in each form, and the refusals that never reach the memory (no server)."""
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 from types import SimpleNamespace
 from typing import Any, cast
 
@@ -12,6 +13,7 @@ from pydantic import ValidationError
 
 from agents_sdk.memory.actions import (
     ACTION_NAMES,
+    TEXT_CHARS,
     ActionResult,
     MemoryPruneArgs,
     MemorySearchArgs,
@@ -22,7 +24,7 @@ from agents_sdk.memory.actions import (
     memory_tools,
     parse_tool_call,
 )
-from agents_sdk.memory.layers import LAYERS, PRUNE_STRATEGIES
+from agents_sdk.memory.layers import LAYERS, PRUNE_STRATEGIES, LayerHit
 
 
 def _walk(schema: Any) -> list[dict[str, Any]]:
@@ -139,3 +141,28 @@ async def test_unknown_tool_lists_the_tools() -> None:
     assert result.error is not None
     for name in ACTION_NAMES:
         assert name in result.error
+
+
+@pytest.mark.asyncio
+async def test_search_results_are_compact_and_the_data_whole() -> None:
+    long_text = "word " * 200
+
+    class Memory:
+        """Answers one search (the facade's result shapes are pinned by test_actions.py)."""
+
+        async def search(self, query: str, **options: Any) -> list[LayerHit]:
+            assert options["layers"] == ["long_term"] and options["time_range"] is None
+            return [LayerHit(layer="long_term", id="m1", text=long_text, score=0.876543, kind="semantic",
+                             source="team", provenance={"agent": "a", "board": "team"},
+                             created_at=datetime(2026, 1, 31, 12, 0, tzinfo=UTC), metadata={"n": 1})]
+
+    result = await call_action(cast(Any, Memory()), {"name": "memory_search",
+                                                     "arguments": {"query": "q", "layers": ["long_term"]}})
+    assert result.ok
+    line = result.content.splitlines()[1]
+    assert line.startswith("1. [long_term 0.88] id=m1 (semantic, team 2026-01-31 12:00): word word")
+    assert line.endswith("…") and len(line) < TEXT_CHARS + 80
+    assert result.data == {"hits": [{"layer": "long_term", "id": "m1", "text": long_text, "score": 0.8765,
+                                     "kind": "semantic", "source": "team",
+                                     "provenance": {"agent": "a", "board": "team"},
+                                     "created_at": "2026-01-31T12:00:00+00:00", "metadata": {"n": 1}}]}
