@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from agents_sdk import Agent
+from agents_sdk.memory.layers import LayerHit
 from agents_sdk.memory.stores import FileOptions, FileStore, create_store
 from blackboard.protocol.errors import ConfigurationError, PermissionDeniedError
 from blackboard.settings import Settings
@@ -18,8 +19,8 @@ from tests._worker_helpers import HashProvider, StartWorker
 pytestmark = pytest.mark.asyncio
 
 
-def _texts(hits: list[object]) -> list[str]:
-    return [h.text for h in hits]  # type: ignore[attr-defined]
+def _texts(hits: list[LayerHit]) -> list[str]:
+    return [h.text for h in hits]
 
 
 async def test_the_file_store_reindexes_new_changed_and_deleted_files(
