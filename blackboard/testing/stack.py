@@ -23,7 +23,7 @@ import uuid
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Self, TypeVar
 
 from pydantic import SecretStr
 
@@ -172,7 +172,7 @@ class Stack(abc.ABC):
         """Every node's URL, comma-separated (what ``nats.url`` takes)."""
         return ",".join(self.nats_urls)
 
-    def start(self) -> Stack:
+    def start(self) -> Self:
         """Start every part and return once the stack is ready (idempotent); on a failure,
         what was started is stopped.
 
@@ -205,7 +205,7 @@ class Stack(abc.ABC):
                 shutil.rmtree(self._directory, ignore_errors=True)
                 self._directory = None
 
-    def __enter__(self) -> Stack:
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
