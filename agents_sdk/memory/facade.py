@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib
 import logging
 import time
 from collections import OrderedDict
@@ -67,7 +66,10 @@ from blackboard.settings import AgentMemorySettings
 
 if TYPE_CHECKING:
     from agents_sdk.agent import Agent
+    from agents_sdk.memory.actions import ActionResult
+    from agents_sdk.memory.attachments import Attachment, Attachments, RenderedContext
     from agents_sdk.memory.prompt import TokenCounter
+    from agents_sdk.memory.stores.base import MemoryStore, Stage
     from agents_sdk.memory.summarizer import OpenAISummarizer
 
 __all__ = ["AgentMemory", "PruneResult", "SummaryResult"]
@@ -153,12 +155,6 @@ def _filters_dict(filters: SearchFilters | Mapping[str, Any] | None) -> dict[str
     return {k: v for k, v in filters.items() if v is not None}
 
 
-def _delegate(module: str, name: str) -> Any:
-    """``agents_sdk.memory.<module>.<name>``, imported when first used (the actions and the
-    attachments import the facade's types)."""
-    return getattr(importlib.import_module(f"agents_sdk.memory.{module}"), name)
-
-
 class AgentMemory:
     """The agent's memory toolkit: ``agent.memory`` (one per agent).
 
@@ -182,8 +178,7 @@ class AgentMemory:
         self._joined: tuple[float, tuple[str, ...]] | None = None
         self._counter: TokenCounter | None = None
         self._summarizer: OpenAISummarizer | None = None
-        #: Attached stores by name (``attach``).
-        self.attachments: dict[str, Any] = {}
+        self._attachments: Attachments | None = None
         self._prune_task: asyncio.Task[None] | None = None
         self._closed = False
 
@@ -206,8 +201,27 @@ class AgentMemory:
         return self._agent.longterm
 
     @property
+    def agent(self) -> Agent:
+        """The agent this memory belongs to."""
+        return self._agent
+
+    @property
     def agent_id(self) -> str:
         return self._agent.id
+
+    @property
+    def attachments(self) -> Attachments:
+        """The attached stores, by name (:class:`~agents_sdk.memory.attachments.Attachments`:
+        those of ``settings.stores_file`` for this agent, and those of :meth:`attach`)."""
+        if self._attachments is None:
+            from agents_sdk.memory.attachments import Attachments
+
+            self._attachments = Attachments(self._agent, settings=self.settings, counter=self.counter)
+        return self._attachments
+
+    @attachments.setter
+    def attachments(self, attachments: Attachments) -> None:
+        self._attachments = attachments
 
     @property
     def episode(self) -> Episode:
@@ -790,37 +804,54 @@ class AgentMemory:
     # ------------------------------------------------------------ actions, stores, context (H-B, H-C)
     def tools(self) -> list[dict[str, Any]]:
         """OpenAI tool definitions of the memory actions (:func:`agents_sdk.memory.actions.memory_tools`)."""
-        tools: list[dict[str, Any]] = _delegate("actions", "memory_tools")()
-        return tools
+        from agents_sdk.memory.actions import memory_tools
 
-    async def call(self, tool_call: Any) -> Any:
+        return memory_tools()
+
+    async def call(self, tool_call: Any) -> ActionResult:
         """Run one tool call of a model on this memory (:func:`agents_sdk.memory.actions.call_action`);
         never raises for the call's faults: the result says ``ok=False`` and why."""
-        return await _delegate("actions", "call_action")(self, tool_call)
+        from agents_sdk.memory.actions import call_action
 
-    def attach(self, store: Any, *, read: bool = True, write: bool = False, top_k: int = 5,
+        return await call_action(self, tool_call)
+
+    def attach(self, store: str | MemoryStore, *, read: bool = True, write: bool = False, top_k: int = 5,
                similarity_threshold: float = 0.0,
-               stages: Sequence[str] = ("pre", "plan", "gen", "critique")) -> Any:
-        """Attach a store (by name from ``settings.stores_file``, or a store object) with rights,
+               stages: Iterable[Stage] = ("pre", "plan", "gen", "critique")) -> Attachment:
+        """Attach a store (by its name in ``settings.stores_file``, or a store object) with rights,
         ``top_k``, a similarity threshold and the stages it is read at
-        (:mod:`agents_sdk.memory.attachments`)."""
-        return _delegate("attachments", "attach")(self, store, read=read, write=write, top_k=top_k,
-                                                  similarity_threshold=similarity_threshold, stages=stages)
+        (:meth:`~agents_sdk.memory.attachments.Attachments.attach`).
 
-    async def context(self, stage: str, query: str, *, budget: int | None = None) -> Any:
+        Raises:
+            ConfigurationError: an undeclared store, write on a read-only one, bad options.
+        """
+        return self.attachments.attach(store, read=read, write=write, top_k=top_k,
+                                       similarity_threshold=similarity_threshold, stages=stages)
+
+    async def context(self, stage: Stage, query: str, *, budget: int | None = None) -> RenderedContext:
         """The related-memories block of the stores attached for ``stage``, within ``budget``
-        tokens (default ``settings.context_budget``; :mod:`agents_sdk.memory.attachments`)."""
+        tokens (default ``settings.context_budget``;
+        :meth:`~agents_sdk.memory.attachments.Attachments.context`). Its hits count as recalled,
+        and as used when the step then succeeds (:meth:`mark_step`).
+
+        Raises:
+            InvalidPayloadError: an unknown stage or a budget below 1.
+        """
+        self._check_open()
         started = time.perf_counter()
-        rendered = await _delegate("attachments", "render_context")(self, stage, query, budget=budget)
-        self._metrics.retrieval((time.perf_counter() - started) * 1000)
+        rendered = await self.attachments.context(stage, query, budget=budget)
+        ms = (time.perf_counter() - started) * 1000
+        self._metrics.retrieval(ms)
+        self._metrics.retrieval(ms, "context")
         self._metrics.rendered(hit.id for hit in rendered.hits)
         return rendered
 
-    async def after_turn(self, text: str, *, stage: str | None = None,
+    async def after_turn(self, text: str, *, stage: Stage | None = None,
                          metadata: Mapping[str, Any] | None = None) -> list[str]:
-        """Store a turn in the stores attached with ``write`` (:mod:`agents_sdk.memory.attachments`)."""
-        ids: list[str] = await _delegate("attachments", "after_turn")(self, text, stage=stage, metadata=metadata)
-        return ids
+        """Store a finished turn in the stores attached with ``write``; returns the ids written
+        (:meth:`~agents_sdk.memory.attachments.Attachments.after_turn`)."""
+        self._check_open()
+        return await self.attachments.after_turn(text, stage=stage, metadata=metadata)
 
     # ------------------------------------------------------------ usage and metrics
     def mark_used(self, ids: Iterable[str]) -> None:
@@ -831,24 +862,14 @@ class AgentMemory:
         """End a step: when it succeeded, the ids ``context`` rendered since the last step count as used."""
         self._metrics.step(success)
 
-    def note_rendered(self, ids: Iterable[str]) -> None:
-        """Ids put into a prompt (``context`` calls it): recalled, and used if the step succeeds."""
-        self._metrics.rendered(ids)
-
-    def note_retrieval(self, ms: float, layer: str | None = None) -> None:
-        """A retrieval took ``ms`` (``context`` and the stores report theirs here)."""
-        self._metrics.retrieval(ms, layer)
-
     def metrics(self) -> MemoryMetrics:
         """A snapshot of the metrics (:class:`MemoryMetrics`; ``as_dict()`` for JSON)."""
         episode = self.episode
         sizes: dict[str, int] = {"short_term_items": len(episode.short_term),
                                  "short_term_bytes": episode.short_term.nbytes,
                                  "working_items": len(episode.working)}
-        for name, attachment in self.attachments.items():
-            store = getattr(attachment, "store", attachment)
-            with contextlib.suppress(Exception):  # a store that cannot tell its size is left out
-                sizes[f"store:{name}"] = int(store.size())
+        if self._attachments is not None:
+            sizes.update((f"store:{name}", size) for name, size in self._attachments.sizes().items())
         fallbacks = self._router.fallbacks if isinstance(self._router, LLMRouter) else 0
         return self._metrics.snapshot(sizes, fallbacks)
 
@@ -887,10 +908,8 @@ class AgentMemory:
                     with contextlib.suppress(asyncio.CancelledError):
                         await task
                 stack.push_async_callback(_stopped)
-            for attachment in self.attachments.values():
-                close = getattr(attachment, "close", None)
-                if close is not None:
-                    stack.push_async_callback(close)
+            if self._attachments is not None:
+                stack.push_async_callback(self._attachments.close)
             if isinstance(self._router, LLMRouter):
                 stack.push_async_callback(self._router.aclose)
             if self._summarizer is not None:
