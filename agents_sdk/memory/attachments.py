@@ -22,7 +22,7 @@ import logging
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final, Protocol
+from typing import TYPE_CHECKING, Any, Final
 
 from agents_sdk.memory.items import truncate
 from agents_sdk.memory.layers import LayerHit
@@ -37,8 +37,8 @@ from blackboard.settings import AgentMemorySettings
 if TYPE_CHECKING:
     from agents_sdk.agent import Agent
 
-__all__ = ["CONTEXT_HEADER", "Attachment", "AttachmentHost", "Attachments", "RenderedContext", "after_turn", "attach",
-           "attachments_of", "check_stage", "merge_store_hits", "render_context", "render_related"]
+__all__ = ["CONTEXT_HEADER", "Attachment", "Attachments", "RenderedContext", "check_stage", "merge_store_hits",
+           "render_related"]
 
 log = logging.getLogger("agents_sdk.memory")
 
@@ -431,54 +431,3 @@ class Attachments(Mapping[str, Attachment]):
                     await store.close()
                 except BlackboardError as exc:
                     log.warning("memory store %s: close failed: %s", name, exc)
-
-
-# -- what agent.memory (agents_sdk.memory.facade) delegates to ----------------------------
-
-
-class AttachmentHost(Protocol):
-    """What the functions below read of ``agent.memory``."""
-
-    settings: AgentMemorySettings
-    attachments: Any
-
-    @property
-    def agent_id(self) -> str: ...
-
-    @property
-    def counter(self) -> TokenCounter: ...
-
-
-def attachments_of(memory: AttachmentHost) -> Attachments:
-    """``memory.attachments`` as an :class:`Attachments` (made, with ``memory``'s agent,
-    settings and token counter, and set there on first use)."""
-    current = memory.attachments
-    if isinstance(current, Attachments):
-        return current
-    made = Attachments(getattr(memory, "agent", None), agent_id=memory.agent_id, settings=memory.settings,
-                       counter=memory.counter)
-    for value in dict(current or {}).values():
-        if isinstance(value, Attachment):
-            made.attach(value.store, read=value.read, write=value.write, top_k=value.top_k,
-                        similarity_threshold=value.similarity_threshold, stages=value.stages)
-    memory.attachments = made
-    return made
-
-
-def attach(memory: AttachmentHost, store: str | MemoryStore, *, read: bool = True, write: bool = False,
-           top_k: int = 5, similarity_threshold: float = 0.0, stages: Iterable[Stage] = STAGES) -> Attachment:
-    """``agent.memory.attach``: :meth:`Attachments.attach` on ``memory``'s attachments."""
-    return attachments_of(memory).attach(store, read=read, write=write, top_k=top_k,
-                                         similarity_threshold=similarity_threshold, stages=stages)
-
-
-async def render_context(memory: AttachmentHost, stage: Stage, query: str, *,
-                         budget: int | None = None) -> RenderedContext:
-    """``agent.memory.context``: :meth:`Attachments.context` on ``memory``'s attachments."""
-    return await attachments_of(memory).context(stage, query, budget=budget)
-
-
-async def after_turn(memory: AttachmentHost, text: str, *, stage: Stage | None = None,
-                     metadata: Mapping[str, Any] | None = None) -> list[str]:
-    """``agent.memory.after_turn``: :meth:`Attachments.after_turn` on ``memory``'s attachments."""
-    return await attachments_of(memory).after_turn(text, stage=stage, metadata=metadata)
