@@ -61,6 +61,18 @@ def pytest_configure(config: pytest.Config) -> None:
                    "Settings.containers); -m 'not containers' leaves them out")
 
 
+_SWEPT: list[bool] = []
+
+
+def _sweep_once() -> None:
+    """Remove, once a session, the containers that runs killed on this host left behind."""
+    if not _SWEPT:
+        from blackboard.testing.containers import sweep_containers
+
+        sweep_containers()
+        _SWEPT.append(True)
+
+
 @pytest.fixture(scope="session")
 def blackboard_base_settings() -> Settings:
     """The settings every stack starts from: the environment's (``BLACKBOARD_*``). Override this
@@ -81,9 +93,7 @@ def blackboard_mode(request: pytest.FixtureRequest, blackboard_base_settings: Se
 def blackboard_stack(blackboard_mode: StackMode, blackboard_base_settings: Settings) -> Iterator[Stack]:
     """The session's stack: one NATS node, PostgreSQL + pgvector and a worker, ready."""
     if blackboard_mode == "containers":
-        from blackboard.testing.containers import sweep_containers
-
-        sweep_containers()  # what killed runs on this host left behind
+        _sweep_once()
     stack = make_stack(blackboard_mode, settings=blackboard_base_settings).start()
     try:
         yield stack
@@ -119,6 +129,8 @@ def blackboard_stack_factory(blackboard_mode: StackMode,
 
     def make(*, mode: StackMode | None = None, **options: Any) -> Stack:
         options.setdefault("settings", blackboard_base_settings)
+        if (mode or blackboard_mode) == "containers":
+            _sweep_once()
         stack = make_stack(mode or blackboard_mode, **options)
         stacks.append(stack)
         return stack.start()
