@@ -317,10 +317,10 @@ class Scout:
             values[field_name] = found.value
             if found.selector is None:
                 notes.append(f"{field_name}: nothing found in {_steps(found.steps)}")
-            elif found.recalled and found.steps == 1:
-                self.reused += 1
-                self.agent.memory.mark_used([known[0].id])
-                notes.append(f"{field_name} {found.selector} (recalled, 1 step)")
+            elif found.recalled:  # the team knows it already (behind a failing one when steps > 1)
+                self.reused += found.steps == 1
+                self.agent.memory.mark_used([p.id for p in known if p.selector == found.selector])
+                notes.append(f"{field_name} {found.selector} (recalled, {_steps(found.steps)})")
             else:
                 failed = [p for p in known if p.selector in found.tried and p.selector != found.selector]
                 await self.share(shop, field_name, found.selector, FOUND)
