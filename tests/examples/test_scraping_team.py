@@ -13,12 +13,17 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
+import shutil
+import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 
+from agents_sdk import Agent
 from blackboard.devstack import EmbeddedNats
 from blackboard.settings import Settings
 from examples.scraping_team import (
@@ -153,6 +158,16 @@ async def test_the_team_shares_selectors_votes_prunes_and_saves_steps(
     assert [len(result.pruned[s]) for s in ("scout-1", "scout-2", "scout-3")] == [0, 0, 1]
     assert result.final_patterns["shop-c price"] == [META_PRICE]
     assert all(len(v) == 1 for v in result.final_patterns.values()) and len(result.final_patterns) == 9
+    # read back through the public API: the pruned pattern is archived (not deleted), the
+    # demoted version of its key, its first version superseded by it
+    [pruned] = result.pruned["scout-3"]
+    async with Agent.connect(f"{team}-auditor", settings=pg_settings) as auditor:
+        detail = await auditor.memory(pruned, board=team)
+    memory = detail.memory
+    assert memory.key == "selector:shop-c:price:span.price" and memory.agent == f"{team}-scout-3"
+    assert memory.confidence == pytest.approx(0.1) and memory.archived_at is not None
+    assert memory.archive_reason == "low_confidence"
+    assert [v.confidence for v in detail.versions] == [pytest.approx(0.7), pytest.approx(0.1)]
     text = "\n".join(lines)
     assert "the team's price pattern span.price fails here" in text
     assert "demoted span.price (confidence 0.1)" in text
@@ -183,6 +198,43 @@ async def test_the_command_prints_the_saving_and_exits_zero(
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
     assert summary["ok"] and summary["saved"] == 43
     assert [(v["status"], v["winner"]) for v in summary["votes"]] == [("accepted", META_PRICE)]
+
+
+@pytest.mark.slow
+def test_the_command_runs_against_blackboard_dev_with_no_manual_step() -> None:
+    # The README's promise: with `blackboard dev` running, `python -m examples.scraping_team`
+    # from the project directory just works: the dev authority issues the team-* scouts their
+    # credentials, the dev worker embeds the patterns, serves search and prune, commits the vote.
+    project = Path(tempfile.mkdtemp(prefix="bb-scrape-dev-"))
+    os.chmod(project, 0o755)  # the embedded PostgreSQL may run as another user
+    data_dir = project / ".blackboard"
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("BLACKBOARD_")}
+    dev = subprocess.Popen(
+        [sys.executable, "-m", "blackboard", "dev", "--data-dir", str(data_dir), "--nats-port", "0", "--pg-port",
+         "0"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env=clean | {"BLACKBOARD_EMBEDDING__PROVIDER": "local"})
+    lines: list[str] = []
+    try:
+        assert dev.stdout is not None
+        for line in dev.stdout:
+            lines.append(line.rstrip())
+            if "worker        running" in line or "error" in line.lower():
+                break
+        text = "\n".join(lines)
+        url = re.search(r"export BLACKBOARD_NATS__URL=(\S+)", text)
+        assert "worker        running" in text and url, text
+        proc = _cli("--nats-url", url.group(1), "--json", "--quiet",
+                    env=clean | {"BLACKBOARD_DEV__DATA_DIR": str(data_dir)})
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        summary = json.loads(proc.stdout.strip().splitlines()[-1])
+        assert summary["ok"] and summary["saved"] == 43 and summary["team"].startswith("team-")
+        for n in (1, 2, 3):
+            assert (data_dir / "auth" / "creds" / f"{summary['team']}-scout-{n}.creds").is_file()
+    finally:
+        dev.send_signal(signal.SIGINT)
+        out, _ = dev.communicate(timeout=60)
+        shutil.rmtree(project, ignore_errors=True)
+    assert dev.returncode == 0, "\n".join(lines) + "\n" + out
 
 
 def test_the_command_fails_cleanly_without_a_server(test_auth: TestAuth) -> None:
