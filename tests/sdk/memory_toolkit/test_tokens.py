@@ -119,3 +119,38 @@ def test_token_counter_follows_the_settings() -> None:
     assert token_counter(AgentMemorySettings()) is chars_counter
     model = token_counter(AgentMemorySettings(tokenizer="model"))
     assert isinstance(model, ModelTokenCounter) and model("hello world") == 2
+
+
+def test_tiktoken_loads_from_the_cache_folder_only_while_loading(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    # A stand-in for the tiktoken package (not installed here; its real files cannot be
+    # downloaded offline): it records where tiktoken would have looked for its cache.
+    import os
+    import sys
+    import types
+
+    seen: list[str | None] = []
+
+    class _Encoding:
+        def encode(self, text: str, disallowed_special: Any = ()) -> list[int]:
+            return [0] * len(text.split())
+
+    def get_encoding(name: str) -> _Encoding:
+        seen.append(os.environ.get("TIKTOKEN_CACHE_DIR"))
+        if name != "cl100k_base":
+            raise ValueError("unknown")
+        return _Encoding()
+
+    fake = types.ModuleType("tiktoken")
+    fake.get_encoding = get_encoding  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "tiktoken", fake)
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", "/elsewhere")
+    tiktoken_cache_file("cl100k_base", tmp_path).write_bytes(b"ranks")
+    count = token_counter(AgentMemorySettings(tokenizer="tiktoken", tiktoken_cache_dir=tmp_path))
+    assert isinstance(count, TiktokenCounter) and count("three words here") == 3
+    assert seen == [str(tmp_path)] and os.environ["TIKTOKEN_CACHE_DIR"] == "/elsewhere"  # restored
+    monkeypatch.delenv("TIKTOKEN_CACHE_DIR")
+    tiktoken_cache_file("o200k_base", tmp_path).write_bytes(b"ranks")
+    with pytest.raises(ConfigurationError, match="could not load 'o200k_base'"):
+        TiktokenCounter("o200k_base", tmp_path)
+    assert "TIKTOKEN_CACHE_DIR" not in os.environ
