@@ -2,7 +2,8 @@
 ``agent.memory`` (docs/memory.md, "Episodes").
 
 An :class:`Episode` holds its own :class:`~agents_sdk.memory.short_term.ShortTermMemory` and
-:class:`~agents_sdk.memory.working.WorkingMemory`, bounded by ``agent_memory``'s limits.
+:class:`~agents_sdk.memory.working.WorkingMemory`, bounded by ``agent_memory``'s limits, and
+the operations of the two local layers on them (search, read, prune, replace by a summary).
 Ending one (``agent.memory.end_episode``) can summarize it into long-term memory
 (:class:`EpisodeSummary`), then clears it. Local and pure: no IO here.
 """
@@ -12,15 +13,28 @@ from __future__ import annotations
 import re
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any, Final
 
-from agents_sdk.memory.items import render_value
-from agents_sdk.memory.layers import item_text, working_text
+from agents_sdk.memory.items import MemoryItem, render_value
+from agents_sdk.memory.layers import (
+    SHORT_TERM_PREFIX,
+    WORKING_PREFIX,
+    Layer,
+    LayerHit,
+    PruneStrategy,
+    hit_of_item,
+    hit_of_working,
+    item_text,
+    lexical_score,
+    query_terms,
+    working_text,
+)
 from agents_sdk.memory.short_term import ShortTermMemory
-from agents_sdk.memory.working import WorkingMemory
-from blackboard.protocol.errors import InvalidKeyError
+from agents_sdk.memory.working import WorkingItem, WorkingMemory
+from blackboard.protocol.errors import InvalidKeyError, NotFoundError
 from blackboard.settings import AgentMemorySettings
 
 __all__ = ["DEFAULT_EPISODE", "Episode", "EpisodeSummary", "new_episode_id"]
@@ -41,17 +55,22 @@ def _check(value: str, what: str) -> str:
     return value
 
 
+def _kinds(filters: Mapping[str, Any]) -> set[str]:
+    return set(filters.get("kinds") or ()) | ({filters["kind"]} if filters.get("kind") else set())
+
+
 @dataclass(eq=False)
 class Episode:
     """One episode's local memory.
 
     Attributes:
         task_id: the task it serves.
-        episode_id: its id (unique within the agent).
+        episode_id: its id (unique among the agent's open episodes).
         short_term: its items (steps, notes).
         working: its notes with a time-to-live.
         started_at: wall-clock seconds when it began.
         ended: whether ``end_episode`` ended it.
+        agent: the agent it belongs to (its hits' provenance).
     """
 
     task_id: str
@@ -60,11 +79,15 @@ class Episode:
     working: WorkingMemory
     started_at: float = field(default_factory=time.time)
     ended: bool = False
+    agent: str = ""
+    clock: Callable[[], float] = field(default=time.time, repr=False)
+    monotonic: Callable[[], float] = field(default=time.monotonic, repr=False)
 
     @classmethod
-    def new(cls, task_id: str, episode_id: str, settings: AgentMemorySettings, *,
+    def new(cls, task_id: str, episode_id: str, settings: AgentMemorySettings, *, agent: str = "",
             clock: Callable[[], float] = time.time, monotonic: Callable[[], float] = time.monotonic) -> Episode:
-        """An empty episode bounded by ``settings`` (``short_term_max_items``/``_bytes``, ``working_ttl``).
+        """An empty episode bounded by ``settings`` (``short_term_max_items``/``_bytes``, ``working_ttl``);
+        ``clock`` stamps its items (wall-clock seconds), ``monotonic`` times its notes' TTLs.
 
         Raises:
             InvalidKeyError: a task or episode id outside ``[A-Za-z0-9_.:-]{1,128}``.
@@ -72,7 +95,8 @@ class Episode:
         return cls(_check(task_id, "task id"), _check(episode_id, "episode id"),
                    ShortTermMemory(max_items=settings.short_term_max_items,
                                    max_bytes=settings.short_term_max_bytes, clock=clock),
-                   WorkingMemory(default_ttl=settings.working_ttl, clock=monotonic), started_at=clock())
+                   WorkingMemory(default_ttl=settings.working_ttl, clock=monotonic), started_at=clock(),
+                   agent=agent, clock=clock, monotonic=monotonic)
 
     def texts(self) -> list[str]:
         """What the episode says, oldest first: its short-term items, then its live working notes."""
@@ -97,6 +121,150 @@ class Episode:
     @property
     def empty(self) -> bool:
         return len(self.short_term) == 0 and len(self.working) == 0
+
+    # -- hits -------------------------------------------------------------
+    def item_hit(self, item: MemoryItem, score: float = 1.0) -> LayerHit:
+        return hit_of_item(item, episode_id=self.episode_id, task_id=self.task_id, score=score, agent=self.agent)
+
+    def note_hit(self, note: WorkingItem, score: float = 1.0) -> LayerHit:
+        return hit_of_working(note, episode_id=self.episode_id, task_id=self.task_id, score=score,
+                              agent=self.agent)
+
+    def item_id(self, item: MemoryItem) -> str:
+        """The hit id of a short-term item of this episode: ``st:<episode id>:<item id>``."""
+        return f"{SHORT_TERM_PREFIX}{self.episode_id}:{item.id}"
+
+    def find_item(self, ref: str) -> MemoryItem:
+        """A short-term item by its number (``"12"``) or the ``key`` it was written with (the newest).
+
+        Raises:
+            NotFoundError: none.
+        """
+        item = self.short_term.get(int(ref)) if ref.isdigit() else None
+        if item is None:
+            keyed = [i for i in self.short_term if i.extra.get("key") == ref]
+            item = keyed[-1] if keyed else None
+        if item is None:
+            raise NotFoundError(ref, f"no short-term item {ref!r} in episode {self.episode_id!r}")
+        return item
+
+    def find_note(self, ref: str) -> WorkingItem:
+        """A live working note by key (``wm:<key>`` or the key).
+
+        Raises:
+            NotFoundError: none.
+        """
+        key = ref.removeprefix(WORKING_PREFIX)
+        note = self.working.item(key)
+        if note is None:
+            raise NotFoundError(ref, f"no working note {key!r} in episode {self.episode_id!r}")
+        return note
+
+    # -- the local layers' operations -------------------------------------
+    def search(self, layer: Layer, query: str, filters: Mapping[str, Any], top_k: int) -> list[LayerHit]:
+        """The hits of ``query`` in the short_term or working layer: scored by
+        :func:`~agents_sdk.memory.layers.lexical_score` (an item holding no query word is no hit;
+        an empty query lists the layer at score 0), best first, newest first on ties. Filters:
+        ``tags_any``/``tags_all`` and ``since``/``until`` (short-term items; they leave working
+        notes out, which have neither), ``kind``/``kinds``; ``board``/``boards``/an ``author``
+        other than the agent leave both out (local items have no board).
+        """
+        author = filters.get("author")
+        if filters.get("board") or filters.get("boards") or (author is not None and author != self.agent):
+            return []
+        terms, kinds = query_terms(query), _kinds(filters)
+        scored: list[tuple[float, LayerHit]] = []
+        if layer == "short_term":
+            since, until = filters.get("since"), filters.get("until")
+            tags_any, tags_all = set(filters.get("tags_any") or ()), set(filters.get("tags_all") or ())
+            for item in reversed(self.short_term):  # newest first: the sort below is stable
+                created = datetime.fromtimestamp(item.created_at, UTC)
+                if (since is not None and created < since) or (until is not None and created > until):
+                    continue
+                if (tags_any and not tags_any & set(item.tags)) or not tags_all <= set(item.tags):
+                    continue
+                score = lexical_score(terms, item_text(item)) if terms else 0.0
+                hit = self.item_hit(item, score)
+                if (not terms or score > 0) and (not kinds or hit.kind in kinds):
+                    scored.append((score, hit))
+        else:
+            if any(filters.get(k) is not None for k in ("since", "until")) or filters.get("tags_any") or \
+                    filters.get("tags_all"):
+                return []
+            for note in reversed(self.working.live()):
+                score = lexical_score(terms, working_text(note)) if terms else 0.0
+                if (not terms or score > 0) and (not kinds or note.kind in kinds):
+                    scored.append((score, self.note_hit(note, score)))
+        scored.sort(key=lambda pair: -pair[0])
+        return [hit for _, hit in scored[:top_k]]
+
+    def select(self, layer: Layer, query: str | None, refs: Sequence[str]) -> list[LayerHit]:
+        """What a summary of ``layer`` takes: the items ``refs`` (hit ids, numbers or keys), else
+        those holding a word of ``query``, else all, oldest first.
+
+        Raises:
+            NotFoundError: a ref names nothing.
+        """
+        if refs:
+            return [self.item_hit(self.find_item(r.rpartition(":")[2] if r.startswith(SHORT_TERM_PREFIX) else r))
+                    if layer == "short_term" else self.note_hit(self.find_note(r)) for r in refs]
+        hits = ([self.item_hit(i) for i in self.short_term] if layer == "short_term"
+                else [self.note_hit(n) for n in self.working.live()])
+        if query:
+            terms = query_terms(query)
+            hits = [h for h in hits if lexical_score(terms, h.text) > 0]
+        return hits
+
+    def replace(self, layer: Layer, hits: Iterable[LayerHit], text: str) -> str:
+        """Remove ``hits`` (of :meth:`select`) and write ``text`` in their place: a ``summary``
+        item (short_term) or the note ``summary`` (working); returns its id."""
+        for hit in hits:
+            if layer == "short_term":
+                self.short_term.delete(int(hit.provenance["item"]))
+            else:
+                self.working.delete(str(hit.provenance["key"]))
+        if layer == "short_term":
+            return self.item_id(self.short_term.add(note=text, kind="summary", tags=("summary",)))
+        return f"{WORKING_PREFIX}{self.working.set('summary', text, kind='summary').key}"
+
+    def prune(self, layer: Layer, strategy: PruneStrategy, threshold: float, *, limit: int | None = None,
+              dry_run: bool = False) -> list[str]:
+        """Remove what ``strategy`` picks from ``layer`` (oldest first, at most ``limit``); returns
+        the hit ids (``dry_run``: that would go). lru/old_age: older than ``threshold`` seconds
+        (short-term items by their write time, never rewritten; working notes lru by the last
+        write, old_age by the first); low_confidence/importance: items written with a
+        ``confidence``/``importance`` below ``threshold`` (working notes have neither);
+        max_per_board: all but the newest ``threshold``."""
+        if layer == "short_term":
+            items = list(self.short_term)
+            now = self.clock()
+            if strategy in ("lru", "old_age"):
+                doomed = [i for i in items if now - i.created_at > threshold]
+            elif strategy == "max_per_board":
+                doomed = items[:max(0, len(items) - int(threshold))]
+            else:
+                name = "confidence" if strategy == "low_confidence" else "importance"
+                doomed = [i for i in items if isinstance(i.extra.get(name), int | float) and i.extra[name] < threshold]
+            doomed = doomed[:limit] if limit is not None else doomed
+            if not dry_run:
+                for i in doomed:
+                    self.short_term.delete(i.id)
+            return [self.item_id(i) for i in doomed]
+        notes = sorted(self.working.live(), key=lambda n: n.seq)
+        mono = self.monotonic()
+        if strategy == "lru":
+            gone = [n for n in notes if mono - n.updated_at > threshold]
+        elif strategy == "old_age":
+            gone = [n for n in notes if mono - n.created_at > threshold]
+        elif strategy == "max_per_board":
+            gone = notes[:max(0, len(notes) - int(threshold))]
+        else:
+            gone = []
+        gone = gone[:limit] if limit is not None else gone
+        if not dry_run:
+            for n in gone:
+                self.working.delete(n.key)
+        return [f"{WORKING_PREFIX}{n.key}" for n in gone]
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,7 +22,7 @@ import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal
 
 from agents_sdk.memory.episodes import (
@@ -40,21 +40,16 @@ from agents_sdk.memory.layers import (
     Layer,
     LayerHit,
     PruneStrategy,
-    hit_of_item,
     hit_of_memory,
-    hit_of_working,
-    item_text,
-    lexical_score,
     merge_hits,
     normalise_scores,
-    query_terms,
-    working_text,
 )
 from agents_sdk.memory.longterm import DEFAULT_MEMORY_BOARD, LongTermMemory
 from agents_sdk.memory.metrics import MemoryMetrics, MetricsRecorder
 from agents_sdk.memory.router import LLMRouter, Router, RuleRouter
+from agents_sdk.memory.short_term import ShortTermMemory
 from agents_sdk.memory.summarize import extractive_summary, llm_summary
-from agents_sdk.memory.working import DefaultTTL
+from agents_sdk.memory.working import DefaultTTL, WorkingMemory
 from blackboard.protocol.errors import (
     BlackboardError,
     InvalidPayloadError,
@@ -170,7 +165,7 @@ class AgentMemory:
         self._agent = agent
         self.settings = settings if settings is not None else agent.settings.agent_memory
         self._router = router
-        default = Episode.new(*DEFAULT_EPISODE, self.settings)
+        default = Episode.new(*DEFAULT_EPISODE, self.settings, agent=agent.id)
         #: Open episodes, the current last; the default episode stays at the bottom.
         self._stack: list[Episode] = [default]
         self._metrics = MetricsRecorder(self.settings.metrics_window)
@@ -229,12 +224,12 @@ class AgentMemory:
         return self._stack[-1]
 
     @property
-    def short_term(self) -> Any:
+    def short_term(self) -> ShortTermMemory:
         """The current episode's :class:`~agents_sdk.memory.short_term.ShortTermMemory`."""
         return self.episode.short_term
 
     @property
-    def working(self) -> Any:
+    def working(self) -> WorkingMemory:
         """The current episode's :class:`~agents_sdk.memory.working.WorkingMemory`."""
         return self.episode.working
 
@@ -274,7 +269,7 @@ class AgentMemory:
         episode_id = episode_id or new_episode_id()
         if any(e.episode_id == episode_id for e in self._stack):
             raise InvalidPayloadError(f"episode {episode_id!r} is open already")
-        episode = Episode.new(task_id, episode_id, self.settings)
+        episode = Episode.new(task_id, episode_id, self.settings, agent=self.agent_id)
         self._stack.append(episode)
         return episode
 
@@ -378,63 +373,11 @@ class AgentMemory:
                             top_k: int) -> list[LayerHit]:
         started = time.perf_counter()
         try:
-            if layer == "short_term":
-                return self._search_short_term(query, flt, top_k)
-            if layer == "working":
-                return self._search_working(query, flt, top_k)
+            if layer in ("short_term", "working"):
+                return self.episode.search(layer, query, flt, top_k)
             return await self._search_long_term(layer, query, mode, flt, top_k)
         finally:
             self._metrics.retrieval((time.perf_counter() - started) * 1000, layer)
-
-    def _local_excluded(self, flt: Mapping[str, Any]) -> bool:
-        author = flt.get("author")
-        return bool(flt.get("board") or flt.get("boards")) or (author is not None and author != self.agent_id)
-
-    def _search_short_term(self, query: str, flt: Mapping[str, Any], top_k: int) -> list[LayerHit]:
-        if self._local_excluded(flt):
-            return []
-        terms = query_terms(query)
-        since, until = flt.get("since"), flt.get("until")
-        tags_any, tags_all = set(flt.get("tags_any") or ()), set(flt.get("tags_all") or ())
-        kinds = set(flt.get("kinds") or ()) | ({flt["kind"]} if flt.get("kind") else set())
-        episode = self.episode
-        scored: list[tuple[float, LayerHit]] = []
-        for item in reversed(episode.short_term):  # newest first: ties keep that order
-            created = datetime.fromtimestamp(item.created_at, UTC)
-            if (since is not None and created < since) or (until is not None and created > until):
-                continue
-            if (tags_any and not tags_any & set(item.tags)) or not tags_all <= set(item.tags):
-                continue
-            score = lexical_score(terms, item_text(item)) if terms else 0.0
-            if terms and score == 0.0:
-                continue
-            hit = hit_of_item(item, episode_id=episode.episode_id, task_id=episode.task_id, score=score,
-                              agent=self.agent_id)
-            if kinds and hit.kind not in kinds:
-                continue
-            scored.append((score, hit))
-        scored.sort(key=lambda pair: -pair[0])
-        return [hit for _, hit in scored[:top_k]]
-
-    def _search_working(self, query: str, flt: Mapping[str, Any], top_k: int) -> list[LayerHit]:
-        if self._local_excluded(flt) or flt.get("since") is not None or flt.get("until") is not None:
-            return []  # working notes keep a monotonic clock: no wall-clock time to filter by
-        if flt.get("tags_any") or flt.get("tags_all"):
-            return []  # nor tags
-        terms = query_terms(query)
-        kinds = set(flt.get("kinds") or ()) | ({flt["kind"]} if flt.get("kind") else set())
-        episode = self.episode
-        scored: list[tuple[float, LayerHit]] = []
-        for note in reversed(episode.working.live()):
-            if kinds and note.kind not in kinds:
-                continue
-            score = lexical_score(terms, working_text(note)) if terms else 0.0
-            if terms and score == 0.0:
-                continue
-            scored.append((score, hit_of_working(note, episode_id=episode.episode_id, task_id=episode.task_id,
-                                                 score=score, agent=self.agent_id)))
-        scored.sort(key=lambda pair: -pair[0])
-        return [hit for _, hit in scored[:top_k]]
 
     async def _shared_boards(self) -> list[str]:
         boards = list(dict.fromkeys(self.settings.shared_boards))
@@ -523,8 +466,7 @@ class AgentMemory:
                                      "metadata": dict(metadata) if metadata else None}
             if importance != 0.5:
                 extra["importance"] = importance
-            item = self.episode.short_term.add(tags=tuple(tags), **extra)
-            return f"{SHORT_TERM_PREFIX}{self.episode.episode_id}:{item.id}"
+            return self.episode.item_id(self.episode.short_term.add(tags=tuple(tags), **extra))
         if layer == "working":
             working = self.episode.working
             when: float | DefaultTTL = DefaultTTL.DEFAULT if ttl is None else ttl
@@ -561,38 +503,20 @@ class AgentMemory:
             layer = _check_layer(layer, self.settings)
         if not isinstance(id_or_key, str) or not id_or_key:
             raise InvalidPayloadError("read needs an id or key")
-        if id_or_key.startswith(SHORT_TERM_PREFIX) or layer == "short_term":
-            return self._read_short_term(id_or_key)
         episode = self.episode
-        wkey = id_or_key.removeprefix(WORKING_PREFIX)
-        if id_or_key.startswith(WORKING_PREFIX) or layer == "working" or (layer is None and wkey in episode.working):
-            note = episode.working.item(wkey)
-            if note is None:
-                raise NotFoundError(id_or_key, f"no working note {wkey!r} in episode {episode.episode_id!r}")
-            return hit_of_working(note, episode_id=episode.episode_id, task_id=episode.task_id, score=1.0,
-                                  agent=self.agent_id)
-        target = board or (self._board_of(layer, None) if layer == "shared" else self.settings.long_term_board)
-        detail = await self(id_or_key, board=target)
-        found = detail.memory
-        return hit_of_memory(found, layer="long_term" if found.agent == self.agent_id else "shared", score=1.0)
-
-    def _read_short_term(self, id_or_key: str) -> LayerHit:
-        episode = self.episode
-        number = id_or_key
         if id_or_key.startswith(SHORT_TERM_PREFIX):
             episode_id, _, number = id_or_key.removeprefix(SHORT_TERM_PREFIX).rpartition(":")
             found = self._find_episode(episode_id)
             if found is None:
                 raise NotFoundError(id_or_key, f"no open episode {episode_id!r}")
-            episode = found
-        item = episode.short_term.get(int(number)) if number.isdigit() else None
-        if item is None:
-            keyed = [i for i in episode.short_term if i.extra.get("key") == id_or_key]
-            item = keyed[-1] if keyed else None
-        if item is None:
-            raise NotFoundError(id_or_key, f"no short-term item {id_or_key!r} in episode {episode.episode_id!r}")
-        return hit_of_item(item, episode_id=episode.episode_id, task_id=episode.task_id, score=1.0,
-                           agent=self.agent_id)
+            return found.item_hit(found.find_item(number))
+        if layer == "short_term":
+            return episode.item_hit(episode.find_item(id_or_key))
+        if id_or_key.startswith(WORKING_PREFIX) or layer == "working" or (layer is None and id_or_key in episode.working):
+            return episode.note_hit(episode.find_note(id_or_key))
+        target = board or (self._board_of(layer, None) if layer == "shared" else self.settings.long_term_board)
+        memory = (await self(id_or_key, board=target)).memory
+        return hit_of_memory(memory, layer="long_term" if memory.agent == self.agent_id else "shared", score=1.0)
 
     # ------------------------------------------------------------ summarize and prune
     async def _summary_text(self, texts: Sequence[str], strategy: SummaryStrategy, target_tokens: int,
@@ -638,35 +562,11 @@ class AgentMemory:
             return await self._summarize_local(layer, query, ids, strategy, target, keep_keys, replace)
         return await self._summarize_long_term(layer, query, ids, strategy, target, keep_keys, board, replace)
 
-    def _local_selection(self, layer: Layer, query: str | None, ids: Sequence[str]) -> list[LayerHit]:
-        episode = self.episode
-        if ids:
-            return [self._read_short_term(i) if layer == "short_term" else self._read_working(i) for i in ids]
-        if layer == "short_term":
-            hits = [hit_of_item(i, episode_id=episode.episode_id, task_id=episode.task_id, score=1.0,
-                                agent=self.agent_id) for i in episode.short_term]
-        else:
-            hits = [hit_of_working(n, episode_id=episode.episode_id, task_id=episode.task_id, score=1.0,
-                                   agent=self.agent_id) for n in episode.working.live()]
-        if query:
-            terms = query_terms(query)
-            hits = [h for h in hits if lexical_score(terms, h.text) > 0]
-        return hits
-
-    def _read_working(self, id_or_key: str) -> LayerHit:
-        episode = self.episode
-        key = id_or_key.removeprefix(WORKING_PREFIX)
-        note = episode.working.item(key)
-        if note is None:
-            raise NotFoundError(id_or_key, f"no working note {key!r} in episode {episode.episode_id!r}")
-        return hit_of_working(note, episode_id=episode.episode_id, task_id=episode.task_id, score=1.0,
-                              agent=self.agent_id)
-
     async def _summarize_local(self, layer: Layer, query: str | None, ids: Sequence[str],
                                strategy: SummaryStrategy, target: int, keep_keys: Sequence[str],
                                replace: bool) -> SummaryResult:
         episode = self.episode
-        hits = self._local_selection(layer, query, ids)
+        hits = episode.select(layer, query, ids)
         if not hits:
             raise InvalidPayloadError(f"nothing to summarize in {layer}")
         kept = pick_kept(episode.keyed(), keep_keys)
@@ -674,15 +574,7 @@ class AgentMemory:
         written: str | None = None
         replaced: tuple[str, ...] = ()
         if replace:
-            if layer == "short_term":
-                for h in hits:
-                    episode.short_term.delete(int(h.provenance["item"]))
-                item = episode.short_term.add(note=text, kind="summary", tags=("summary",))
-                written = f"{SHORT_TERM_PREFIX}{episode.episode_id}:{item.id}"
-            else:
-                for h in hits:
-                    episode.working.delete(str(h.provenance["key"]))
-                written = f"{WORKING_PREFIX}{episode.working.set('summary', text, kind='summary').key}"
+            written = episode.replace(layer, hits, text)
             replaced = tuple(h.id for h in hits)
             self._metrics.pruned(layer, len(replaced))
         return SummaryResult(layer, text, strategy, tuple(h.id for h in hits), self.counter(text), kept,
@@ -753,7 +645,7 @@ class AgentMemory:
             raise InvalidPayloadError(f"limit must be a positive integer, got {limit!r}")
         if layer in ("short_term", "working"):
             value = self.settings.auto_prune_threshold if threshold is None else float(threshold)
-            ids = self._prune_local(layer, strategy, value, limit, dry_run)
+            ids = self.episode.prune(layer, strategy, value, limit=limit, dry_run=dry_run)
             if not dry_run:
                 self._metrics.pruned(layer, len(ids))
             return PruneResult(layer, strategy, None, tuple(ids), dry_run)
@@ -765,41 +657,6 @@ class AgentMemory:
             self._cache.clear()
             self._metrics.pruned(layer, len(pruned))
         return PruneResult(layer, strategy, target, pruned, dry_run)
-
-    def _prune_local(self, layer: Layer, strategy: PruneStrategy, threshold: float, limit: int | None,
-                     dry_run: bool) -> list[str]:
-        episode = self.episode
-        if layer == "short_term":
-            items = list(episode.short_term)  # oldest first
-            now = time.time()
-            if strategy in ("lru", "old_age"):
-                doomed = [i for i in items if now - i.created_at > threshold]
-            elif strategy == "max_per_board":
-                doomed = items[:max(0, len(items) - int(threshold))]
-            else:
-                field_name = "confidence" if strategy == "low_confidence" else "importance"
-                doomed = [i for i in items if isinstance(i.extra.get(field_name), int | float)
-                          and i.extra[field_name] < threshold]
-            doomed = doomed[:limit] if limit is not None else doomed
-            if not dry_run:
-                for i in doomed:
-                    episode.short_term.delete(i.id)
-            return [f"{SHORT_TERM_PREFIX}{episode.episode_id}:{i.id}" for i in doomed]
-        notes = sorted(episode.working.live(), key=lambda n: n.seq)
-        mono = time.monotonic()
-        if strategy == "lru":
-            gone = [n for n in notes if mono - n.updated_at > threshold]
-        elif strategy == "old_age":
-            gone = [n for n in notes if mono - n.created_at > threshold]
-        elif strategy == "max_per_board":
-            gone = notes[:max(0, len(notes) - int(threshold))]
-        else:
-            gone = []  # working notes carry no confidence nor importance
-        gone = gone[:limit] if limit is not None else gone
-        if not dry_run:
-            for n in gone:
-                episode.working.delete(n.key)
-        return [f"{WORKING_PREFIX}{n.key}" for n in gone]
 
     # ------------------------------------------------------------ actions, stores, context (H-B, H-C)
     def tools(self) -> list[dict[str, Any]]:

@@ -13,7 +13,7 @@ from agents_sdk.memory.episodes import Episode
 from agents_sdk.memory.summarize import kept_lines, llm_summary, sentences
 from agents_sdk.memory.summarizer import OpenAISummarizer
 from agents_sdk.memory.tokens import chars_counter
-from blackboard.protocol.errors import InvalidKeyError, InvalidPayloadError, LLMError
+from blackboard.protocol.errors import InvalidKeyError, InvalidPayloadError, LLMError, NotFoundError
 from blackboard.protocol.schemas import MemoryRecord, validate_wire
 from blackboard.settings import AgentMemorySettings, LLMSettings, Settings
 from tests.conftest import stored_memories
@@ -176,3 +176,49 @@ async def test_the_summary_returned_and_the_llm_strategy(settings: Settings, uni
             assert await memory.end_episode() is None
             records = await _summaries(settings, unique)
         assert [r.id for r in records] == [summary.memory_id]
+
+
+class _Clock:
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_an_episodes_local_operations_with_its_clocks() -> None:
+    wall, mono = _Clock(1_000_000.0), _Clock(50.0)
+    episode = Episode.new("t", "e", AgentMemorySettings(working_ttl=None), agent="me", clock=wall, monotonic=mono)
+    old = episode.short_term.add(note="an old price note", tags=("price",), confidence=0.2)
+    wall.now += 100
+    new = episode.short_term.add(note="a new price note", key="latest")
+    first = episode.working.set("a", "alpha price")
+    mono.now += 100
+    episode.working.set("b", "beta")
+    mono.now += 5
+    episode.working.touch("a")
+    # search: lexical score, newest first on ties, filters
+    hits = episode.search("short_term", "price note", {}, 10)
+    assert [h.id for h in hits] == [episode.item_id(new), episode.item_id(old)] and hits[0].score == 1.0
+    assert [h.provenance["agent"] for h in hits] == ["me", "me"]
+    assert [h.id for h in episode.search("short_term", "price", {"tags_all": ["price"]}, 10)] == [
+        episode.item_id(old)]
+    assert episode.search("short_term", "price", {"author": "other"}, 10) == []
+    assert [h.id for h in episode.search("working", "price", {}, 10)] == ["wm:a"]
+    assert episode.search("working", "price", {"tags_any": ["x"]}, 10) == []
+    # find and select
+    assert episode.find_item("latest") is new and episode.find_item(str(old.id)) is old
+    assert episode.find_note("wm:b").value == "beta" and first.key == "a"
+    with pytest.raises(NotFoundError):
+        episode.find_item("nothing")
+    assert [h.id for h in episode.select("short_term", "old", ())] == [episode.item_id(old)]
+    assert [h.id for h in episode.select("working", None, ["b"])] == ["wm:b"]
+    # prune by the episode's clocks: short-term by write time, working lru by the last write
+    assert episode.prune("short_term", "old_age", 50, dry_run=True) == [episode.item_id(old)]
+    assert episode.prune("working", "lru", 50, dry_run=True) == []  # a was touched 5 s ago, b written 5 s ago
+    assert episode.prune("working", "old_age", 50, dry_run=True) == ["wm:a"]  # a was first written 105 s ago
+    assert episode.prune("short_term", "low_confidence", 0.5) == [episode.item_id(old)]
+    assert len(episode.short_term) == 1
+    # replace by a summary
+    written = episode.replace("working", episode.select("working", None, ()), "a and b")
+    assert written == "wm:summary" and [n.key for n in episode.working.live()] == ["summary"]
