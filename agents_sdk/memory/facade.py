@@ -736,7 +736,8 @@ class AgentMemory:
             raise InvalidPayloadError("agent.memory is closed (the agent was closed)")
 
     def _start_background(self) -> None:
-        if self._prune_task is None and self.settings.auto_prune_interval > 0 and not self._closed:
+        if (self._prune_task is None and self.settings.auto_prune_interval > 0 and not self._closed
+                and "long_term" in self.settings.layers):
             self._prune_task = asyncio.get_running_loop().create_task(self._auto_prune(),
                                                                       name=f"memory-prune:{self.agent_id}")
 

@@ -294,3 +294,18 @@ async def test_the_automatic_prune_runs_in_the_background_and_stops_with_the_age
         assert await _archived(agent, unique, high) == {high: False}
         assert agent.memory.metrics().pruned.get("long_term", 0) >= 1
     assert task.done()
+
+
+async def test_the_shared_layer_reads_the_boards_the_agent_joined(
+        pg_settings: Settings, start_worker: StartWorker, unique: str) -> None:
+    await start_worker(pg_settings, name=f"w{unique}", provider=HashProvider())
+    team = f"{unique}-team"
+    async with Agent.connect(f"{unique}-a", settings=pg_settings) as agent, \
+            Agent.connect(f"{unique}-b", settings=pg_settings) as other:
+        theirs = await other.remember(f"the {unique} heron fishes at dawn", board=team, wait="searchable")
+        assert await agent.memory.search(f"{unique} heron", layers=["shared"]) == []  # nothing joined yet
+        await agent.join(team)
+        fresh = AgentMemory(agent, agent.settings.agent_memory)  # the first one cached the boards joined
+        hits = await fresh.search(f"{unique} heron", layers=["shared"], mode="keyword")
+        assert [(h.id, h.layer, h.source) for h in hits] == [(theirs, "shared", team)]
+        await fresh.close()
