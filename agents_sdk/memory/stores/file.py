@@ -132,11 +132,15 @@ class FileStore:
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
-        """Index the files, then watch them every ``interval`` seconds (idempotent)."""
+        """Index the files, then watch them every ``interval`` seconds (idempotent).
+
+        Raises:
+            the errors of :meth:`refresh` (the store is then not started).
+        """
         if self._started:
             return
+        await self.refresh()  # a failure leaves the store unstarted: the next start tries again
         self._started = True
-        await self.refresh()
         if self.options.interval > 0:
             self._task = asyncio.create_task(self._watch(), name=f"file-store-{self.name}")
 
