@@ -185,6 +185,30 @@ async def test_a_failing_store_is_named_and_the_others_still_render() -> None:
     assert ctx.failed == ("down",) and [h.text for h in ctx.hits] == ["the selector is .price"]
 
 
+class _FlakyStart(FakeStore):
+    """Its first start fails (a worker not up yet)."""
+
+    async def start(self) -> None:
+        self.started += 1
+        if self.started == 1:
+            raise SearchError("no worker serves search yet")
+
+
+@pytest.mark.asyncio
+async def test_a_store_whose_start_failed_is_started_again_next_time() -> None:
+    att = _attachments()
+    flaky = _FlakyStart("flaky", ["found at last"])
+    att.attach(flaky)
+    first = await att.context("pre", "q")
+    assert first.failed == ("flaky",) and first.hits == [] and flaky.searches == []
+    second = await att.context("pre", "q")
+    assert second.failed == () and [h.text for h in second.hits] == ["found at last"]
+    await att.context("pre", "q")
+    assert flaky.started == 2  # started once it worked, not again
+    await att.close()
+    assert flaky.closed == 1
+
+
 @pytest.mark.asyncio
 async def test_the_default_budget_comes_from_the_settings() -> None:
     att = _attachments(context_budget=20)
