@@ -27,6 +27,7 @@ from agents_sdk.memory.layers import (
     PruneStrategy,
     hit_of_item,
     hit_of_working,
+    item_kind,
     item_text,
     lexical_score,
     query_terms,
@@ -82,6 +83,8 @@ class Episode:
     agent: str = ""
     clock: Callable[[], float] = field(default=time.time, repr=False)
     monotonic: Callable[[], float] = field(default=time.monotonic, repr=False)
+    #: The words of each short-term item searched, by item id.
+    _terms: dict[int, tuple[MemoryItem, frozenset[str]]] = field(default_factory=dict, repr=False)
 
     @classmethod
     def new(cls, task_id: str, episode_id: str, settings: AgentMemorySettings, *, agent: str = "",
@@ -117,6 +120,7 @@ class Episode:
     def clear(self) -> None:
         self.short_term.clear()
         self.working.clear()
+        self._terms.clear()
 
     @property
     def empty(self) -> bool:
@@ -173,30 +177,46 @@ class Episode:
         if filters.get("board") or filters.get("boards") or (author is not None and author != self.agent):
             return []
         terms, kinds = query_terms(query), _kinds(filters)
-        scored: list[tuple[float, LayerHit]] = []
         if layer == "short_term":
             since, until = filters.get("since"), filters.get("until")
             tags_any, tags_all = set(filters.get("tags_any") or ()), set(filters.get("tags_all") or ())
+            items: list[tuple[float, MemoryItem]] = []
             for item in reversed(self.short_term):  # newest first: the sort below is stable
-                created = datetime.fromtimestamp(item.created_at, UTC)
-                if (since is not None and created < since) or (until is not None and created > until):
-                    continue
+                if since is not None or until is not None:
+                    created = datetime.fromtimestamp(item.created_at, UTC)
+                    if (since is not None and created < since) or (until is not None and created > until):
+                        continue
                 if (tags_any and not tags_any & set(item.tags)) or not tags_all <= set(item.tags):
                     continue
-                score = lexical_score(terms, item_text(item)) if terms else 0.0
-                hit = self.item_hit(item, score)
-                if (not terms or score > 0) and (not kinds or hit.kind in kinds):
-                    scored.append((score, hit))
-        else:
-            if any(filters.get(k) is not None for k in ("since", "until")) or filters.get("tags_any") or \
-                    filters.get("tags_all"):
-                return []
-            for note in reversed(self.working.live()):
-                score = lexical_score(terms, working_text(note)) if terms else 0.0
-                if (not terms or score > 0) and (not kinds or note.kind in kinds):
-                    scored.append((score, self.note_hit(note, score)))
-        scored.sort(key=lambda pair: -pair[0])
-        return [hit for _, hit in scored[:top_k]]
+                if kinds and item_kind(item) not in kinds:
+                    continue
+                score = len(terms & self._item_terms(item)) / len(terms) if terms else 0.0
+                if not terms or score > 0:
+                    items.append((score, item))
+            items.sort(key=lambda pair: -pair[0])
+            self._forget_terms()
+            return [self.item_hit(item, score) for score, item in items[:top_k]]
+        if any(filters.get(k) is not None for k in ("since", "until")) or filters.get("tags_any") or \
+                filters.get("tags_all"):
+            return []
+        notes: list[tuple[float, WorkingItem]] = []
+        for note in reversed(self.working.live()):
+            score = lexical_score(terms, working_text(note)) if terms else 0.0
+            if (not terms or score > 0) and (not kinds or note.kind in kinds):
+                notes.append((score, note))
+        notes.sort(key=lambda pair: -pair[0])
+        return [self.note_hit(note, score) for score, note in notes[:top_k]]
+
+    def _item_terms(self, item: MemoryItem) -> frozenset[str]:
+        """An item's words (items never change: computed once per item)."""
+        found = self._terms.get(item.id)
+        if found is None or found[0] is not item:  # another item under a reused id: computed again
+            found = self._terms[item.id] = (item, query_terms(item_text(item)))
+        return found[1]
+
+    def _forget_terms(self) -> None:
+        if len(self._terms) > 2 * len(self.short_term) + 64:  # items evicted or deleted since
+            self._terms = {i: t for i, t in self._terms.items() if i in self.short_term}
 
     def select(self, layer: Layer, query: str | None, refs: Sequence[str]) -> list[LayerHit]:
         """What a summary of ``layer`` takes: the items ``refs`` (hit ids, numbers or keys), else

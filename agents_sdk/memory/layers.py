@@ -37,6 +37,7 @@ __all__ = [
     "hit_of_item",
     "hit_of_memory",
     "hit_of_working",
+    "item_kind",
     "item_text",
     "lexical_score",
     "merge_hits",
@@ -139,13 +140,19 @@ def working_text(item: WorkingItem) -> str:
     return f"{item.key}: {render_value(item.value)}"
 
 
+def item_kind(item: MemoryItem) -> str:
+    """A short-term item's kind: the ``kind`` it was written with, else ``"note"`` for a
+    note (``agent.memory.write``), ``"step"`` for any other item."""
+    kind = item.extra.get("kind")
+    return kind if isinstance(kind, str) else ("note" if "note" in item.extra else "step")
+
+
 def hit_of_item(item: MemoryItem, *, episode_id: str, task_id: str, score: float, agent: str) -> LayerHit:
     """A short-term item as a hit."""
     meta = item.extra.get("metadata")
-    kind = item.extra.get("kind")
     return LayerHit(
         layer="short_term", id=short_term_id(episode_id, item.id), text=item_text(item), score=score,
-        kind=kind if isinstance(kind, str) else ("note" if "note" in item.extra else "step"),
+        kind=item_kind(item),
         source="short_term",
         provenance={"agent": agent, "task": task_id, "episode": episode_id, "step": item.step, "item": item.id},
         created_at=datetime.fromtimestamp(item.created_at, UTC),
