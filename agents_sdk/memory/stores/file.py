@@ -15,8 +15,14 @@ files, then re-checks them every ``interval`` seconds in a background task
 until :meth:`FileStore.close`. Chunk ids derive from the store, the path and
 the chunk index. Searches answer only from the chunks of the files as
 indexed now (their path and digest), so a chunk whose forget the worker has
-not applied yet, or one left on the board by a file deleted while no store was
-running, is never returned.
+not applied yet is never returned.
+
+The index is kept on the board too, one manifest entry per file (section
+``_files-<store name>``, key the path: its digest and chunk count), so that a
+store started again (another run of the agent) re-sends only the files that
+changed while it was stopped, and forgets the chunks of those deleted
+meanwhile. It reads back only the manifest entries this agent wrote for paths
+under its ``paths``.
 """
 
 from __future__ import annotations
@@ -36,7 +42,7 @@ from agents_sdk.memory.chunking import TEXT_SUFFIXES, chunk_text
 from agents_sdk.memory.layers import LayerHit, hit_of_memory, normalise_scores
 from agents_sdk.memory.longterm import MemoryInput
 from agents_sdk.memory.stores.base import StoreOptions, StoreSpec, store_layer, validate_store_name
-from blackboard.protocol.errors import BlackboardError, PermissionDeniedError
+from blackboard.protocol.errors import BlackboardError, NotFoundError, PermissionDeniedError
 from blackboard.protocol.schemas.search import SearchMode
 
 if TYPE_CHECKING:
@@ -126,6 +132,11 @@ class FileStore:
         self._lock = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
         self._started = False
+        self._seeded = False
+        #: What the last refresh did (None before the first).
+        self.last_report: FileIndexReport | None = None
+        #: The board section of the store's manifest entries.
+        self.manifest_section = f"_files-{self.name}"
 
     def __repr__(self) -> str:
         return f"FileStore({self.name!r}, paths={[str(p) for p in self.paths]!r})"
@@ -139,6 +150,8 @@ class FileStore:
         """
         if self._started:
             return
+        if not self._seeded:
+            await self._seed()
         await self.refresh()  # a failure leaves the store unstarted: the next start tries again
         self._started = True
         if self.options.interval > 0:
@@ -188,6 +201,23 @@ class FileStore:
                 continue
         return out
 
+    def _under_paths(self, path: str) -> bool:
+        file = Path(path)
+        return any(file == root or file.is_relative_to(root) for root in self.paths)
+
+    async def _seed(self) -> None:
+        """The index as the board's manifest entries left it (times unknown: each file's
+        digest is compared at the next refresh)."""
+        board = self.agent.board(self.options.board)
+        for entry in await board.entries(self.manifest_section):
+            value = entry.value
+            if entry.author != self.agent.id or not isinstance(value, Mapping) or not self._under_paths(entry.key):
+                continue
+            sha, chunks = value.get("sha256"), value.get("chunks")
+            if isinstance(sha, str) and isinstance(chunks, int) and chunks >= 0:
+                self._index.setdefault(entry.key, _Indexed(-1, -1, sha, chunks))
+        self._seeded = True
+
     def chunk_id(self, path: str, index: int) -> str:
         """The memory id of chunk ``index`` of file ``path``."""
         digest = hashlib.sha1(f"{self.name}\0{path}".encode()).hexdigest()[:16]
@@ -222,7 +252,7 @@ class FileStore:
                 continue
             try:
                 text = read.data.decode("utf-8")
-            except UnicodeDecodeError:
+            except UnicodeDecodeError:  # not text (any more): as if it were not there
                 report.skipped.append(read.path)
                 continue
             chunks = chunk_text(text, self.options.chunk_size, self.options.overlap,
@@ -240,7 +270,7 @@ class FileStore:
             (report.changed if known is not None else report.added).append(read.path)
             report.chunks_written += len(chunks)
             updates[read.path] = _Indexed(read.mtime_ns, read.size, digest, len(chunks))
-        present = {r.path for r in files}
+        present = {r.path for r in files} - set(report.skipped)
         for path, known in self._index.items():
             if path not in present:
                 stale.extend(self.chunk_id(path, i) for i in range(known.chunks))
@@ -250,9 +280,17 @@ class FileStore:
         if stale:
             await self.agent.forget(stale, board=board)
             report.chunks_forgotten = len(stale)
+        manifest = self.agent.board(board)
+        written = set(report.added) | set(report.changed)
+        for path in sorted(written):
+            known = updates[path]
+            await manifest.put(self.manifest_section, path, {"sha256": known.sha256, "chunks": known.chunks})
         for path in report.deleted:
             del self._index[path]
+            with contextlib.suppress(NotFoundError):
+                await manifest.delete(self.manifest_section, path)
         self._index.update(updates)
+        self.last_report = report
         if report.changes:
             log.info("file store %s: %d added, %d changed, %d deleted", self.name, len(report.added),
                      len(report.changed), len(report.deleted))

@@ -113,3 +113,41 @@ async def test_file_store_options_are_checked(settings: Settings, unique: str) -
         empty = create_store(agent, "nothing", "file", paths=[f"/nonexistent/{unique}"], interval=0)
         await empty.start()  # a path that does not exist (yet) holds no files
         assert empty.size() == 0 and await empty.search("anything", 5, 0.0) == []
+
+
+async def test_a_restarted_store_resends_only_what_changed_while_it_was_stopped(
+        pg_settings: Settings, start_worker: StartWorker, unique: str, tmp_path: Path) -> None:
+    model = f"hash-{unique}"
+    await start_worker(pg_settings, name=f"w{unique}", provider=HashProvider(32, model),
+                       query_provider=HashProvider(32, model))
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    for name, bird in (("a.md", "finch"), ("b.md", "robin"), ("c.md", "thrush")):
+        (docs / name).write_text(f"The {unique} {bird} sings.")
+    options = FileOptions(paths=[docs], board=unique, interval=0, mode="keyword")
+    async with Agent.connect(f"{unique}-a", settings=pg_settings) as agent:
+        first = FileStore(agent, "birds", options)
+        await first.start()
+        assert first.last_report is not None and len(first.last_report.added) == 3
+        await first.close()
+
+        (docs / "b.md").write_text(f"The {unique} blackbird sings at dusk.")  # changed while stopped
+        (docs / "c.md").unlink()  # deleted while stopped
+        (docs / "d.md").write_bytes(b"\xff\xfe not text")  # never indexed: skipped
+        again = FileStore(agent, "birds", options)  # another run of the agent
+        await again.start()
+        report = again.last_report
+        assert report is not None
+        assert (report.added, report.changed, report.deleted, report.unchanged, report.chunks_written) == (
+            [], [str((docs / "b.md").resolve())], [str((docs / "c.md").resolve())], 1, 1)
+        assert report.skipped == [str((docs / "d.md").resolve())]
+        assert [h.text for h in await again.search("finch", 3, 0.0)] == [f"The {unique} finch sings."]
+        assert [h.text for h in await again.search("blackbird dusk", 3, 0.0)] == [
+            f"The {unique} blackbird sings at dusk."]
+        assert await again.search("thrush", 3, 0.0) == [] and await again.search("robin", 3, 0.0) == []
+        assert sorted(await agent.board(unique).keys(again.manifest_section)) == [
+            str((docs / "a.md").resolve()), str((docs / "b.md").resolve())]
+
+        (docs / "a.md").write_bytes(b"\xff binary now")  # an indexed file that is no longer text
+        gone = await again.refresh()
+        assert gone.deleted == [str((docs / "a.md").resolve())] and await again.search("finch", 3, 0.0) == []
