@@ -50,6 +50,7 @@ from agents_sdk.memory.router import LLMRouter, Router, RuleRouter
 from agents_sdk.memory.short_term import ShortTermMemory
 from agents_sdk.memory.summarize import extractive_summary, llm_summary
 from agents_sdk.memory.working import DefaultTTL, WorkingMemory
+from agents_sdk.search import RecallArgs
 from blackboard.protocol.errors import (
     BlackboardError,
     InvalidPayloadError,
@@ -72,8 +73,8 @@ __all__ = ["AgentMemory", "PruneResult", "SummaryResult"]
 log = logging.getLogger("agents_sdk.memory.facade")
 
 SummaryStrategy = Literal["extractive", "llm"]
-#: Filters that name boards or authors: the local layers hold none of them.
-_REMOTE_FILTERS = ("board", "boards", "author")
+#: The keywords of ``agent.recall`` a search's filters may hold (its ranking is search's own).
+_FILTERS = frozenset(RecallArgs.__annotations__) - {"top_k", "mode", "min_score"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,6 +148,10 @@ def _filters_dict(filters: SearchFilters | Mapping[str, Any] | None) -> dict[str
         return {k: v for k, v in filters.model_dump(exclude_defaults=True).items() if v is not None}
     if not isinstance(filters, Mapping):
         raise InvalidPayloadError(f"filters must be a mapping or SearchFilters, not {type(filters).__name__}")
+    unknown = sorted(str(k) for k in filters if k not in _FILTERS)
+    if unknown:
+        raise InvalidPayloadError(f"unknown search filter {unknown[0]!r} (filters: {', '.join(sorted(_FILTERS))}; "
+                                  "top_k, mode and min_relevance are arguments of search)")
     return {k: v for k, v in filters.items() if v is not None}
 
 

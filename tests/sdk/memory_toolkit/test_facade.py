@@ -106,6 +106,10 @@ async def test_search_ranks_the_local_layers_by_the_share_of_query_words(setting
         assert {h.layer for h in routed} == {"short_term", "working"}
         with pytest.raises(InvalidPayloadError, match="top_k"):
             await memory.search("x", top_k=0)
+        with pytest.raises(InvalidPayloadError, match="unknown search filter 'colour'"):
+            await memory.search("x", filters={"colour": "red"})
+        with pytest.raises(InvalidPayloadError, match="unknown search filter 'top_k'"):
+            await memory.search("x", filters={"top_k": 3})
 
 
 async def test_a_pluggable_router(settings: Settings, unique: str) -> None:
