@@ -19,7 +19,6 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections import OrderedDict
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -37,6 +36,7 @@ from agents_sdk.memory.layers import (
     PRUNE_STRATEGIES,
     SHORT_TERM_PREFIX,
     WORKING_PREFIX,
+    HitCache,
     Layer,
     LayerHit,
     PruneStrategy,
@@ -174,7 +174,7 @@ class AgentMemory:
         #: Open episodes, the current last; the default episode stays at the bottom.
         self._stack: list[Episode] = [default]
         self._metrics = MetricsRecorder(self.settings.metrics_window)
-        self._cache: OrderedDict[tuple[Any, ...], tuple[float, list[LayerHit]]] = OrderedDict()
+        self._cache = HitCache(self.settings.cache_ttl, self.settings.cache_size)
         self._joined: tuple[float, tuple[str, ...]] | None = None
         self._counter: TokenCounter | None = None
         self._summarizer: OpenAISummarizer | None = None
@@ -408,36 +408,15 @@ class AgentMemory:
             if not boards:
                 return []
         key = (layer, query, mode, top_k, tuple(boards), repr(sorted(args.items())))
-        cached = self._cache_get(key)
+        cached = self._cache.get(key)
         if cached is not None:
             return cached
         recalled: list[MemoryHit] = await self._agent.recall(query, boards=boards, mode=mode, top_k=top_k,
                                                              **args)
         scores = normalise_scores(recalled, mode)
         hits = [hit_of_memory(h, layer=layer, score=s) for h, s in zip(recalled, scores, strict=True)]
-        self._cache_put(key, hits)
+        self._cache.put(key, hits)
         return hits
-
-    def _cache_get(self, key: tuple[Any, ...]) -> list[LayerHit] | None:
-        if self.settings.cache_ttl <= 0 or self.settings.cache_size <= 0:
-            return None
-        found = self._cache.get(key)
-        if found is not None and found[0] > time.monotonic():
-            self._cache.move_to_end(key)
-            self._metrics.cache(True)
-            return list(found[1])
-        if found is not None:
-            del self._cache[key]
-        self._metrics.cache(False)
-        return None
-
-    def _cache_put(self, key: tuple[Any, ...], hits: list[LayerHit]) -> None:
-        if self.settings.cache_ttl <= 0 or self.settings.cache_size <= 0:
-            return
-        self._cache[key] = (time.monotonic() + self.settings.cache_ttl, list(hits))
-        self._cache.move_to_end(key)
-        while len(self._cache) > self.settings.cache_size:
-            self._cache.popitem(last=False)
 
     # ------------------------------------------------------------ write and read
     async def write(self, text: str, *, layer: Layer = "short_term", key: str | None = None,
@@ -733,7 +712,7 @@ class AgentMemory:
         if self._attachments is not None:
             sizes.update((f"store:{name}", size) for name, size in self._attachments.sizes().items())
         fallbacks = self._router.fallbacks if isinstance(self._router, LLMRouter) else 0
-        return self._metrics.snapshot(sizes, fallbacks)
+        return self._metrics.snapshot(sizes, fallbacks, (self._cache.hits, self._cache.misses))
 
     # ------------------------------------------------------------ lifecycle
     def _check_open(self) -> None:

@@ -18,7 +18,9 @@ Every search of the facade and of an attached store returns :class:`LayerHit`, w
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping, Sequence
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Final, Literal
@@ -31,6 +33,7 @@ from blackboard.protocol.schemas.search import MemoryHit, SearchMode
 __all__ = [
     "LAYERS",
     "PRUNE_STRATEGIES",
+    "HitCache",
     "Layer",
     "LayerHit",
     "PruneStrategy",
@@ -213,3 +216,50 @@ def merge_hits(groups: Iterable[Sequence[LayerHit]], top_k: int) -> list[LayerHi
         unique.append(hit)
     unique.sort(key=lambda h: (-h.score, order.get(h.layer, len(LAYERS))))  # stable: a layer's order on ties
     return unique[:top_k]
+
+
+class HitCache:
+    """The long-term layers' search results, reused for ``ttl`` seconds (``agent_memory.cache_ttl``),
+    at most ``size`` of them (``cache_size``), the least recently used out. ``ttl`` or ``size``
+    0: nothing is kept, and lookups are not counted. Pure: the clock is injected.
+    """
+
+    def __init__(self, ttl: float, size: int, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self.ttl = ttl
+        self.size = size
+        self._clock = clock
+        self._entries: OrderedDict[Hashable, tuple[float, tuple[LayerHit, ...]]] = OrderedDict()
+        self.hits = 0
+        self.misses = 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.ttl > 0 and self.size > 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def get(self, key: Hashable) -> list[LayerHit] | None:
+        """The hits cached under ``key`` while fresh (a hit), else None (a miss)."""
+        if not self.enabled:
+            return None
+        found = self._entries.get(key)
+        if found is not None and found[0] > self._clock():
+            self._entries.move_to_end(key)
+            self.hits += 1
+            return list(found[1])
+        if found is not None:
+            del self._entries[key]
+        self.misses += 1
+        return None
+
+    def put(self, key: Hashable, hits: Sequence[LayerHit]) -> None:
+        if not self.enabled:
+            return
+        self._entries[key] = (self._clock() + self.ttl, tuple(hits))
+        self._entries.move_to_end(key)
+        while len(self._entries) > self.size:
+            self._entries.popitem(last=False)
+
+    def clear(self) -> None:
+        self._entries.clear()

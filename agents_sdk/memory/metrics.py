@@ -145,14 +145,17 @@ class MetricsRecorder:
         if count:
             self._pruned[layer] += count
 
-    def snapshot(self, sizes: Mapping[str, int], router_fallbacks: int = 0) -> MemoryMetrics:
-        lookups = self.cache_hits + self.cache_misses
+    def snapshot(self, sizes: Mapping[str, int], router_fallbacks: int = 0,
+                 cache: tuple[int, int] | None = None) -> MemoryMetrics:
+        """The metrics now; ``cache`` (hits, misses) adds a cache's own counts to those of :meth:`cache`."""
+        hits, misses = cache or (0, 0)
+        hits, misses = hits + self.cache_hits, misses + self.cache_misses
+        lookups = hits + misses
         recalled = len(self._recalled)
         used = len(self._used)
         return MemoryMetrics(
             latency=LatencyStats.of(self._latency),
             latency_by_layer={k: LatencyStats.of(v) for k, v in sorted(self._by_layer.items())},
-            cache_hits=self.cache_hits, cache_misses=self.cache_misses,
-            cache_hit_rate=self.cache_hits / lookups if lookups else 0.0,
+            cache_hits=hits, cache_misses=misses, cache_hit_rate=hits / lookups if lookups else 0.0,
             recalled=recalled, used=used, used_rate=used / recalled if recalled else 0.0,
             sizes=dict(sizes), pruned=dict(self._pruned), router_fallbacks=router_fallbacks)
