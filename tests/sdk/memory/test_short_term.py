@@ -62,6 +62,18 @@ def test_memory_package_exports_are_pinned() -> None:
             "render_prompt",
             "summary_id",
             "summary_messages",
+            # the memory toolkit (issue 23): the facade, layers, episodes, router, metrics
+            "AgentMemory", "Episode", "EpisodeSummary", "LAYERS", "LLMRouter", "LatencyStats", "Layer",
+            "LayerHit", "MemoryMetrics", "PruneResult", "PruneStrategy", "RouteRule", "Router", "RuleRouter",
+            "SummaryResult", "extractive_summary",
+            # memory actions as tools
+            "ACTION_NAMES", "ActionResult", "ExtraTool", "ToolLoopResult", "call_action", "memory_tools",
+            "run_tool_loop",
+            # stores, attachments, prompt context, tokenizers
+            "Attachment", "Attachments", "ConfigFileError", "ConversationStore", "FileStore", "LogStore",
+            "MemoryConfig", "MemoryStore", "ModelTokenCounter", "RenderedContext", "STAGES", "Stage", "StoreSpec",
+            "TiktokenCounter", "chars_counter", "create_store", "load_config", "register_store_type",
+            "render_related", "token_counter",
         ]
     )
     for name in memory_pkg.__all__:
