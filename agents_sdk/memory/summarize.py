@@ -84,7 +84,22 @@ def extractive_summary(texts: Sequence[str], *, target_tokens: int, keep: Mappin
         covered.append(terms)
         used += cost
     body = [s for _, s in sorted(chosen)]
-    return "\n".join(head + body)
+    if not body and scored and budget > 0:  # no whole sentence fits: the best one, cut to the budget
+        body = [_cut(scored[0][1], budget, count_tokens)]
+    return "\n".join(head + [line for line in body if line])
+
+
+def _cut(sentence: str, budget: int, count: TokenCounter) -> str:
+    """The longest word prefix of ``sentence`` (with an ellipsis) that fits ``budget``."""
+    words = sentence.split()
+    lo, hi = 0, len(words)
+    while lo < hi:  # the most words whose line fits
+        mid = (lo + hi + 1) // 2
+        if count(" ".join(words[:mid]) + " …\n") <= budget:
+            lo = mid
+        else:
+            hi = mid - 1
+    return " ".join(words[:lo]) + " …" if lo else ""
 
 
 async def llm_summary(summarizer: OpenAISummarizer, texts: Sequence[str], *, target_tokens: int,

@@ -50,6 +50,9 @@ def test_extractive_summary_drops_repeats_and_keeps_keys_verbatim_first() -> Non
     # keys are kept even when they alone exceed the target
     assert extractive_summary(TEXTS, target_tokens=1, keep=keep).splitlines() == kept_lines(keep)
     assert extractive_summary([], target_tokens=10) == ""
+    # one sentence longer than the target: cut at a word, not left out
+    long = extractive_summary(["the price " * 100 + "is high."], target_tokens=20)
+    assert long.startswith("the price the price") and long.endswith(" …") and chars_counter(long + "\n") <= 20
     assert sentences("One. Two!\nThree?  ") == ["One.", "Two!", "Three?"]
 
 
