@@ -361,8 +361,15 @@ class AgentMemory:
         if time_range is not None:
             since, until = time_range
             flt.update({k: v for k, v in (("since", since), ("until", until)) if v is not None})
+        for name in ("since", "until"):
+            value = flt.get(name)
+            if value is not None and (not isinstance(value, datetime) or value.tzinfo is None):
+                raise InvalidPayloadError(f"{name} must be a timezone-aware datetime, not {value!r}")
         if layers is None:
-            chosen = await self.router.route(query, available=list(self.settings.layers), filters=flt)
+            routed = set(await self.router.route(query, available=list(self.settings.layers), filters=flt))
+            # what a router answers is only a wish: unknown or disabled layers are dropped
+            chosen = [layer for layer in LAYERS if layer in routed and layer in self.settings.layers] or [
+                layer for layer in LAYERS if layer in self.settings.layers]
         else:
             if isinstance(layers, str):
                 layers = [layers]  # type: ignore[list-item]

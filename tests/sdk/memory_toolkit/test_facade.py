@@ -110,6 +110,8 @@ async def test_search_ranks_the_local_layers_by_the_share_of_query_words(setting
             await memory.search("x", filters={"colour": "red"})
         with pytest.raises(InvalidPayloadError, match="unknown search filter 'top_k'"):
             await memory.search("x", filters={"top_k": 3})
+        with pytest.raises(InvalidPayloadError, match="timezone-aware"):
+            await memory.search("x", time_range=(datetime(2026, 1, 1), None))
 
 
 async def test_a_pluggable_router(settings: Settings, unique: str) -> None:
@@ -131,6 +133,9 @@ async def test_a_pluggable_router(settings: Settings, unique: str) -> None:
         assert [h.layer for h in await agent.memory.search("alpha")] == ["working"]
         assert only.asked == ["alpha"]
         agent.memory.router = RuleRouter()
+        assert {h.layer for h in await agent.memory.search("alpha")} == {"short_term", "working"}
+        # a router's answer is only a wish: a layer that is off or unknown is not searched
+        agent.memory.router = Only("long_term")
         assert {h.layer for h in await agent.memory.search("alpha")} == {"short_term", "working"}
 
 
