@@ -27,7 +27,12 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, Self, TypeVar
 
 from pydantic import SecretStr
 
-from blackboard.protocol.errors import DevStackError
+from blackboard.protocol.errors import (
+    AuthenticationError,
+    ConfigurationError,
+    DevStackError,
+    PermissionDeniedError,
+)
 from blackboard.protocol.subjects import SEARCH_SERVICE
 from blackboard.settings import NatsSettings, Settings
 from blackboard.testing.identities import StackIdentities
@@ -262,6 +267,8 @@ class Stack(abc.ABC):
                 finally:
                     await nc.close()
                 break
+            except (AuthenticationError, ConfigurationError, PermissionDeniedError):
+                raise  # no waiting mends these
             except Exception as exc:  # a cluster without a meta leader yet: try again
                 if time.monotonic() > deadline:
                     raise DevStackError(f"the test stack's JetStream assets could not be created: {exc!r}") from exc
