@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from openai import AsyncOpenAI
 
+from agents_sdk import Agent
 from agents_sdk.memory.layers import LAYERS, Layer
 from agents_sdk.memory.router import (
     DEFAULT_RULES,
@@ -20,7 +21,7 @@ from agents_sdk.memory.router import (
     parse_layers,
 )
 from blackboard.protocol.errors import ConfigurationError
-from blackboard.settings import LLMSettings
+from blackboard.settings import LLMSettings, Settings
 from tests.fakes.openai_server import OpenAIFake
 
 ALL: tuple[Layer, ...] = LAYERS
@@ -130,3 +131,24 @@ def test_llm_router_from_settings_needs_a_key_for_openai() -> None:
         LLMRouter.from_settings(LLMSettings())
     router = LLMRouter.from_settings(LLMSettings(base_url="http://127.0.0.1:9/v1", model="m"))
     assert router.model == "m" and isinstance(router.fallback, RuleRouter)
+
+
+@pytest.mark.asyncio
+async def test_agent_memory_routes_with_the_llm_of_its_settings_and_counts_fallbacks(settings: Settings,
+                                                                                      unique: str) -> None:
+    answers = ['{"layers": ["working"]}', "no idea"]
+    with OpenAIFake(chat=lambda messages: answers.pop(0)) as fake:
+        configured = settings.model_copy(update={
+            "llm": settings.llm.model_copy(update={"base_url": fake.base_url, "model": "router"}),
+            "agent_memory": settings.agent_memory.model_copy(update={"router": "llm",
+                                                                    "layers": ["short_term", "working"]})})
+        async with Agent.connect(f"{unique}-a", settings=configured) as agent:
+            assert isinstance(agent.memory.router, LLMRouter) and agent.memory.router.model == "router"
+            await agent.memory.write("alpha note")
+            await agent.memory.write("alpha scratch", layer="working")
+            assert [h.layer for h in await agent.memory.search("alpha")] == ["working"]  # the model's choice
+            # prose: the rules (no rule matches: every layer on)
+            assert {h.layer for h in await agent.memory.search("alpha")} == {"short_term", "working"}
+            assert agent.memory.metrics().router_fallbacks == 1
+            offered = json.loads(fake.requests_to("/v1/chat/completions")[0].body["messages"][1]["content"])
+            assert offered["layers_offered"] == ["short_term", "working"]
