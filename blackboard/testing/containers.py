@@ -300,8 +300,10 @@ class ContainerStack(Stack):
 
     def _stop_servers(self) -> None:
         for container in self.containers:
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(Exception):  # gone already
                 container.get_wrapped_container().remove(force=True, v=True)
+            with contextlib.suppress(Exception):
+                container.get_docker_client().client.close()  # each container has its own client
         self._worker = None
         self._postgres = None
         self._nats = []

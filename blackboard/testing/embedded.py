@@ -128,7 +128,7 @@ class EmbeddedStack(Stack):
         with open(self.worker_log_file, "ab") as log:
             self._worker = subprocess.Popen(
                 [sys.executable, "-m", "blackboard", "worker"], stdout=log, stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+                stdin=subprocess.DEVNULL, env=env)  # in this process's group: a Ctrl-C reaches it
 
     def _check_worker_alive(self) -> None:
         if self._worker is not None and self._worker.poll() is not None:
