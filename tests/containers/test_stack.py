@@ -7,6 +7,11 @@ No Docker engine, or an image missing: the tests fail with the reason (never a s
 
 from __future__ import annotations
 
+import contextlib
+import os
+import socket
+import subprocess
+import uuid
 from collections.abc import Iterator
 
 import pytest
@@ -60,3 +65,26 @@ def test_stacks_leave_no_containers(stack: ContainerStack) -> None:
     networks = [n.name for n in client.networks.list(filters={"label": LABEL})
                 if (n.attrs.get("Labels") or {}).get(f"{LABEL}.stack") != stack.stack_id]
     assert (left, networks) == ([], [])
+
+
+def test_sweep_removes_only_what_dead_runs_left() -> None:
+    """Containers labelled by a process of this host that is gone are removed; those of a live
+    process (this one) are kept."""
+    client = docker_client()
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    image = Settings().containers.nats_image
+    made = {}
+    for who, pid in (("dead", dead.pid), ("alive", 0)):
+        labels = {LABEL: "true", f"{LABEL}.stack": f"sweep-{uuid.uuid4().hex[:8]}",
+                  f"{LABEL}.host": socket.gethostname(), f"{LABEL}.pid": str(pid or os.getpid())}
+        made[who] = client.containers.create(image, labels=labels, name=f"bb-sweep-{who}-{uuid.uuid4().hex[:6]}")
+    try:
+        sweep_containers()
+        ids = {c.id for c in client.containers.list(all=True, filters={"label": LABEL})}
+        assert made["dead"].id not in ids
+        assert made["alive"].id in ids
+    finally:
+        for container in made.values():
+            with contextlib.suppress(Exception):
+                container.remove(force=True)
