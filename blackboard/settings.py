@@ -367,8 +367,9 @@ class AgentMemorySettings(BaseModel):
     #: falls back to the rules when it fails).
     router: Literal["rules", "llm"] = "rules"
     #: Seconds a long-term or shared search result is reused for the same query and
-    #: filters (0: no cache).
-    cache_ttl: float = Field(30.0, ge=0)
+    #: filters (0: no cache). The agent's own writes clear it; another agent's new
+    #: memories are seen once the entry expires, so keep it short on a busy team.
+    cache_ttl: float = Field(5.0, ge=0)
     #: Most cached search results.
     cache_size: int = Field(256, ge=0)
     #: Summarize an episode into long-term memory when it ends.

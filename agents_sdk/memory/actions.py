@@ -25,6 +25,7 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationErro
 from agents_sdk.memory.layers import LAYERS, Layer, PruneStrategy
 from blackboard.protocol.errors import BlackboardError, NotFoundError, PermissionDeniedError
 from blackboard.protocol.schemas.memory import MemoryKind
+from blackboard.protocol.schemas.prune import MAX_PRUNE_LIMIT
 from blackboard.protocol.schemas.search import SearchMode
 
 if TYPE_CHECKING:
@@ -154,7 +155,7 @@ class MemoryPruneArgs(_Args):
     scope: Literal["own", "all"] = Field("own", description="'own' (your memories) or 'all' (everyone's: needs "
                                                             "admin rights on the board).")
     dry_run: bool = Field(False, description="Only tell what would be pruned.")
-    limit: int | None = Field(None, description="Most memories to prune.", ge=1, le=100_000)
+    limit: int | None = Field(None, description="Most memories to prune.", ge=1, le=MAX_PRUNE_LIMIT)
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,7 +8,7 @@ its frozen snapshot. Pure: no clock of its own (the facade measures the latencie
 from __future__ import annotations
 
 import math
-from collections import Counter, deque
+from collections import Counter, OrderedDict, deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -94,14 +94,21 @@ class MetricsRecorder:
         window: latencies kept for the percentiles (the newest).
     """
 
-    def __init__(self, window: int = 2048) -> None:
+    #: Distinct recalled ids remembered (the oldest are forgotten past it, so an agent that
+    #: runs for weeks holds a bounded set; the counts keep growing).
+    MAX_IDS = 65536
+
+    def __init__(self, window: int = 2048, *, max_ids: int = MAX_IDS) -> None:
         self._window = window
+        self._max_ids = max_ids
         self._latency: deque[float] = deque(maxlen=window)
         self._by_layer: dict[str, deque[float]] = {}
         self.cache_hits = 0
         self.cache_misses = 0
-        self._recalled: set[str] = set()
-        self._used: set[str] = set()
+        #: recalled id -> whether it was used (insertion order: the oldest first).
+        self._recalled: OrderedDict[str, bool] = OrderedDict()
+        self._recalled_count = 0
+        self._used_count = 0
         #: Ids rendered by ``context`` since the last ``mark_step``.
         self._rendered: set[str] = set()
         self._pruned: Counter[str] = Counter()
@@ -123,22 +130,30 @@ class MetricsRecorder:
             self.cache_misses += 1
 
     def recalled(self, ids: Iterable[str]) -> None:
-        self._recalled.update(ids)
+        for i in ids:
+            if i not in self._recalled:
+                self._recalled[i] = False
+                self._recalled_count += 1
+                if len(self._recalled) > self._max_ids:
+                    self._recalled.popitem(last=False)
 
     def rendered(self, ids: Iterable[str]) -> None:
         """Ids put into a prompt by ``context``: recalled, and used if the step succeeds."""
         ids = list(ids)
-        self._recalled.update(ids)
+        self.recalled(ids)
         self._rendered.update(ids)
 
     def used(self, ids: Iterable[str]) -> None:
-        """Ids the agent used (counted only when they were recalled)."""
-        self._used.update(i for i in ids if i in self._recalled)
+        """Ids the agent used (counted only when they were recalled, once each)."""
+        for i in ids:
+            if self._recalled.get(i) is False:
+                self._recalled[i] = True
+                self._used_count += 1
 
     def step(self, success: bool) -> None:
         """The step ended: on success what was rendered since the last step counts as used."""
         if success:
-            self._used.update(self._rendered)
+            self.used(self._rendered)
         self._rendered.clear()
 
     def pruned(self, layer: str, count: int) -> None:
@@ -151,8 +166,7 @@ class MetricsRecorder:
         hits, misses = cache or (0, 0)
         hits, misses = hits + self.cache_hits, misses + self.cache_misses
         lookups = hits + misses
-        recalled = len(self._recalled)
-        used = len(self._used)
+        recalled, used = self._recalled_count, self._used_count
         return MemoryMetrics(
             latency=LatencyStats.of(self._latency),
             latency_by_layer={k: LatencyStats.of(v) for k, v in sorted(self._by_layer.items())},
