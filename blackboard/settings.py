@@ -561,6 +561,36 @@ class ContainerSettings(BaseModel):
     start_timeout: float = Field(120.0, gt=0)
 
 
+class ObservabilitySettings(BaseModel):
+    """Logs, metrics, health endpoints and tracing (docs/observability.md)."""
+
+    #: The level of the worker's and the CLI's logs.
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    #: ``text`` (one line an event) or ``json`` (one JSON object a line, for log shippers).
+    log_format: Literal["text", "json"] = "text"
+    #: Progress bars (``blackboard reindex``, ``ingest``): ``auto`` draws them only on a
+    #: terminal (a log gets one line per step instead).
+    progress: Literal["auto", "always", "never"] = "auto"
+    #: Serve ``/metrics`` (Prometheus), ``/healthz`` and ``/readyz`` from the worker.
+    http_enabled: bool = True
+    #: The address they are served on.
+    http_host: str = "127.0.0.1"
+    #: Their port (0: a free port, told in the worker's ready line).
+    http_port: int = Field(9464, ge=0, le=65535)
+    #: ``/readyz`` answers ready when every stream's pending messages are at most this.
+    ready_max_lag: int = Field(1000, ge=0)
+    #: OpenTelemetry spans (needs the ``tracing`` extra): writes followed across the bus
+    #: with W3C trace context in NATS headers. Off: no cost beyond a flag test.
+    tracing: bool = False
+    #: Where spans go: ``otlp`` (OTLP over HTTP to otlp_endpoint), ``console``, or
+    #: ``none`` (an application that sets its own tracer provider).
+    tracing_exporter: Literal["otlp", "console", "none"] = "none"
+    #: The OTLP HTTP endpoint (tracing_exporter = otlp), e.g. http://127.0.0.1:4318.
+    otlp_endpoint: str | None = None
+    #: The ``service.name`` resource of this process's spans.
+    service_name: str = "blackboard"
+
+
 class SecuritySettings(BaseModel):
     """Identities and rights (docs/security.md)."""
 
@@ -620,6 +650,7 @@ class Settings(BaseSettings):
     security: SecuritySettings = SecuritySettings()
     cli: CliSettings = CliSettings()
     containers: ContainerSettings = ContainerSettings()
+    observability: ObservabilitySettings = ObservabilitySettings()
 
     @model_validator(mode="after")
     def _check_windows(self) -> Settings:
