@@ -29,6 +29,7 @@ from blackboard.protocol import codec
 from blackboard.protocol.subjects import MEMORY_STREAM, Subjects
 from blackboard.settings import (
     NatsSettings,
+    ObservabilitySettings,
     PostgresSettings,
     SecuritySettings,
     Settings,
@@ -175,6 +176,8 @@ def make_settings(nats_url: str, pg_dsn: str | None = None, **overrides: object)
     # A batch a killed test worker held is embedded by the next test's worker within seconds
     # (the default, 120 s, outlasts a test's wait for the shared database's embedding queue).
     values["worker"] = WorkerSettings(embed_lease=5.0)
+    # Many test workers run at once: each serves its metrics and health endpoints on a free port.
+    values["observability"] = ObservabilitySettings(http_port=0)
     if pg_dsn is not None:
         values["postgres"] = PostgresSettings(dsn=pg_dsn)  # type: ignore[arg-type]
     values.update(overrides)
