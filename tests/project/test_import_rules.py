@@ -16,8 +16,9 @@ against four rules.
    protocol    ``blackboard.protocol``                              nothing of ours
    consensus   ``blackboard.consensus`` (pure)                      protocol
    security    ``blackboard.security`` (identities, rights)         settings, protocol
-   client      ``blackboard.client``                                settings, protocol, consensus, security
-   sdk         ``agents_sdk``                                       ..., consensus, security, client
+   observab.   ``blackboard.observability`` (logs, metrics, traces) settings, protocol
+   client      ``blackboard.client``                                ..., security, observability
+   sdk         ``agents_sdk``                                       ..., observability, client
    db          ``blackboard.db``                                    settings, protocol
    embeddings  ``blackboard.embeddings``                            settings, protocol
    devstack    ``blackboard.devstack``                              settings, protocol, security
@@ -75,22 +76,27 @@ LAYERS: tuple[tuple[str, tuple[str, ...], frozenset[str]], ...] = (
     ("protocol", ("blackboard.protocol",), frozenset()),
     ("consensus", ("blackboard.consensus",), frozenset({"protocol"})),
     ("security", ("blackboard.security",), frozenset({"settings", "protocol"})),
-    ("client", ("blackboard.client",), frozenset({"settings", "protocol", "consensus", "security"})),
-    ("sdk", ("agents_sdk",), frozenset({"settings", "protocol", "consensus", "security", "client"})),
+    ("observability", ("blackboard.observability",), frozenset({"settings", "protocol"})),
+    ("client", ("blackboard.client",),
+     frozenset({"settings", "protocol", "consensus", "security", "observability"})),
+    ("sdk", ("agents_sdk",),
+     frozenset({"settings", "protocol", "consensus", "security", "observability", "client"})),
     ("db", ("blackboard.db",), frozenset({"settings", "protocol"})),
     ("embeddings", ("blackboard.embeddings",), frozenset({"settings", "protocol"})),
     ("devstack", ("blackboard.devstack",), frozenset({"settings", "protocol", "security"})),
     ("search", ("blackboard.search",),
-     frozenset({"settings", "protocol", "consensus", "security", "client", "db", "embeddings"})),
+     frozenset({"settings", "protocol", "consensus", "security", "observability", "client", "db",
+                "embeddings"})),
     ("worker", ("blackboard.worker",),
-     frozenset({"settings", "protocol", "consensus", "security", "client", "db", "embeddings", "search"})),
+     frozenset({"settings", "protocol", "consensus", "security", "observability", "client", "db",
+                "embeddings", "search"})),
     ("root", ("blackboard",), frozenset({"settings", "protocol", "client"})),
     ("apps", ("blackboard.apps", "blackboard.__main__"),
-     frozenset({"settings", "protocol", "consensus", "security", "client", "sdk", "db", "embeddings",
-                "devstack", "search", "worker", "root"})),
+     frozenset({"settings", "protocol", "consensus", "security", "observability", "client", "sdk", "db",
+                "embeddings", "devstack", "search", "worker", "root"})),
     ("testing", ("blackboard.testing",),
-     frozenset({"settings", "protocol", "consensus", "security", "client", "sdk", "db", "embeddings",
-                "devstack", "search", "worker", "root"})),
+     frozenset({"settings", "protocol", "consensus", "security", "observability", "client", "sdk", "db",
+                "embeddings", "devstack", "search", "worker", "root"})),
 )
 #: The top-level packages checked.
 PACKAGES = ("blackboard", "agents_sdk")
