@@ -224,10 +224,11 @@ class ContainerStack(Stack):
         self._network = Network(docker_network_kw={"labels": self.labels}).create()
         self._nats_ports = [free_port() for _ in range(self.nats_nodes)]
         self._nats = [self._nats_container(i) for i in range(self.nats_nodes)]
-        for container in self._nats:
-            self._start(container, "NATS")
+        for i, container in enumerate(self._nats):
+            self._nats_ports[i] = self._start_published(container, f"NATS node nats-{i + 1}", 4222,
+                                                        self._nats_ports[i])
         self._postgres = self._postgres_container()
-        self._start(self._postgres, "PostgreSQL")
+        self._pg_port = self._start_published(self._postgres, "PostgreSQL", 5432, self._pg_port)
         timeout = self.base_settings.containers.start_timeout
         for i, container in enumerate(self._nats):
             _wait_tcp(self._host, self._nats_ports[i], timeout, f"NATS node nats-{i + 1}", container)
@@ -239,6 +240,24 @@ class ContainerStack(Stack):
         assert self._network is not None
         return (DockerContainer(image).with_network(self._network).with_network_aliases(alias)
                 .with_name(f"bb-{self.stack_id}-{alias}").with_kwargs(labels=self.labels))
+
+    def _start_published(self, container: DockerContainer, what: str, port: int, host_port: int) -> int:
+        """Start ``container`` with ``port`` published on ``host_port``, or on another free port
+        if something took that one since it was picked (another run's containers); returns the
+        host port."""
+        for _ in range(4):
+            try:
+                container.start()
+                return host_port
+            except Exception as exc:  # docker.errors.APIError
+                if "already allocated" not in str(exc) and "already in use" not in str(exc):
+                    raise DevStackError(f"the test stack's {what} container ({container.image}) did not "
+                                        f"start: {exc}") from exc
+                with contextlib.suppress(Exception):
+                    container.get_wrapped_container().remove(force=True)
+                host_port = free_port()
+                container.with_bind_ports(port, host_port)
+        raise DevStackError(f"the test stack's {what} container found no free host port")
 
     def _start(self, container: DockerContainer, what: str) -> None:
         try:

@@ -88,3 +88,20 @@ def test_sweep_removes_only_what_dead_runs_left() -> None:
         for container in made.values():
             with contextlib.suppress(Exception):
                 container.remove(force=True)
+
+
+@pytest.mark.asyncio
+async def test_a_host_port_taken_meanwhile_is_picked_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A published port that something took between its pick and the container's start (another
+    run's containers) is picked again instead of failing the stack."""
+    import blackboard.testing.containers as containers_module
+    from blackboard.devstack import free_port
+
+    with socket.socket() as taken:
+        taken.bind(("0.0.0.0", 0))
+        taken.listen()
+        picks = iter([taken.getsockname()[1]])
+        monkeypatch.setattr(containers_module, "free_port", lambda: next(picks, None) or free_port())
+        with ContainerStack(settings=Settings(), worker=False) as stack:
+            assert stack.nats_urls[0] != f"tls://127.0.0.1:{taken.getsockname()[1]}"
+            await scenarios.sdk_writes_and_reads(stack)

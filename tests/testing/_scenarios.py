@@ -100,25 +100,32 @@ async def worker_persists_and_search_answers(stack: Stack) -> None:
 
 
 async def _cluster_state(settings: Settings, stream: str) -> tuple[str, list[tuple[str, bool]]]:
-    """The stream's leader and its other replicas with whether each is current."""
+    """The stream's leader ("" while it elects one) and its other replicas with whether each
+    is current."""
     nc = await connect_nats(settings, name="test-cluster-state")
     try:
         info = await nc.jetstream().stream_info(stream)
-        assert info.cluster is not None and info.cluster.leader
-        return info.cluster.leader, [(str(p.name), bool(p.current) and not p.offline)
-                                     for p in info.cluster.replicas or []]
+        cluster = info.cluster
+        if cluster is None:
+            return "", []
+        return cluster.leader or "", [(str(p.name), bool(p.current) and not p.offline)
+                                      for p in cluster.replicas or []]
     finally:
         await nc.close()
 
 
-async def _wait_all_current(settings: Settings, stream: str, within: float = 60.0) -> None:
+async def _wait_cluster(settings: Settings, stream: str, *, all_current: bool,
+                        within: float = 60.0) -> str:
+    """Wait until the stream has a leader (and, ``all_current``, both other replicas are
+    current); returns the leader."""
     deadline = time.monotonic() + within
     while True:
         with contextlib.suppress(BlackboardError, TimeoutError, NoStreamResponseError):
-            _, replicas = await _cluster_state(settings, stream)
-            if len(replicas) == 2 and all(current for _, current in replicas):
-                return
-        assert time.monotonic() < deadline, f"{stream}'s replicas did not catch up within {within:g}s"
+            leader, replicas = await _cluster_state(settings, stream)
+            if leader and (not all_current or (len(replicas) == 2 and all(current for _, current in replicas))):
+                return leader
+        assert time.monotonic() < deadline, f"{stream} has no leader or its replicas did not catch up " \
+                                            f"within {within:g}s"
         await asyncio.sleep(0.25)
 
 
@@ -148,7 +155,7 @@ async def killed_nats_node_loses_nothing(cluster: Stack) -> None:
         stop = asyncio.Event()
         load = asyncio.create_task(_put_until(writer, board, stop, acked, progress))
         await progress.reached(50)
-        leader, _ = await _cluster_state(operator, stream)
+        leader = await _wait_cluster(operator, stream, all_current=True)
         killed = int(leader.removeprefix("nats-")) - 1
         await asyncio.to_thread(cluster.kill_nats, killed)
         await progress.reached(progress.count + 50)  # writes go on, acknowledged by the survivors
@@ -161,7 +168,7 @@ async def killed_nats_node_loses_nothing(cluster: Stack) -> None:
 
     assert await read_all() == acked
     await asyncio.to_thread(cluster.start_nats, killed)
-    await _wait_all_current(operator, stream)
+    await _wait_cluster(operator, stream, all_current=True)
     await asyncio.to_thread(cluster.kill_nats, (killed + 1) % 3)
     assert await read_all() == acked
 
