@@ -255,6 +255,7 @@ def spawn_worker(settings: Settings, name: str, **env: str) -> subprocess.Popen[
         "BLACKBOARD_WORKER__EMBED": "false",
         "BLACKBOARD_WORKER__SERVE_SEARCH": "false",
         "BLACKBOARD_WORKER__ACK_WAIT": "2",
+        "BLACKBOARD_OBSERVABILITY__HTTP_PORT": "0",  # several at once: each on a free port
     })
     environ.update({f"BLACKBOARD_{k}": v for k, v in env.items()})
     environ["PYTHONFAULTHANDLER"] = "1"  # stop_worker's SIGABRT prints every thread's stack

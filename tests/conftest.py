@@ -160,6 +160,12 @@ def postgres_factory(stack_dir: Path) -> Iterator[Callable[[], EmbeddedPostgres]
     yield from _factory(stack_dir, EmbeddedPostgres, "pg")
 
 
+# Many test workers run at once (in this process, or children started with this environment:
+# ``blackboard dev``, blackboard.testing's stacks): each serves its metrics and health endpoints
+# on a free port instead of observability.http_port's default, 9464.
+os.environ.setdefault("BLACKBOARD_OBSERVABILITY__HTTP_PORT", "0")
+
+
 def make_settings(nats_url: str, pg_dsn: str | None = None, **overrides: object) -> Settings:
     """Settings pointing at the given servers (environment variables ignored), with the
     session's identities: agents are issued their credential by the test authority on first

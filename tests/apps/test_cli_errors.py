@@ -23,6 +23,8 @@ from tests.conftest import make_settings
 
 def _env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("BLACKBOARD_")}
+    # Workers started at once each serve their metrics and health endpoints on a free port.
+    env["BLACKBOARD_OBSERVABILITY__HTTP_PORT"] = "0"
     env.update({f"BLACKBOARD_{k}": v for k, v in extra.items()})
     return env
 
