@@ -9,6 +9,8 @@
 ``blackboard prune``    archive (or delete) the long-term memories least worth keeping; ``restore`` them
 ``blackboard auth``     identities: init, add, list, revoke, show, render, publish (docs/security.md)
 ``blackboard mcp``      the MCP server for MCP hosts: stdio, or HTTP with per-client tokens (docs/mcp.md)
+``blackboard inspect``  a read-only web page on the boards, votes, messages and search, as one identity
+                        (docs/inspector.md)
 ``blackboard get|put|ls|history|watch|search|recall|send|inbox|status``
                         the board, messages and the deployment for people (docs/cli.md)
 
@@ -574,6 +576,19 @@ async def _mcp(args: argparse.Namespace) -> int:
     return await run(args.mcp_args)
 
 
+# ----------------------------------------------------------------------- inspect
+async def _inspect(args: argparse.Namespace) -> int:
+    """``blackboard inspect ...``: its own parser (blackboard/apps/inspect/cli.py), loaded only here,
+    so the other commands neither load nor need the ``inspect`` extra."""
+    import importlib.util
+
+    if importlib.util.find_spec("starlette") is None or importlib.util.find_spec("uvicorn") is None:
+        raise ConfigurationError("the inspector needs the inspect extra: pip install 'blackboard[inspect]'")
+    from blackboard.apps.inspect.cli import run
+
+    return await run(args.inspect_args)
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="blackboard",
@@ -697,6 +712,10 @@ def _parser() -> argparse.ArgumentParser:
                        add_help=False, prefix_chars="\0")
     p.add_argument("mcp_args", nargs=argparse.REMAINDER)
     p.set_defaults(func=_mcp)
+    p = sub.add_parser("inspect", help="a read-only web page on the blackboard, as one identity (--as AGENT)",
+                       add_help=False, prefix_chars="\0")
+    p.add_argument("inspect_args", nargs=argparse.REMAINDER)
+    p.set_defaults(func=_inspect)
     add_people_commands(sub)  # get, put, ls, history, watch, search, recall, send, inbox, status
     return parser
 

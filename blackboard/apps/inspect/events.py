@@ -1,0 +1,323 @@
+"""The inspector's live state of a board: its entries (a live :class:`agents_sdk.View`) and its
+votes (every proposal's log, fed by one ordered follower of the board's vote subjects), and the
+server-sent events the page listens to.
+
+A :class:`BoardFeed` is opened on the first request for a board and kept while the inspector
+runs (at most :data:`MAX_FEEDS`; the least recently used one without listeners is closed beyond
+that). Entry pages are cut from its sorted keys (kept until a key is added or removed), so a
+board of 10,000 entries answers a page in about a millisecond once its view holds the snapshot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import collections
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import orjson
+
+from agents_sdk import Agent, View
+from blackboard.client.consensus import VoteFollower
+from blackboard.consensus.log import ProposalLog, VoteMessage, decode_ballot
+from blackboard.protocol.entries import Change, Entry
+from blackboard.protocol.errors import InvalidPayloadError
+from blackboard.protocol.schemas import Proposal
+from blackboard.protocol.subjects import Subjects
+
+__all__ = [
+    "KEEPALIVE",
+    "MAX_FEEDS",
+    "MAX_QUEUE",
+    "BallotSeen",
+    "BoardFeed",
+    "Event",
+    "Feeds",
+    "ProposalState",
+    "preview_of",
+    "proposal_json",
+    "sse",
+]
+
+log = logging.getLogger("blackboard.apps.inspect")
+
+#: Boards whose live state is kept at once.
+MAX_FEEDS = 32
+#: Events a listener may fall behind before it is dropped (the page reconnects and reloads).
+MAX_QUEUE = 10_000
+#: Seconds between keep-alive comments on an idle event stream.
+KEEPALIVE = 15.0
+
+#: One server-sent event: its name and its JSON data (None: the stream ends).
+Event = tuple[str, dict[str, Any]]
+
+
+def sse(name: str, data: dict[str, Any]) -> bytes:
+    """One server-sent event's bytes (``event:`` and one ``data:`` line of JSON)."""
+    return b"event: " + name.encode() + b"\ndata: " + orjson.dumps(data, default=str) + b"\n\n"
+
+
+@dataclass
+class BallotSeen:
+    """A ballot as stored: who, what, why, when, and whether the tally counted it."""
+
+    sequence: int
+    voter: str
+    choice: Any
+    reason: str | None
+    at: datetime
+    counted: bool | None = None
+    rejected: str | None = None
+
+
+@dataclass
+class ProposalState:
+    """One proposal's log and the ballots seen, in stream order."""
+
+    log: ProposalLog
+    ballots: list[BallotSeen] = field(default_factory=list)
+
+
+class BoardFeed:
+    """A board's live entries and votes, and the listeners of its changes."""
+
+    def __init__(self, agent: Agent, board: str) -> None:
+        self.agent = agent
+        self.board = board
+        self.view: View = agent.board(board).view()
+        self.proposals: dict[str, ProposalState] = {}
+        self.votes_ready = asyncio.Event()
+        self._order: list[tuple[str, str]] | None = None
+        self._listeners: set[asyncio.Queue[Event | None]] = set()
+        self._follower: VoteFollower | None = None
+        self._started = False
+        self._lock = asyncio.Lock()
+        self.used = 0.0
+
+    # ----------------------------------------------------------------- lifecycle
+    async def start(self) -> BoardFeed:
+        """Load the board's snapshot and start following it (idempotent).
+
+        Raises:
+            NotConnectedError: NATS is unreachable.
+            PermissionDeniedError: the identity may not read the board.
+        """
+        async with self._lock:
+            if self._started:
+                return self
+            self.view.on_change(self._on_change)
+            await self.view.start()
+            self._started = True
+        return self
+
+    async def start_votes(self) -> None:
+        """Follow the board's vote subjects from the first stored message (idempotent); returns
+        once what was stored has been read."""
+        async with self._lock:
+            if self._follower is None:
+                self._follower = VoteFollower(self.agent.voting.store, Subjects.vote_filter(self.board),
+                                              self._on_vote, start="all")
+                await self._follower.start()
+        await self._follower.ready.wait()
+        self.votes_ready.set()
+
+    async def close(self) -> None:
+        """Stop following; listeners' streams end."""
+        follower, self._follower = self._follower, None
+        try:
+            if follower is not None:
+                await follower.stop()
+        finally:
+            await self.view.close()
+            for q in list(self._listeners):
+                q.put_nowait(None)
+
+    # ------------------------------------------------------------------- entries
+    def ordered(self) -> list[tuple[str, str]]:
+        """The live keys, sorted by (section, key)."""
+        if self._order is None:
+            self._order = self.view.keys()
+        return self._order
+
+    def page(self, *, section: str | None, prefix: str | None, after: tuple[str, str] | None,
+             limit: int) -> tuple[list[Entry], tuple[str, str] | None, int]:
+        """A page of live entries after ``after`` in (section, key) order, filtered by section
+        and key prefix: the entries, the cursor of the next page (None: the last page), and how
+        many match in all."""
+        order = self.ordered()
+        if section is not None:
+            lo = bisect.bisect_left(order, (section, ""))
+            hi = bisect.bisect_left(order, (section + "\x00", ""))
+            order = order[lo:hi]
+        if prefix:
+            order = [k for k in order if k[1].startswith(prefix)]
+        start = bisect.bisect_right(order, after) if after is not None else 0
+        chosen = order[start:start + limit]
+        entries = [e for e in (self.view.get(s, k) for s, k in chosen) if e is not None]
+        more = start + limit < len(order)
+        return entries, (chosen[-1] if more and chosen else None), len(order)
+
+    def sections(self) -> list[str]:
+        """The sections holding a live key, sorted."""
+        return sorted({s for s, _ in self.ordered()})
+
+    def _on_change(self, change: Change) -> None:
+        entry = change.entry
+        k = (entry.section, entry.key)
+        order = self._order
+        if order is not None:
+            i = bisect.bisect_left(order, k)
+            present = i < len(order) and order[i] == k
+            if entry.deleted and present:
+                del order[i]
+            elif not entry.deleted and not present:
+                order.insert(i, k)
+        self._publish("entry", {"board": self.board, "op": entry.operation.value, "section": entry.section,
+                                "key": entry.key, "revision": entry.revision, "author": entry.author,
+                                "created_at": entry.created_at, "stored_at": entry.stored_at,
+                                "preview": None if entry.deleted else preview_of(entry)})
+
+    # --------------------------------------------------------------------- votes
+    def _on_vote(self, msg: VoteMessage) -> None:
+        state = self.proposals.get(msg.proposal_id)
+        if state is None:
+            state = self.proposals[msg.proposal_id] = ProposalState(ProposalLog(self.board, msg.proposal_id))
+        plog = state.log
+        plog.feed(msg)
+        if msg.kind == "ballot" and msg.trusted:
+            try:
+                ballot = decode_ballot(msg.data, msg.headers)
+            except InvalidPayloadError:
+                ballot = None
+            if ballot is not None and ballot.voter == msg.voter:
+                state.ballots.append(BallotSeen(msg.sequence, ballot.voter, ballot.choice, ballot.reason,
+                                                msg.timestamp))
+        for seen in state.ballots:
+            if seen.sequence in plog.fates:
+                fate = plog.fates[seen.sequence]
+                seen.counted = fate is None
+                seen.rejected = fate.reason if fate is not None else None
+        if self._listeners:
+            self._publish("vote", proposal_json(state))
+
+    # ----------------------------------------------------------------- listeners
+    @contextlib.asynccontextmanager
+    async def listen(self) -> AsyncIterator[asyncio.Queue[Event | None]]:
+        """A queue of this board's events from now on (None: the feed closed or the listener fell
+        :data:`MAX_QUEUE` events behind)."""
+        q: asyncio.Queue[Event | None] = asyncio.Queue()
+        self._listeners.add(q)
+        try:
+            yield q
+        finally:
+            self._listeners.discard(q)
+
+    @property
+    def listening(self) -> int:
+        return len(self._listeners)
+
+    def _publish(self, name: str, data: dict[str, Any]) -> None:
+        for q in list(self._listeners):
+            if q.qsize() >= MAX_QUEUE:
+                self._listeners.discard(q)
+                q.put_nowait(None)
+            else:
+                q.put_nowait((name, data))
+
+
+def preview_of(entry: Entry, limit: int = 120) -> str:
+    """A one-line preview of an entry's value (at most ``limit`` characters)."""
+    value = entry.value
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return f"<{len(value)} bytes {entry.content_type}>"
+    if isinstance(value, str):
+        text = value
+    else:
+        try:
+            text = orjson.dumps(value, default=str).decode()
+        except TypeError:
+            text = repr(value)
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
+class Feeds:
+    """The open :class:`BoardFeed` of each board, at most :data:`MAX_FEEDS`."""
+
+    def __init__(self, agent: Agent, *, limit: int = MAX_FEEDS, clock: Callable[[], float] | None = None) -> None:
+        self.agent = agent
+        self.limit = limit
+        self._feeds: collections.OrderedDict[str, BoardFeed] = collections.OrderedDict()
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._clock = clock or asyncio.get_running_loop().time
+
+    async def feed(self, board: str) -> BoardFeed:
+        """The started feed of ``board`` (started now if it is not yet).
+
+        Raises:
+            NotConnectedError, PermissionDeniedError: as :meth:`BoardFeed.start`.
+        """
+        feed = self._feeds.get(board)
+        if feed is None:
+            lock = self._locks.setdefault(board, asyncio.Lock())
+            async with lock:
+                feed = self._feeds.get(board)
+                if feed is None:
+                    feed = BoardFeed(self.agent, board)
+                    await feed.start()
+                    self._feeds[board] = feed
+                    await self._evict(keep=board)
+        self._feeds.move_to_end(board)
+        feed.used = self._clock()
+        return feed
+
+    async def _evict(self, keep: str) -> None:
+        for name in list(self._feeds):
+            if len(self._feeds) <= self.limit:
+                return
+            feed = self._feeds[name]
+            if name != keep and not feed.listening:
+                del self._feeds[name]
+                await feed.close()
+
+    async def aclose(self) -> None:
+        """Close every feed (each even when another fails to)."""
+        feeds, self._feeds = list(self._feeds.values()), collections.OrderedDict()
+        for feed in feeds:
+            try:
+                await feed.close()
+            except Exception as exc:  # closing the others matters more
+                log.warning("closing the feed of board %r: %s", feed.board, exc)
+
+
+def _dump(model: Any) -> Any:
+    return None if model is None else model.model_dump(mode="json")
+
+
+def proposal_json(state: ProposalState) -> dict[str, Any]:
+    """A proposal as the API shows it: the question, candidates, policy and deadline, the live
+    tally, every ballot with its reason and fate, the outcome (committed, else the one the tally
+    reached) and the entry an accepted outcome wrote."""
+    plog = state.log
+    p: Proposal | None = plog.proposal
+    outcome = plog.committed or (plog.recorded.outcome if plog.recorded is not None else None) or plog.decided
+    applied = plog.applied
+    return {
+        "id": plog.proposal_id, "board": plog.board,
+        "section": p.section if p else None, "key": p.key if p else None,
+        "question": p.question if p else "", "options": list(p.candidates) if p else [],
+        "policy": _dump(p.policy) if p else None, "voters": p.voters if p else None,
+        "proposer": p.proposer if p else None, "created_at": p.created_at if p else None,
+        "deadline": p.deadline if p else None, "open": plog.is_open,
+        "tally": _dump(plog.tally.counts()) if plog.tally is not None else None,
+        "ballots": [{"sequence": b.sequence, "voter": b.voter, "choice": b.choice, "reason": b.reason,
+                     "at": b.at, "counted": b.counted, "rejected": b.rejected} for b in state.ballots],
+        "outcome": _dump(outcome),
+        "committed_entry": ({"section": applied.section, "key": applied.key, "revision": applied.revision}
+                            if applied is not None else None),
+    }
