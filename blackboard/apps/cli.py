@@ -318,7 +318,8 @@ async def _setup(args: argparse.Namespace) -> int:
 async def _reindex(args: argparse.Namespace) -> int:
     from blackboard.worker.reindex import reindex
 
-    await reindex(_settings_from(args), progress=not args.quiet)
+    settings = _settings_from(args)
+    await reindex(settings, progress=_progress(args, settings))
     return 0
 
 
@@ -360,7 +361,7 @@ async def _ingest(args: argparse.Namespace) -> int:
     settings = _settings_from(args)
     report = await ingest_paths(settings, [Path(p) for p in args.paths], board=args.board,
                                 agent_id=args.agent, chunk_size=args.chunk_size, overlap=args.overlap,
-                                progress=not args.quiet, **_knowledge_token_limits(settings))
+                                progress=_progress(args, settings), **_knowledge_token_limits(settings))
     print(report)
     return 0
 
@@ -720,13 +721,39 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: Commands whose lifecycle lines (INFO: ready, connected, lag caught up, reindex progress)
+#: are shown at ``observability.log_level``; the others show warnings and errors only.
+_LOGGING_COMMANDS = frozenset({"worker", "reindex"})
+
+
+def _configure_logging(args: argparse.Namespace) -> None:
+    """Level and format from ``observability.*`` (docs/observability.md); ``-v`` lowers the
+    level by a step each. Invalid settings: the defaults here (the command reports them)."""
+    from blackboard.observability import configure_logging
+    from blackboard.settings import ObservabilitySettings
+
+    try:
+        observability = Settings().observability
+    except ValidationError:
+        observability = ObservabilitySettings()
+    level = logging.getLevelNamesMapping()[observability.log_level]
+    if args.command not in _LOGGING_COMMANDS:
+        level = max(level, logging.WARNING)
+    configure_logging(observability, level=max(logging.DEBUG, level - 10 * args.verbose), force=False)
+
+
+def _progress(args: argparse.Namespace, settings: Settings) -> bool:
+    """Whether to draw a progress bar: not with ``-q``, and per ``observability.progress``
+    (``auto``: only on a terminal; a log gets lines instead)."""
+    from blackboard.observability import progress_enabled
+
+    return not args.quiet and progress_enabled(settings.observability.progress)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``blackboard`` command."""
     args = _parser().parse_args(argv)
-    # A worker logs its lifecycle (ready, stopped) at INFO: shown unless asked otherwise.
-    base = logging.INFO if args.command == "worker" else logging.WARNING
-    level = max(logging.DEBUG, base - 10 * args.verbose)
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    _configure_logging(args)
     try:
         code: int = asyncio.run(args.func(args))
         return code

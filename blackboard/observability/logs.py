@@ -49,22 +49,26 @@ class JsonFormatter(logging.Formatter):
 
 
 def configure_logging(settings: ObservabilitySettings, *, level: int | str | None = None,
-                      stream: IO[str] | None = None) -> logging.Handler:
+                      stream: IO[str] | None = None, force: bool = True) -> logging.Handler | None:
     """Send the process's logs to ``stream`` (stderr) at ``settings.log_level`` in
-    ``settings.log_format``, replacing the root logger's handlers (an entry point's job:
-    a library never calls this).
+    ``settings.log_format`` (an entry point's job: a library never calls this).
 
     Args:
         settings: the ``observability`` section.
         level: overrides ``settings.log_level`` (a command's ``-v``).
         stream: where the lines go (default: ``sys.stderr``).
+        force: replace the root logger's handlers; when False, do nothing if it already has
+            some (like :func:`logging.basicConfig`: an application embedding the CLI, or a
+            test runner, configured logging already).
 
     Returns:
-        The handler installed on the root logger.
+        The handler installed on the root logger (None: left as it was).
     """
+    root = logging.getLogger()
+    if root.handlers and not force:
+        return None
     handler = logging.StreamHandler(stream if stream is not None else sys.stderr)
     handler.setFormatter(JsonFormatter() if settings.log_format == "json" else logging.Formatter(TEXT_FORMAT))
-    root = logging.getLogger()
     for old in list(root.handlers):
         root.removeHandler(old)
     root.addHandler(handler)

@@ -1,7 +1,7 @@
 """``python -m blackboard.worker``: run one worker process with settings from the environment.
 
 Prints ``ready`` on stdout once every component is up (and logs its lifecycle
-at INFO on stderr); stops cleanly on SIGTERM / SIGINT (unacknowledged work is
+at ``observability.log_level``, INFO by default, on stderr); stops cleanly on SIGTERM / SIGINT (unacknowledged work is
 redelivered to the other workers of its group). Invalid settings exit with 2,
 other start-up errors with 1, each as one line.
 """
@@ -9,12 +9,12 @@ other start-up errors with 1, each as one line.
 from __future__ import annotations
 
 import asyncio
-import logging
 import signal
 import sys
 
 from pydantic import ValidationError
 
+from blackboard.observability import configure_logging
 from blackboard.protocol.errors import BlackboardError, ConfigurationError
 from blackboard.settings import Settings, describe_errors
 from blackboard.worker.runner import Worker
@@ -32,13 +32,13 @@ async def _main(settings: Settings) -> None:
 
 def main() -> int:
     """Entry point; returns the process exit code."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-                        stream=sys.stderr)
     try:
         settings = Settings()
     except ValidationError as exc:
         print(f"blackboard worker: error: {describe_errors(exc)}", file=sys.stderr)
         return 2
+    # observability.log_level (INFO) and log_format (text, or json for log shippers)
+    configure_logging(settings.observability, force=False)
     try:
         asyncio.run(_main(settings))
     except ConfigurationError as exc:

@@ -51,21 +51,23 @@ _TYPES: tuple[ItemType, ...] = ("memory", "entry")
 
 
 def _progress_bar(total: int, enabled: bool) -> Callable[[int], None]:
+    """A bar on stderr when ``enabled`` (the CLI: on a terminal, ``observability.progress``);
+    otherwise a log line at INFO every tenth of the way (a log gets no bar redraws)."""
     if not enabled:
-        return lambda n: None
-    try:
-        from tqdm import tqdm
+        done = [0, 0]  # items, the last tenth logged
 
-        bar = tqdm(total=total, unit="item", desc="reindex", file=sys.stderr)
-        return lambda n: bar.update(n)
-    except ImportError:  # pragma: no cover
-        done = [0]
-
-        def step(n: int) -> None:
+        def log_step(n: int) -> None:
             done[0] += n
-            print(f"\rreindex: {done[0]}/{total}", end="", file=sys.stderr, flush=True)
+            tenth = done[0] * 10 // total if total else 10
+            if tenth > done[1]:
+                done[1] = tenth
+                log.info("reindex: %d of %d items (%d%%)", done[0], total, done[0] * 100 // total if total else 100)
 
-        return step
+        return log_step
+    from tqdm import tqdm
+
+    bar = tqdm(total=total, unit="item", desc="reindex", file=sys.stderr)
+    return lambda n: bar.update(n)
 
 
 async def reindex(settings: Settings, *, progress: bool = True, provider: EmbeddingProvider | None = None,
