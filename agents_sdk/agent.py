@@ -26,6 +26,7 @@ from agents_sdk.search import RecallArgs, SearchClient, search_request
 from blackboard.client.board_store import BoardStore
 from blackboard.client.connection import check_nats_url, connect_nats, permission_violations
 from blackboard.client.streams import ensure_streams
+from blackboard.observability import tracing
 from blackboard.protocol import codec
 from blackboard.protocol.errors import SearchError
 from blackboard.protocol.schemas.memory import MemoryKind
@@ -416,6 +417,7 @@ class _Connector:
 
     async def _open(self) -> Agent:
         check_nats_url(self._settings.nats.url)  # a malformed URL is told before a missing credential
+        tracing.configure(self._settings.observability)  # observability.tracing: spans from now on
         found = find_credentials(self._agent_id, self._settings, self._credentials)
         nats_settings = self._settings.nats
         if found is None and nats_settings.creds_file is not None:  # another id's, passed over: none

@@ -20,6 +20,7 @@ from agents_sdk.context import AgentContext
 from agents_sdk.objects import ObjectStore, object_name
 from agents_sdk.view import View
 from blackboard.client.board_store import BoardStore, Hidden, Pipeline, Watch, WatchStart, WriteOp
+from blackboard.observability import tracing
 from blackboard.protocol.codec import Encoding
 from blackboard.protocol.entries import Entry, Operation, default_content_type
 from blackboard.protocol.errors import (
@@ -95,6 +96,7 @@ class Board:
         return f"Board({self.name!r}, agent={self.agent.id!r})"
 
     # ------------------------------------------------------------------ writes
+    @tracing.traced("board.put", attributes=lambda self, section, key, *_, **__: _entry_span(self, section, key))
     async def put(self, section: str, key: str, value: Any, *, content_type: str | None = None,
                   tags: Sequence[str] = (), metadata: Mapping[str, Any] | None = None,
                   ttl: float | None = None, encoding: Encoding = "msgpack") -> int:
@@ -113,6 +115,7 @@ class Board:
         self._written(section, key, rev, value, content_type, tags, metadata)
         return rev
 
+    @tracing.traced("board.create", attributes=lambda self, section, key, *_, **__: _entry_span(self, section, key))
     async def create(self, section: str, key: str, value: Any, *, content_type: str | None = None,
                      tags: Sequence[str] = (), metadata: Mapping[str, Any] | None = None,
                      ttl: float | None = None) -> int:
@@ -126,6 +129,7 @@ class Board:
         self._written(section, key, rev, value, content_type, tags, metadata)
         return rev
 
+    @tracing.traced("board.update", attributes=lambda self, section, key, *_, **__: _entry_span(self, section, key))
     async def update(self, section: str, key: str, value: Any, *, expected_revision: int,
                      content_type: str | None = None, tags: Sequence[str] = (),
                      metadata: Mapping[str, Any] | None = None, ttl: float | None = None) -> int:
@@ -171,6 +175,7 @@ class Board:
         assert last is not None
         raise last
 
+    @tracing.traced("board.delete", attributes=lambda self, section, key, *_, **__: _entry_span(self, section, key))
     async def delete(self, section: str, key: str, *, expected_revision: int | None = None) -> int:
         """Delete a key (a tombstone revision; the key's history stays)."""
         rev = await self._store.delete(self.name, section, key, expected_revision=expected_revision)
@@ -449,6 +454,12 @@ class BoardPipeline:
 
 
 _SearchArgsT = TypeVar("_SearchArgsT", "EntrySearchArgs", "RecallArgs")
+
+
+def _entry_span(board: Board, section: str, key: str) -> dict[str, Any]:
+    """A board write's span attributes (docs/observability.md, "Tracing")."""
+    return {"messaging.system": "nats", "messaging.operation.type": "send", "bb.board": board.name,
+            "bb.section": section, "bb.key": key, "bb.agent": board.agent.id}
 
 
 def _on_board(board: str, args: _SearchArgsT) -> _SearchArgsT:

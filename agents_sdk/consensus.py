@@ -54,6 +54,7 @@ from blackboard.consensus.log import (
     decode_proposal,
 )
 from blackboard.consensus.tally import choice_for, rejection_error
+from blackboard.observability import tracing
 from blackboard.protocol.errors import (
     InvalidBallotError,
     InvalidPayloadError,
@@ -254,6 +255,9 @@ class Voting:
         self.commit_grace = COMMIT_GRACE
 
     # ------------------------------------------------------------- proposing
+    @tracing.traced("propose", attributes=lambda self, board, section, key, *_, **__: {
+        "messaging.system": "nats", "messaging.operation.type": "send", "bb.board": board,
+        "bb.section": section, "bb.key": key})
     async def propose(self, board: str, section: str, key: str, candidates: Sequence[Any] | None = None, *,
                       value: Any = NO_VALUE, policy: Policy | PolicyKind = "majority",
                       voters: Sequence[str] | None = None, deadline: DeadlineSpec = None,
@@ -316,6 +320,9 @@ class Voting:
         return ProposalHandle(self, *found)
 
     # ---------------------------------------------------------------- voting
+    @tracing.traced("vote", attributes=lambda self, board, proposal_id, *_, **__: {
+        "messaging.system": "nats", "messaging.operation.type": "send", "bb.board": board,
+        "bb.proposal": proposal_id})
     async def vote(self, board: str, proposal_id: str, choice: Any, *, reason: str | None = None,
                    index: bool = False, ballot_id: str | None = None) -> BallotReceipt:
         """Cast this agent's ballot and learn its fate.

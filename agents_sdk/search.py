@@ -38,6 +38,7 @@ from nats.errors import TimeoutError as NatsTimeoutError
 from pydantic import BaseModel, ValidationError
 
 from agents_sdk._args import mapping_arg, sequence_arg, str_list
+from blackboard.observability import tracing
 from blackboard.protocol import codec
 from blackboard.protocol.errors import (
     InvalidPayloadError,
@@ -228,8 +229,20 @@ async def search_request(nc: NATS, endpoint: str, request: BaseModel | None, rep
         NotFoundError, InvalidPayloadError: the service said so.
     """
     data = codec.encode(request.model_dump(exclude_none=True)) if request is not None else b""
+    if tracing.enabled:
+        with tracing.span(f"search {endpoint}", "client", tracing.search_attributes(endpoint, request, principal)):
+            return await _search_request(nc, endpoint, data, reply, principal, timeout, traced=True)
+    return await _search_request(nc, endpoint, data, reply, principal, timeout)
+
+
+async def _search_request(nc: NATS, endpoint: str, data: bytes, reply: type[R] | None, principal: str,
+                          timeout: float, *, traced: bool = False) -> R | Any:
+    headers: dict[str, str] | None = None
+    if traced:  # the service's span joins this one's trace
+        headers = {}
+        tracing.inject(headers)
     try:
-        msg = await nc.request(Subjects.search(principal, endpoint), data, timeout=timeout)
+        msg = await nc.request(Subjects.search(principal, endpoint), data, timeout=timeout, headers=headers)
     except NoRespondersError as exc:
         raise SearchError("the search service is not running (start a worker)") from exc
     except (NatsTimeoutError, TimeoutError) as exc:

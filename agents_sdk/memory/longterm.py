@@ -23,6 +23,7 @@ from agents_sdk.memory.searchable import DEFAULT_SEARCHABLE_TIMEOUT, WaitFor, wa
 from agents_sdk.search import SearchClient
 from blackboard.client.publisher import RETRYABLE, Ack
 from blackboard.client.signing import signing_of
+from blackboard.observability import tracing
 from blackboard.protocol import codec
 from blackboard.protocol.errors import InvalidPayloadError, PayloadTooLargeError
 from blackboard.protocol.records import decode_memory, memory_wire, metadata_order_of
@@ -70,6 +71,12 @@ class LongTermMemory:
         #: What the publisher calls before each send to sign a memory's headers afresh.
         self._sign = signing_of(context.nc).sign_before_send
         self._search: SearchClient | None = None
+
+    def _span(self, kwargs: Mapping[str, Any]) -> dict[str, Any]:
+        """A remember's span attributes: the gen_ai memory conventions (docs/observability.md)."""
+        return {"gen_ai.operation.name": "create_memory", "gen_ai.memory.id": kwargs.get("id"),
+                "gen_ai.memory.store.id": kwargs.get("board") or DEFAULT_MEMORY_BOARD,
+                "gen_ai.memory.type": kwargs.get("kind", "episodic"), "bb.agent": self._agent_id}
 
     def _searcher(self) -> SearchClient:
         if self._search is None:
@@ -131,6 +138,7 @@ class LongTermMemory:
         digest = hashlib.sha256(content).hexdigest()[:16]
         return memory_id, subject, payload, {Header.MSG_ID.value: f"{memory_id}.{digest}"}
 
+    @tracing.traced("remember", attributes=lambda self, text, **kw: self._span(kw))
     async def remember(self, text: str, *, kind: MemoryKind = "episodic", tags: Sequence[str] = (),
                        metadata: Mapping[str, Any] | None = None, importance: float = 0.5,
                        board: str | None = None, source: str | None = None, read_only: bool = False,

@@ -30,6 +30,7 @@ from agents_sdk.messaging.envelope import envelope_wire, new_envelope
 from agents_sdk.messaging.trust import MessageTrust
 from blackboard.client.publisher import Publisher
 from blackboard.client.signing import signing_of
+from blackboard.observability import tracing
 from blackboard.protocol import codec
 from blackboard.protocol.errors import (
     BlackboardError,
@@ -89,6 +90,9 @@ class Sender:
         """A new message id (random per sender, then a counter: unique and cheap)."""
         return f"{self._id_prefix}{next(self._counter):x}"
 
+    @tracing.traced("send", attributes=lambda self, to, type, *_, **__: {
+        "messaging.system": "nats", "messaging.operation.type": "send", "bb.message.type": type,
+        "bb.agent": self.agent, "bb.to": to if isinstance(to, str) else ",".join(map(str, to))})
     async def send(self, to: str | Sequence[str], type: str, body: Any = None, *, board: str | None = None,
                    correlation_id: str | None = None, metadata: Mapping[str, Any] | None = None,
                    encoding: codec.Encoding = "msgpack", id: str | None = None) -> Sent:
@@ -134,6 +138,9 @@ class Sender:
         seq = await self._publish(Subjects.broadcast(board), payload, record, self._headers(env.id, encoding))
         return Sent(env.id, (seq,))
 
+    @tracing.traced("publish", attributes=lambda self, topic, type, *_, **__: {
+        "messaging.system": "nats", "messaging.operation.type": "send", "bb.message.type": type,
+        "bb.agent": self.agent, "bb.topic": topic})
     async def publish(self, topic: str, type: str, body: Any = None, *, board: str | None = None,
                       correlation_id: str | None = None, metadata: Mapping[str, Any] | None = None,
                       encoding: codec.Encoding = "msgpack", id: str | None = None) -> Sent:

@@ -48,6 +48,7 @@ from nats.js import JetStreamContext
 
 from blackboard.client.connection import Kind, permission_violations
 from blackboard.client.consumers import read_first
+from blackboard.observability import tracing
 from blackboard.protocol.errors import (
     BlackboardError,
     NotConnectedError,
@@ -255,6 +256,8 @@ class Publisher:
         if self._violations is not None:
             self._subjects[token] = subject
         try:
+            if tracing.enabled:  # the writer's span, for the worker's to join (not signed)
+                tracing.inject(headers)
             if sign is not None:
                 sign()
             await self.nc.publish(subject, payload, reply=inbox + token, headers=headers)

@@ -163,6 +163,10 @@ class Header(StrEnum):
     #: On a record signed in a batch: its Merkle path to the batch's signed root
     #: (``L``/``R`` and a sibling hash, unpadded base64url, per step, joined by ``.``).
     SIG_PATH = "Bb-Sig-Path"
+    #: W3C trace context (docs/observability.md, "Tracing"): the writer's span, for the
+    #: reader's span to join its trace; not covered by the signature.
+    TRACEPARENT = "traceparent"
+    TRACESTATE = "tracestate"
 
 
 #: Units of a Go duration, as nats-server reads ``Nats-TTL`` (e.g. ``90s``, ``1h30m``, ``1.5h``).

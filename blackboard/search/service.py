@@ -85,9 +85,11 @@ from blackboard.client.board_store import BoardStore
 from blackboard.client.lifecycle import first_error
 from blackboard.db import open_pool
 from blackboard.embeddings import EmbeddingProvider
+from blackboard.observability import tracing
 from blackboard.protocol import codec
 from blackboard.protocol.errors import (
     BlackboardError,
+    InvalidKeyError,
     InvalidPayloadError,
     NotFoundError,
     PermissionDeniedError,
@@ -395,9 +397,20 @@ class SearchService:
             # task so slow queries do not queue the fast ones behind them.
             if self._group is None:
                 return  # stopping: the endpoints are going away
-            self._group.create_task(self._answer(request, model, fn))
+            self._group.create_task(self._answer(request, model, fn) if not tracing.enabled
+                                    else self._traced_answer(request, model, fn))
 
         return handle
+
+    async def _traced_answer(self, request: Request, model: type[BaseModel] | None, fn: Route) -> None:
+        """:meth:`_answer` in a server span, in the requester's trace (docs/observability.md)."""
+        try:
+            principal, endpoint = Subjects.parse_search(request.subject)
+        except InvalidKeyError:  # not on a search subject: _answer refuses it
+            principal, endpoint = "", request.subject
+        with tracing.remote_span(request.headers, f"search {endpoint}", "server",
+                                 {"rpc.system.name": "nats", "rpc.method": endpoint, "bb.principal": principal}):
+            await self._answer(request, model, fn)
 
     async def _answer(self, request: Request, model: type[BaseModel] | None, fn: Route) -> None:
         encoding = codec.encoding_of(request.headers)

@@ -54,6 +54,7 @@ from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from blackboard.db import ingest_sql as q
+from blackboard.observability import tracing
 from blackboard.protocol.errors import InvalidPayloadError
 from blackboard.protocol.signing import Verdict, parse_signature
 from blackboard.protocol.subjects import Header, Subjects
@@ -499,8 +500,11 @@ class IngestLoop:
         ``slot`` keeps one pooled connection across batches (the pool checks a
         connection on every checkout, a round trip per batch otherwise).
         """
+        traced = tracing.enabled
+        started_ns = time.time_ns() if traced else 0
         rows, dead, checks = await self._decode_yielding(msgs)
         rows = await self._verify(rows, checks, dead)
+        commit_ns = time.time_ns() if traced else 0
         delay = backoff_delays(0.05, self.settings.worker.max_backoff)
         own = slot is None
         if slot is None:
@@ -543,6 +547,9 @@ class IngestLoop:
         finally:
             if own:
                 await slot.release()
+        if traced:  # spans in each traced writer's trace (docs/observability.md, "Tracing")
+            tracing.consumer_spans(self.handler.stream, [m.headers for m in msgs], started_ns, commit_ns,
+                                   time.time_ns(), rows=len(rows))
         # Acks are fire-and-forget publishes; nats-py buffers them and its
         # flusher sends them together.
         for msg in msgs:

@@ -30,6 +30,7 @@ from blackboard.client.lifecycle import first_error
 from blackboard.client.signing import signing_of
 from blackboard.client.streams import ensure_streams
 from blackboard.db import migrate, open_pool
+from blackboard.observability import tracing
 from blackboard.protocol.errors import ConfigurationError
 from blackboard.security.credentials import FoundCredentials, find_system_credentials
 from blackboard.security.verifier import Verifier
@@ -115,6 +116,7 @@ class Worker:
         """
         if self._host is not None and not self._host.done():
             return
+        tracing.configure(self.settings.observability)  # observability.tracing: spans from now on
         self._stop.clear()
         ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._host = asyncio.create_task(self._serve(ready), name=f"blackboard worker {self.settings.worker.name}")
