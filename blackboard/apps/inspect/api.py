@@ -428,9 +428,19 @@ async def search(inspector: Inspector, request: Request) -> Response:
         if isinstance(filters.get(name), str):
             filters[name] = _instant(filters[name], name)
     args: dict[str, Any] = {k: v for k, v in filters.items() if v not in (None, "", [])}
-    for name in ("mode", "top_k", "min_score"):
-        if body.get(name) not in (None, ""):
-            args[name] = body[name]
+    mode, top_k, min_score = body.get("mode") or None, body.get("top_k"), body.get("min_score")
+    if mode is not None:
+        if mode not in ("hybrid", "semantic", "keyword"):
+            raise InvalidPayloadError(f"mode must be hybrid, semantic or keyword, not {mode!r}")
+        args["mode"] = mode
+    if top_k not in (None, ""):
+        if not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 1:
+            raise InvalidPayloadError(f"top_k must be a positive integer, not {top_k!r}")
+        args["top_k"] = top_k
+    if min_score not in (None, ""):
+        if not isinstance(min_score, (int, float)) or isinstance(min_score, bool):
+            raise InvalidPayloadError(f"min_score must be a number, not {min_score!r}")
+        args["min_score"] = float(min_score)
     started = time.perf_counter()
     client = inspector.agent.search
     if target == "memories":

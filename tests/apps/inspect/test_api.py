@@ -17,8 +17,6 @@ from agents_sdk import Agent
 from blackboard.apps.inspect import InspectorServer, running_inspector
 from blackboard.settings import Settings
 
-pytestmark = pytest.mark.asyncio
-
 
 @contextlib.asynccontextmanager
 async def inspecting(settings: Settings, agent_id: str) -> AsyncIterator[tuple[InspectorServer, httpx2.AsyncClient]]:
@@ -56,7 +54,7 @@ class EventStream:
 
     async def __aenter__(self) -> EventStream:
         self.task = asyncio.create_task(self._read())
-        name, _ = await self.next("ready")
+        await self.next("ready")
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -74,6 +72,7 @@ class EventStream:
                     return name, data
 
 
+@pytest.mark.asyncio
 async def test_an_identity_sees_only_the_boards_it_may_read(pg_settings: Settings, unique: str,
                                                             start_worker: Any) -> None:
     await start_worker(pg_settings, name=f"w{unique}", embed=False)
@@ -96,3 +95,244 @@ async def test_an_identity_sees_only_the_boards_it_may_read(pg_settings: Setting
         assert unique in (await _json(member, "/api/boards"))["boards"]
         entry = await _json(member, f"/api/boards/{unique}/entry/notes/a")
         assert entry["value"] == {"x": 1} and entry["value_kind"] == "json" and entry["author"] == f"writer-{unique}"
+
+
+@pytest.mark.asyncio
+async def test_entries_are_paged_and_filtered(pg_settings: Settings, unique: str, start_worker: Any) -> None:
+    await start_worker(pg_settings, name=f"w{unique}", embed=False)
+    async with Agent.connect(f"writer-{unique}", settings=pg_settings) as writer:
+        board = writer.board(unique)
+        async with board.pipeline() as pipe:
+            for i in range(450):
+                await pipe.put("tasks" if i % 3 else "facts", f"k{i:04d}", {"i": i}, tags=["t"])
+    async with inspecting(pg_settings, f"member-{unique}") as (_, client):
+        seen: list[tuple[str, str]] = []
+        cursor = None
+        pages = 0
+        while True:
+            page = await _json(client, f"/api/boards/{unique}/entries", limit=200,
+                               **({"cursor": cursor} if cursor else {}))
+            assert page["total"] == 450 and page["sections"] == ["facts", "tasks"]
+            seen += [(e["section"], e["key"]) for e in page["entries"]]
+            pages += 1
+            cursor = page["next"]
+            if cursor is None:
+                break
+        assert pages == 3 and seen == sorted(seen) and len(set(seen)) == 450
+        first = (await _json(client, f"/api/boards/{unique}/entries", limit=1))["entries"][0]
+        assert set(first) >= {"section", "key", "revision", "author", "created_at", "tags", "metadata",
+                              "content_type", "size", "preview"}
+        assert first["author"] == f"writer-{unique}" and first["tags"] == ["t"] and first["preview"] == '{"i":0}'
+        facts = await _json(client, f"/api/boards/{unique}/entries", section="facts", limit=500)
+        assert facts["total"] == 150 and {e["section"] for e in facts["entries"]} == {"facts"}
+        prefixed = await _json(client, f"/api/boards/{unique}/entries", section="tasks", prefix="k00")
+        assert [e["key"] for e in prefixed["entries"]] == [f"k{i:04d}" for i in range(100) if i % 3]
+        for bad in ({"limit": 0}, {"limit": "x"}, {"cursor": "!!"}):
+            response = await client.get(f"/api/boards/{unique}/entries", params=bad)
+            assert response.status_code == 400 and response.json()["type"] == "InvalidPayloadError", bad
+        missing = await client.get(f"/api/boards/{unique}/entry/tasks/nope")
+        assert missing.status_code == 404 and missing.json()["type"] == "NotFoundError"
+        assert (await client.get("/api/nothing")).status_code == 404
+
+
+@pytest.mark.asyncio
+async def test_a_write_arrives_on_the_event_stream(pg_settings: Settings, unique: str, start_worker: Any) -> None:
+    await start_worker(pg_settings, name=f"w{unique}", embed=False)
+    async with Agent.connect(f"writer-{unique}", settings=pg_settings) as writer:
+        board = writer.board(unique)
+        await board.put("notes", "first", 1)
+        async with inspecting(pg_settings, f"member-{unique}") as (_, client), \
+                EventStream(client, f"/api/boards/{unique}/events") as stream:
+            revision = await board.put("notes", "live", {"state": "new"})
+            _, event = await stream.next("entry")
+            assert event == {**event, "op": "put", "section": "notes", "key": "live", "revision": revision,
+                             "author": f"writer-{unique}", "preview": '{"state":"new"}'}
+            await board.put("notes", "live", {"state": "changed"})
+            _, event = await stream.next("entry")
+            assert (event["op"], event["preview"]) == ("put", '{"state":"changed"}')
+            await board.delete("notes", "live")
+            _, event = await stream.next("entry")
+            assert (event["op"], event["key"]) == ("delete", "live")
+            page = await _json(client, f"/api/boards/{unique}/entries")
+            assert [e["key"] for e in page["entries"]] == ["first"]
+
+
+@pytest.mark.asyncio
+async def test_history_and_as_of_show_the_values_of_their_revisions(pg_settings: Settings, unique: str,
+                                                                     start_worker: Any) -> None:
+    worker = await start_worker(pg_settings, name=f"w{unique}", embed=False)
+    async with Agent.connect(f"writer-{unique}", settings=pg_settings) as writer:
+        board = writer.board(unique)
+        r1 = await board.put("plan", "goal", {"v": 1})
+        r2 = await board.put("plan", "goal", {"v": 2})
+        other = await board.put("plan", "other", "text value")
+        r3 = await board.put("plan", "goal", {"v": 3})
+        await board.delete("plan", "other")
+    await worker.wait_caught_up(60)
+    async with inspecting(pg_settings, f"member-{unique}") as (_, client):
+        history = await _json(client, f"/api/boards/{unique}/history/plan/goal")
+        assert [(r["revision"], r["op"], r["value"]) for r in history["revisions"]] == \
+            [(r1, "put", {"v": 1}), (r2, "put", {"v": 2}), (r3, "put", {"v": 3})]
+        assert history["revisions"][0]["author"] == f"writer-{unique}"
+        gone = await _json(client, f"/api/boards/{unique}/history/plan/other")
+        assert [(r["op"], r["value"]) for r in gone["revisions"]] == [("put", "text value"), ("delete", None)]
+        assert gone["revisions"][0]["value_kind"] == "text"
+
+        def values(state: dict[str, Any]) -> dict[str, Any]:
+            return {e["key"]: e["value"] for e in state["entries"]}
+
+        assert values(await _json(client, f"/api/boards/{unique}/asof", revision=r1)) == {"goal": {"v": 1}}
+        at_other = await _json(client, f"/api/boards/{unique}/asof", revision=other)
+        assert values(at_other) == {"goal": {"v": 2}, "other": "text value"} and at_other["revision"] == other
+        assert values(await _json(client, f"/api/boards/{unique}/asof", revision=r3 + 1)) == {"goal": {"v": 3}}
+        latest = await _json(client, f"/api/boards/{unique}/entry/plan/goal")
+        assert (latest["revision"], latest["value"]) == (r3, {"v": 3})
+        older = await _json(client, f"/api/boards/{unique}/entry/plan/goal", revision=r2)
+        assert older["value"] == {"v": 2}
+        stored_at = history["revisions"][1]["stored_at"]
+        assert values(await _json(client, f"/api/boards/{unique}/asof", at=stored_at))["goal"] == {"v": 2}
+        for bad in ({}, {"revision": 1, "at": stored_at}, {"at": "yesterday"}):
+            response = await client.get(f"/api/boards/{unique}/asof", params=bad)
+            assert response.status_code == 400, bad
+
+
+@pytest.mark.asyncio
+async def test_a_vote_tally_moves_and_shows_the_outcome(pg_settings: Settings, unique: str,
+                                                        start_worker: Any) -> None:
+    await start_worker(pg_settings, name=f"w{unique}", embed=False)
+    voters = [f"v1-{unique}", f"v2-{unique}", f"v3-{unique}"]
+    async with contextlib.AsyncExitStack() as stack:
+        agents = [await stack.enter_async_context(Agent.connect(v, settings=pg_settings)) for v in voters]
+        board = agents[0].board(unique)
+        await board.put("plan", "db", "undecided")
+        handle = await board.propose("plan", "db", ["postgres", "sqlite"], policy="majority", voters=voters,
+                                     question="which database?")
+        client_cm = inspecting(pg_settings, f"member-{unique}")
+        _, client = await stack.enter_async_context(client_cm)
+        listed = (await _json(client, f"/api/boards/{unique}/votes"))["proposals"]
+        assert [(p["id"], p["question"], p["options"], p["open"]) for p in listed] == \
+            [(handle.id, "which database?", ["postgres", "sqlite"], True)]
+        assert listed[0]["tally"]["votes"] == [0, 0] and listed[0]["policy"]["kind"] == "majority"
+        stream = await stack.enter_async_context(EventStream(client, f"/api/boards/{unique}/events"))
+        await asyncio.sleep(0)  # the stream's vote follower starts with it
+        await agents[0].board(unique).vote(handle.id, "postgres", reason="it scales")
+        _, event = await stream.next("vote")
+        assert event["id"] == handle.id and event["tally"]["votes"] == [1, 0]
+        assert [(b["voter"], b["choice"], b["reason"]) for b in event["ballots"]] == [(voters[0], 0, "it scales")]
+        tally = (await _json(client, f"/api/boards/{unique}/votes"))["proposals"][0]["tally"]
+        assert tally["votes"] == [1, 0]
+        await agents[1].board(unique).vote(handle.id, "postgres", reason="we know it")
+        outcome = await handle.outcome(timeout=30)
+        assert outcome.status == "accepted"
+
+        async def committed() -> dict[str, Any]:
+            while True:
+                _, event = await stream.next("vote")
+                if event["committed_entry"] is not None:
+                    return event
+
+        event = await asyncio.wait_for(committed(), 30)
+        assert event["open"] is False and event["outcome"]["status"] == "accepted"
+        assert event["committed_entry"]["key"] == "db" and event["tally"]["votes"] == [2, 0]
+        shown = (await _json(client, f"/api/boards/{unique}/votes"))["proposals"][0]
+        assert shown["outcome"]["status"] == "accepted" and shown["committed_entry"] == event["committed_entry"]
+        entry = await _json(client, f"/api/boards/{unique}/entry/plan/db")
+        assert entry["value"] == "postgres" and entry["revision"] == event["committed_entry"]["revision"]
+
+
+@pytest.mark.asyncio
+async def test_search_messages_memory_and_system(pg_settings: Settings, unique: str, start_worker: Any) -> None:
+    from tests._worker_helpers import HashProvider
+
+    worker = await start_worker(pg_settings, name=f"w{unique}", provider=HashProvider())
+    me = f"member-{unique}"
+    async with Agent.connect(f"writer-{unique}", settings=pg_settings) as writer:
+        memory_id = await writer.remember("the deploy failed because of a schema migration", board=unique,
+                                          kind="episodic")
+        await writer.remember("pizza is served on fridays", board=unique)
+        await writer.board(unique).put("notes", "lunch", "pizza friday")
+        await writer.send(me, "status", {"text": "deploy is red"})
+        await writer.send(f"other-{unique}", "chat", {"text": "not for the member"})
+    await worker.wait_caught_up(60, embedded=True)
+    async with inspecting(pg_settings, me) as (_, client):
+        response = await client.post("/api/search", json={"query": "deploy schema", "mode": "hybrid", "top_k": 5,
+                                                           "board": unique})
+        assert response.status_code == 200, response.text
+        hits = response.json()["hits"]
+        assert hits[0]["id"] == memory_id and hits[0]["agent"] == f"writer-{unique}"
+        assert hits[0]["score"] > 0 and set(hits[0]["scores"]) >= {"keyword", "semantic"}
+        keyword = (await client.post("/api/search", json={"query": "pizza", "mode": "keyword", "board": unique,
+                                                          "filters": {"kinds": ["episodic"]}})).json()["hits"]
+        assert [h["text"] for h in keyword] == ["pizza is served on fridays"]
+        entries = (await client.post("/api/search", json={"query": "pizza", "mode": "keyword", "board": unique,
+                                                          "target": "entries"})).json()["hits"]
+        assert [(h["section"], h["key"], h["value"]) for h in entries] == [("notes", "lunch", "pizza friday")]
+        for bad in ({"query": ""}, {"query": "x", "filters": {"nope": 1}}, {"query": "x", "top_k": 0},
+                    {"query": "x", "mode": "fuzzy"}, {"query": "x", "target": "votes"}):
+            refused = await client.post("/api/search", json=bad)
+            assert refused.status_code == 400, (bad, refused.text)
+        detail = await _json(client, f"/api/memory/{unique}/{memory_id}")
+        assert detail["memory"]["id"] == memory_id and "versions" in detail and "sources" in detail
+        assert (await client.get(f"/api/memory/{unique}/m-missing")).status_code in (400, 404)
+
+        listed = (await _json(client, "/api/messages", agent=f"writer-{unique}"))["messages"]
+        assert [(m["from"], m["to"], m["type"], m["kind"]) for m in listed] == \
+            [(f"writer-{unique}", [me], "status", "direct")]
+        assert "deploy is red" in listed[0]["preview"]
+        assert (await _json(client, "/api/messages", type="chat"))["messages"] == []
+
+        system = await _json(client, "/api/system")
+        assert set(system) >= {"servers", "streams", "consumers", "worker_lag", "embedding_backlog", "dead_letters"}
+        assert system["servers"]["connected"] and system["worker_lag"] == 0
+        assert system["embedding_backlog"] == 0 and system["dead_letters"] == []
+
+
+_PNG = bytes.fromhex("89504e470d0a1a0a0000000d4948445200000001000000010806000000"
+                     "1f15c4890000000d49444154789c6360000002000154a24f5d0000000049454e44ae426082")
+
+
+@pytest.mark.asyncio
+async def test_values_are_rendered_by_content_type(pg_settings: Settings, unique: str, start_worker: Any) -> None:
+    await start_worker(pg_settings, name=f"w{unique}", embed=False)
+    async with Agent.connect(f"writer-{unique}", settings=pg_settings) as writer:
+        board = writer.board(unique)
+        await board.attach("media", "logo", _PNG, content_type="image/png")
+        await board.put("media", "raw", b"\x00\x01\x02", content_type="application/octet-stream")
+        await board.put("media", "note", "# title", content_type="text/markdown")
+        await board.put("media", "doc", {"a": [1, 2]})
+    async with inspecting(pg_settings, f"member-{unique}") as (_, client):
+        kinds = {}
+        for key in ("logo", "raw", "note", "doc"):
+            shown = await _json(client, f"/api/boards/{unique}/entry/media/{key}")
+            kinds[key] = (shown["value_kind"], shown["object_url"] is not None)
+            if key in ("logo", "raw"):
+                data = await client.get(shown["object_url"])
+                assert data.status_code == 200
+                assert data.content == (_PNG if key == "logo" else b"\x00\x01\x02")
+                assert data.headers["content-type"] == ("image/png" if key == "logo" else "application/octet-stream")
+        assert kinds == {"logo": ("image", True), "raw": ("binary", True), "note": ("text", False),
+                         "doc": ("json", False)}
+        row = {e["key"]: e for e in (await _json(client, f"/api/boards/{unique}/entries"))["entries"]}
+        assert row["logo"]["size"] == len(_PNG) and row["raw"]["size"] == 3
+
+
+@pytest.mark.asyncio
+async def test_only_the_names_of_this_address_are_answered(pg_settings: Settings, unique: str) -> None:
+    async with inspecting(pg_settings, f"member-{unique}") as (server, client):
+        assert server.host == "127.0.0.1" and server.port > 0
+        assert (await client.get("/api/whoami", headers={"Host": f"localhost:{server.port}"})).status_code == 200
+        # DNS rebinding: a page of another site that resolves its name to 127.0.0.1 is refused.
+        assert (await client.get("/api/whoami", headers={"Host": "evil.example:80"})).status_code == 400
+        for method in ("PUT", "DELETE", "PATCH"):
+            assert (await client.request(method, "/api/boards")).status_code == 405
+
+
+def test_the_public_names_are_pinned() -> None:
+    import blackboard.apps.inspect as inspect
+
+    assert set(inspect.__all__) == {
+        "BOARDS_TTL", "DEFAULT_HOST", "DEFAULT_LIMIT", "DEFAULT_PORT", "MAX_LIMIT", "BoardAccess", "BoardFeed",
+        "Feeds", "Inspector", "InspectorServer", "create_app", "entry_json", "error_response", "is_loopback",
+        "preview_of", "proposal_json", "routes", "running_inspector", "sse", "static_dir", "value_json"}
+    for name in inspect.__all__:
+        assert hasattr(inspect, name), name
