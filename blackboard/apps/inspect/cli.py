@@ -43,6 +43,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT}; 0 = a free port)")
     p.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
                    help="another Host name browsers use to reach it (a proxy's); repeatable")
+    p.add_argument("--no-warm", action="store_true",
+                   help="open a board's live state on its first request, not every readable board's at start")
     p.add_argument("--db", action="store_true",
                    help="also show the dead letters' reasons from PostgreSQL (postgres.dsn: an operator's view)")
     p.add_argument("--nats-url", help="NATS server URL(s), comma-separated (env BLACKBOARD_NATS__URL)")
@@ -78,7 +80,7 @@ async def run(argv: Sequence[str]) -> int:
         print(f"blackboard inspect: {server.url}  (as {agent_id}; read-only; Ctrl-C to stop)", flush=True)
 
     async with running_inspector(settings, agent_id, credentials=creds, host=args.host, port=args.port,
-                                 allowed_hosts=args.allowed_host, db=args.db) as server:
+                                 allowed_hosts=args.allowed_host, db=args.db, warm=not args.no_warm) as server:
         ready(server)
         await signalled.wait()
     print("blackboard inspect: stopped", file=sys.stderr, flush=True)

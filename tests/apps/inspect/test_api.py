@@ -20,7 +20,8 @@ from blackboard.settings import Settings
 
 @contextlib.asynccontextmanager
 async def inspecting(settings: Settings, agent_id: str) -> AsyncIterator[tuple[InspectorServer, httpx2.AsyncClient]]:
-    async with running_inspector(settings, agent_id, port=0) as server, \
+    # Not warmed up: the session's servers hold every test's boards (one test warms up).
+    async with running_inspector(settings, agent_id, port=0, warm=False) as server, \
             httpx2.AsyncClient(base_url=server.url.rstrip("/"), timeout=30) as client:
         yield server, client
 
@@ -91,6 +92,9 @@ async def test_an_identity_sees_only_the_boards_it_may_read(pg_settings: Setting
             assert refused.json()["type"] == "PermissionDeniedError"
         page = await _json(solo, "/api/boards/solo-board/entries", prefix=f"k-{unique}")
         assert [(e["key"], e["preview"]) for e in page["entries"]] == [(f"k-{unique}", "solo")]
+    # Warming up opens the live state of the boards it may read, and only those.
+    async with running_inspector(pg_settings, f"solo-{unique}", port=0) as server:
+        assert await server.inspector.warm() == ["solo-board"]
     async with inspecting(pg_settings, f"member-{unique}") as (_, member):
         assert unique in (await _json(member, "/api/boards"))["boards"]
         entry = await _json(member, f"/api/boards/{unique}/entry/notes/a")

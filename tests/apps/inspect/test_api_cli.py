@@ -17,7 +17,7 @@ from tests.apps.mcp.conftest import REPO, blackboard_env
 @pytest.mark.asyncio
 async def test_blackboard_inspect_serves_as_the_identity_until_interrupted(settings: Settings, unique: str) -> None:
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "blackboard", "inspect", "--as", f"member-{unique}", "--port", "0",
+        sys.executable, "-m", "blackboard", "inspect", "--as", f"member-{unique}", "--port", "0", "--no-warm",
         cwd=REPO, env=blackboard_env(settings), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     try:
         assert proc.stdout is not None
