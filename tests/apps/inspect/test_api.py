@@ -340,3 +340,26 @@ def test_the_public_names_are_pinned() -> None:
         "preview_of", "proposal_json", "routes", "running_inspector", "sse", "static_dir", "value_json"}
     for name in inspect.__all__:
         assert hasattr(inspect, name), name
+
+
+@pytest.mark.asyncio
+async def test_the_operator_sees_the_streams_an_agent_may_not(pg_settings: Settings, unique: str,
+                                                              start_worker: Any) -> None:
+    from tests import _auth
+
+    await start_worker(pg_settings, name=f"w{unique}", embed=False)
+    async with Agent.connect(f"writer-{unique}", settings=pg_settings) as writer:
+        await writer.board(unique).put("s", "k", 1)
+    assert _auth.SESSION is not None
+    async with running_inspector(pg_settings, "operator", credentials=_auth.SESSION.creds("operator"), port=0,
+                                 warm=False) as server, \
+            httpx2.AsyncClient(base_url=server.url.rstrip("/"), timeout=30) as client:
+        assert (await _json(client, "/api/whoami"))["agent"] == "operator"
+        assert unique in (await _json(client, "/api/boards"))["boards"]
+        assert (await _json(client, f"/api/boards/{unique}/entries"))["total"] == 1
+        system = await _json(client, "/api/system")
+        assert {"BB_VOTE", "BB_MSG", "BB_MEMORY"} <= {s["name"] for s in system["streams"]}
+        assert isinstance(system["consumers"], list) and system["worker_lag"] is not None
+    async with inspecting(pg_settings, f"member-{unique}") as (_, client):
+        system = await _json(client, "/api/system")
+        assert "error" in system["streams"] and system["servers"]["version"]
