@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import functools
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Literal, ParamSpec, TypeVar
@@ -35,7 +36,7 @@ from blackboard.protocol.subjects import Header
 
 if TYPE_CHECKING:
     from opentelemetry.context import Context
-    from opentelemetry.trace import Span, Tracer, TracerProvider
+    from opentelemetry.trace import Span, SpanContext, Tracer, TracerProvider
 
     from blackboard.settings import ObservabilitySettings
 
@@ -45,6 +46,7 @@ __all__ = [
     "configure",
     "consumer_spans",
     "disable",
+    "embedding_spans",
     "enable",
     "enabled",
     "inject",
@@ -67,6 +69,11 @@ _provider: TracerProvider | None = None  # the provider configure() built (shut 
 
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
+
+#: The ingest spans of stored messages still to embed, by (stream, sequence): the parents of
+#: their embedding spans (a bounded map of this process; the oldest are forgotten).
+_awaiting_embedding: OrderedDict[tuple[str, int], SpanContext] = OrderedDict()
+_AWAITING_MAX = 16384
 
 _TRACEPARENT = Header.TRACEPARENT.value
 _TRACESTATE = Header.TRACESTATE.value
@@ -149,6 +156,7 @@ def disable() -> None:
     global _tracer, _provider, enabled
     enabled = False
     _tracer = None
+    _awaiting_embedding.clear()
     provider, _provider = _provider, None
     shutdown = getattr(provider, "shutdown", None)
     if shutdown is not None:
@@ -233,13 +241,15 @@ def _extract(headers: Mapping[str, str] | None) -> Context | None:
     return ctx if trace.get_current_span(ctx).get_span_context().is_valid else None
 
 
-def consumer_spans(stream: str, headers: Sequence[Mapping[str, str] | None], started_ns: int,
-                   commit_started_ns: int, commit_ended_ns: int, *, rows: int) -> None:
-    """Record a worker batch's spans after the fact: for each message that carries a trace
-    context, a consumer span ``ingest <stream>`` (from ``started_ns``, the batch's
-    arrival, to now) in the writer's trace, and its child ``postgres commit``
-    (``commit_started_ns`` to ``commit_ended_ns``, the batch's transaction). Messages
-    without one make no span (an untraced write starts no trace in the worker)."""
+def consumer_spans(stream: str, messages: Sequence[tuple[Mapping[str, str] | None, int]], started_ns: int,
+                   commit_started_ns: int, commit_ended_ns: int, *, rows: int, embeds: bool = False) -> None:
+    """Record a worker batch's spans after the fact: for each message (its headers and
+    stream sequence) that carries a trace context, a consumer span ``ingest <stream>``
+    (from ``started_ns``, the batch's arrival, to now) in the writer's trace, and its child
+    ``postgres commit`` (``commit_started_ns`` to ``commit_ended_ns``, the batch's
+    transaction). Messages without one make no span (an untraced write starts no trace in
+    the worker). ``embeds``: the ingest span is kept as the parent of the message's
+    embedding span (:func:`embedding_spans`)."""
     tracer = _tracer
     if tracer is None:
         return
@@ -247,20 +257,49 @@ def consumer_spans(stream: str, headers: Sequence[Mapping[str, str] | None], sta
 
     ended = time.time_ns()
     consumer, internal = _kind("consumer"), _kind("client")
-    for h in headers:
+    for h, seq in messages:
         parent = _extract(h)
         if parent is None:
             continue
         ingest = tracer.start_span(f"ingest {stream}", context=parent, kind=consumer, start_time=started_ns,
                                    attributes={"messaging.system": "nats", "messaging.operation.type": "process",
                                                "messaging.destination.name": stream,
-                                               "messaging.batch.message_count": len(headers)})
+                                               "messaging.batch.message_count": len(messages),
+                                               "bb.stream.sequence": seq})
         commit = tracer.start_span("postgres commit", context=trace.set_span_in_context(ingest), kind=internal,
                                    start_time=commit_started_ns,
                                    attributes={"db.system.name": "postgresql", "db.operation.name": "COMMIT",
                                                "db.operation.batch.size": rows})
         commit.end(end_time=commit_ended_ns)
         ingest.end(end_time=ended)
+        if embeds:
+            _awaiting_embedding[(stream, seq)] = ingest.get_span_context()
+            while len(_awaiting_embedding) > _AWAITING_MAX:
+                _awaiting_embedding.popitem(last=False)
+
+
+def embedding_spans(items: Sequence[tuple[str, int]], model: str, started_ns: int) -> None:
+    """Record the spans of an embedding batch after its vectors are committed: for each item
+    (the stream and sequence of the message that stored it) whose ingest span is known, a
+    span ``embeddings <model>`` (from ``started_ns``, when the batch was leased, to now) as
+    that ingest span's child (``gen_ai.operation.name`` = ``embeddings``,
+    ``gen_ai.request.model``)."""
+    tracer = _tracer
+    if tracer is None or not _awaiting_embedding:
+        return
+    from opentelemetry import trace
+
+    ended = time.time_ns()
+    kind = _kind("client")
+    for item in items:
+        parent = _awaiting_embedding.pop(item, None)
+        if parent is None:
+            continue
+        span = tracer.start_span(f"embeddings {model}", context=trace.set_span_in_context(
+            trace.NonRecordingSpan(parent)), kind=kind, start_time=started_ns,
+            attributes={"gen_ai.operation.name": "embeddings", "gen_ai.request.model": model,
+                        "gen_ai.request.batch_size": len(items), "bb.stream.sequence": item[1]})
+        span.end(end_time=ended)
 
 
 def search_attributes(endpoint: str, request: object, principal: str) -> dict[str, Any]:

@@ -39,7 +39,9 @@ from blackboard.db import consolidate_sql
 from blackboard.db import embed_sql as q
 from blackboard.db.spaces import ItemType, Space, ensure_space
 from blackboard.embeddings import EmbeddingProvider
+from blackboard.observability import tracing
 from blackboard.protocol.errors import EmbeddingError
+from blackboard.protocol.subjects import MEMORY_STREAM, Subjects
 from blackboard.settings import Settings
 from blackboard.worker._tasks import run_until_stopped
 from blackboard.worker.embed_text import MAX_EMBED_CHARS, memory_embed_text
@@ -115,6 +117,8 @@ class _Batch:
     targets: list[tuple[ItemType, int, int, str]]
     skip: set[tuple[ItemType, int]]
     vectors: np.ndarray | None = None
+    #: When it was leased (time.time_ns; tracing on only): its embedding spans start there.
+    leased_ns: int = 0
 
 
 class Embedder:
@@ -262,6 +266,8 @@ class Embedder:
             if not claimed:
                 return None
             batch = _Batch(claimed, *(await self._load(conn, claimed)))
+            if tracing.enabled:
+                batch.leased_ns = time.time_ns()
             await conn.commit()
         self._inflight.append(batch)
         return batch
@@ -339,6 +345,10 @@ class Embedder:
             await self._done(conn, batch.claimed)
         if consolidate is not None and mids:
             consolidate()
+        if tracing.enabled and batch.leased_ns:  # each item's span, in its write's trace
+            streams = {"memory": MEMORY_STREAM, "entry": Subjects(self.settings.board.bucket).kv_stream}
+            tracing.embedding_spans([(streams[t], seq) for t, _, seq, _ in batch.targets], self.provider.model,
+                                    batch.leased_ns)
         self._forget(batch)
         self.stats.write_seconds += time.perf_counter() - t0
         self.stats.embedded += len(batch.targets)

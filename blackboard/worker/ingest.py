@@ -548,8 +548,8 @@ class IngestLoop:
             if own:
                 await slot.release()
         if traced:  # spans in each traced writer's trace (docs/observability.md, "Tracing")
-            tracing.consumer_spans(self.handler.stream, [m.headers for m in msgs], started_ns, commit_ns,
-                                   time.time_ns(), rows=len(rows))
+            tracing.consumer_spans(self.handler.stream, [(m.headers, _sequence(m)) for m in msgs], started_ns,
+                                   commit_ns, time.time_ns(), rows=len(rows), embeds=self.handler.embeds)
         # Acks are fire-and-forget publishes; nats-py buffers them and its
         # flusher sends them together.
         for msg in msgs:
@@ -599,6 +599,14 @@ class IngestLoop:
         # The good rows are now committed; writing them again in the retried
         # batch is a no-op (idempotent), and keeps one code path.
         return good, dead
+
+
+def _sequence(msg: Msg) -> int:
+    """A message's stream sequence (0 when its reply is not a JetStream ack subject)."""
+    try:
+        return parse_ack_reply(msg.reply or "")[1]
+    except ValueError:
+        return 0
 
 
 async def _write_dead(conn: Conn, dead: Sequence[DeadLetter]) -> None:

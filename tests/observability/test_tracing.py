@@ -1,5 +1,5 @@
 """Tracing (docs/observability.md, "Tracing"): a write's spans form one trace from the SDK
-across JetStream to the worker's ingest and its PostgreSQL commit; a search is a client span
+across JetStream to the worker's ingest, its PostgreSQL commit and its embedding; a search is a client span
 in the SDK and a server span in the search service, in the same trace.
 
 Spans go to OpenTelemetry's in-memory exporter through a tracer provider of the test's own
@@ -90,7 +90,7 @@ async def test_remember_and_recall_are_traced_end_to_end(
         mid = await agent.remember("the deploy runs at noon", board=board, wait="searchable")
         remember = _one(spans, "remember")
         trace_id = remember.context.trace_id
-        await wait_for(lambda: _has(spans, "postgres commit", trace_id), 30, "the worker's spans")
+        await wait_for(lambda: _has(spans, "embeddings test-hash", trace_id), 30, "the worker's spans")
         hits = await agent.recall("deploy noon", board=board)
         assert [h.id for h in hits] == [mid]
     assert remember.attributes is not None
@@ -99,6 +99,9 @@ async def test_remember_and_recall_are_traced_end_to_end(
     ingest = _one(spans, "ingest BB_MEMORY", trace_id)
     assert _parent_of(ingest) == remember.context.span_id
     assert _parent_of(_one(spans, "postgres commit", trace_id)) == ingest.context.span_id
+    embedding = _one(spans, "embeddings test-hash", trace_id)  # the worker's embedder, after the ingest
+    assert _parent_of(embedding) == ingest.context.span_id
+    assert embedding.attributes is not None and embedding.attributes["gen_ai.operation.name"] == "embeddings"
     # the recall: the SDK's client span, the service's server span under it
     client = next(s for s in spans.get_finished_spans() if s.name == "search memories" and s.kind == SpanKind.CLIENT)
     server = next(s for s in spans.get_finished_spans() if s.name == "search memories" and s.kind == SpanKind.SERVER)
