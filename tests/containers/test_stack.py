@@ -58,12 +58,15 @@ async def test_a_killed_worker_container_restarts_with_rows_exactly_once() -> No
 
 def test_stacks_leave_no_containers(stack: ContainerStack) -> None:
     """The private stacks above removed their containers and networks; only the module's
-    stack (still up) has some."""
+    stack (still up) has some. (Other runs on this engine, at the same time, have theirs.)"""
     client = docker_client()
-    left = [c.name for c in client.containers.list(all=True, filters={"label": LABEL})
-            if c.labels.get(f"{LABEL}.stack") != stack.stack_id]
+
+    def ours(labels: dict[str, str]) -> bool:
+        return labels.get(f"{LABEL}.pid") == str(os.getpid()) and labels.get(f"{LABEL}.stack") != stack.stack_id
+
+    left = [c.name for c in client.containers.list(all=True, filters={"label": LABEL}) if ours(c.labels)]
     networks = [n.name for n in client.networks.list(filters={"label": LABEL})
-                if (n.attrs.get("Labels") or {}).get(f"{LABEL}.stack") != stack.stack_id]
+                if ours(n.attrs.get("Labels") or {})]
     assert (left, networks) == ([], [])
 
 
