@@ -30,6 +30,7 @@ from blackboard.protocol.errors import (
     InvalidKeyError,
     InvalidPayloadError,
     NotFoundError,
+    OperationTimeoutError,
     PermissionDeniedError,
     SearchError,
     TransportError,
@@ -55,6 +56,8 @@ MAX_LIMIT = 2000
 #: Messages listed unless ``limit`` says otherwise, and at most.
 DEFAULT_MESSAGES = 100
 MAX_MESSAGES = 500
+#: Seconds the first read of a board's votes may take.
+VOTES_TIMEOUT = 30.0
 #: As-of states of boards kept (a slider asks for neighbouring revisions in turn).
 ASOF_CACHE = 8
 
@@ -352,7 +355,10 @@ async def events(inspector: Inspector, request: Request) -> Response:
 async def votes(inspector: Inspector, request: Request) -> Response:
     board = await inspector.access.check(_path(request, "board"))
     feed = await inspector.feeds.feed(board)
-    await feed.start_votes()
+    try:
+        await asyncio.wait_for(feed.start_votes(), VOTES_TIMEOUT)
+    except TimeoutError:
+        raise OperationTimeoutError(f"the votes of board {board!r} were not read within {VOTES_TIMEOUT:g} s") from None
     shaped = [proposal_json(state) for state in feed.proposals.values() if state.log.proposal is not None]
     shaped.sort(key=lambda p: (not p["open"], str(p["created_at"] or "")), reverse=False)
     return JSONResponse({"proposals": shaped})

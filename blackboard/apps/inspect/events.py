@@ -15,7 +15,8 @@ import bisect
 import collections
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable
+import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -119,11 +120,13 @@ class BoardFeed:
         """Follow the board's vote subjects from the first stored message (idempotent); returns
         once what was stored has been read."""
         async with self._lock:
-            if self._follower is None:
-                self._follower = VoteFollower(self.agent.voting.store, Subjects.vote_filter(self.board),
-                                              self._on_vote, start="all")
-                await self._follower.start()
-        await self._follower.ready.wait()
+            follower = self._follower
+            if follower is None:
+                follower = VoteFollower(self.agent.voting.store, Subjects.vote_filter(self.board),
+                                        self._on_vote, start="all")
+                await follower.start()  # kept only once started: a failed start is tried again
+                self._follower = follower
+        await follower.ready.wait()
         self.votes_ready.set()
 
     async def close(self) -> None:
@@ -202,7 +205,8 @@ class BoardFeed:
                 fate = plog.fates[seen.sequence]
                 seen.counted = fate is None
                 seen.rejected = fate.reason if fate is not None else None
-        if self._listeners:
+        follower = self._follower
+        if self._listeners and follower is not None and follower.ready.is_set():  # not the replay
             self._publish("vote", proposal_json(state))
 
     # ----------------------------------------------------------------- listeners
@@ -249,12 +253,11 @@ def preview_of(entry: Entry, limit: int = 120) -> str:
 class Feeds:
     """The open :class:`BoardFeed` of each board, at most :data:`MAX_FEEDS`."""
 
-    def __init__(self, agent: Agent, *, limit: int = MAX_FEEDS, clock: Callable[[], float] | None = None) -> None:
+    def __init__(self, agent: Agent, *, limit: int = MAX_FEEDS) -> None:
         self.agent = agent
         self.limit = limit
         self._feeds: collections.OrderedDict[str, BoardFeed] = collections.OrderedDict()
         self._locks: dict[str, asyncio.Lock] = {}
-        self._clock = clock or asyncio.get_running_loop().time
 
     async def feed(self, board: str) -> BoardFeed:
         """The started feed of ``board`` (started now if it is not yet).
@@ -273,7 +276,7 @@ class Feeds:
                     self._feeds[board] = feed
                     await self._evict(keep=board)
         self._feeds.move_to_end(board)
-        feed.used = self._clock()
+        feed.used = time.monotonic()
         return feed
 
     async def _evict(self, keep: str) -> None:
@@ -308,7 +311,7 @@ def proposal_json(state: ProposalState) -> dict[str, Any]:
     outcome = plog.committed or (plog.recorded.outcome if plog.recorded is not None else None) or plog.decided
     applied = plog.applied
     return {
-        "id": plog.proposal_id, "board": plog.board,
+        "id": plog.proposal_id, "proposal_id": plog.proposal_id, "board": plog.board,
         "section": p.section if p else None, "key": p.key if p else None,
         "question": p.question if p else "", "options": list(p.candidates) if p else [],
         "policy": _dump(p.policy) if p else None, "voters": p.voters if p else None,
