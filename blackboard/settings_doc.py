@@ -49,7 +49,7 @@ def _default(value: object) -> str:
 
 def render_reference() -> str:
     """The Markdown tables: one per settings group, one row per variable."""
-    settings = Settings()
+    settings = Settings.model_construct()  # the defaults, never this process's environment
     out: list[str] = []
     for group, field in Settings.model_fields.items():
         sub = getattr(settings, group)

@@ -71,6 +71,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -86,6 +87,7 @@ from blackboard.client.lifecycle import first_error
 from blackboard.db import open_pool
 from blackboard.embeddings import EmbeddingProvider
 from blackboard.observability import tracing
+from blackboard.observability.metrics import WorkerMetrics
 from blackboard.protocol import codec
 from blackboard.protocol.errors import (
     BlackboardError,
@@ -200,6 +202,7 @@ class SearchService:
         settings: the deployment's settings.
         provider: embeds queries (None: keyword search only).
         status: the worker's status (the ``status`` endpoint).
+        metrics: times each request's work by endpoint and mode, counts its errors (None: off).
         rights: where principals' rights come from (default, at :meth:`start`:
             :meth:`RightsSource.from_settings`, the policy file or the open bus).
     """
@@ -207,8 +210,9 @@ class SearchService:
     def __init__(self, nc: NATS, settings: Settings, *,
                  provider: EmbeddingProvider | None,
                  status: Callable[[], Awaitable[dict[str, Any]]] | None = None,
-                 rights: RightsLookup | None = None) -> None:
+                 rights: RightsLookup | None = None, metrics: WorkerMetrics | None = None) -> None:
         self._settings = settings
+        self._metrics = metrics
         self._provider = provider
         self._rights: RightsLookup | None = rights
         self._pool: AsyncConnectionPool | None = None
@@ -365,6 +369,8 @@ class SearchService:
             "restore": (MemoryRestoreRequest, restore),
         }
         for name, (model, fn) in routes.items():
+            if self._metrics is not None:
+                fn = _timed(self._metrics, name, fn)
             await svc.add_endpoint(name=name, subject=Subjects.search_endpoint(name),
                                    handler=self._handler(model, fn))
         self._service = svc
@@ -444,3 +450,22 @@ class SearchService:
                 await self.engine.analyze_missing()
             except Exception as exc:
                 log.debug("cannot analyze: %r", exc)
+
+
+def _timed(metrics: WorkerMetrics, endpoint: str, fn: Route) -> Route:
+    """``fn`` timed into ``blackboard_search_seconds`` (by endpoint and the request's mode)
+    and its errors counted into ``blackboard_search_errors`` (by endpoint and error class)."""
+    seconds = metrics.search_seconds
+    errors = metrics.search_errors
+
+    async def timed(req: Any, rights: Rights) -> Any:
+        started = time.perf_counter()
+        try:
+            return await fn(req, rights)
+        except Exception as exc:
+            errors.labels(endpoint, type(exc).__name__).inc()
+            raise
+        finally:
+            seconds.labels(endpoint, str(getattr(req, "mode", None) or "none")).observe(time.perf_counter() - started)
+
+    return timed

@@ -55,6 +55,7 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from blackboard.db import ingest_sql as q
 from blackboard.observability import tracing
+from blackboard.observability.metrics import WorkerMetrics
 from blackboard.protocol.errors import InvalidPayloadError
 from blackboard.protocol.signing import Verdict, parse_signature
 from blackboard.protocol.subjects import Header, Subjects
@@ -327,6 +328,8 @@ class IngestLoop:
         self._require = settings.worker.require_signatures
         #: Concurrent write transactions (batches in flight to PostgreSQL).
         self.writers = max(1, settings.worker.ingest_writers) if handler.concurrent_writes else 1
+        #: Counts batches, dead letters and latency (None: the worker's metrics are off).
+        self.metrics: WorkerMetrics | None = None
 
     async def setup(self) -> None:
         """Create (or bind to) the durable consumer."""
@@ -502,6 +505,7 @@ class IngestLoop:
         """
         traced = tracing.enabled
         started_ns = time.time_ns() if traced else 0
+        started = time.perf_counter()
         rows, dead, checks = await self._decode_yielding(msgs)
         rows = await self._verify(rows, checks, dead)
         commit_ns = time.time_ns() if traced else 0
@@ -531,6 +535,8 @@ class IngestLoop:
                         continue
                     self.stats.retries += 1
                     self.stats.last_error = repr(exc)
+                    if self.metrics is not None:
+                        self.metrics.ingest_retries.labels(self.handler.stream).inc()
                     wait = delay()
                     log.warning("%s: PostgreSQL unavailable (%s); retrying in %.2fs", self.durable,
                                 error_line(exc), wait)
@@ -560,6 +566,9 @@ class IngestLoop:
         self.stats.dead_letters += len(dead)
         self.stats.batches += 1
         self.stats.last_batch_at = time.time()
+        if self.metrics is not None:
+            self.metrics.ingested(self.handler.stream, len(msgs), len(rows), (d.reason for d in dead),
+                                  time.perf_counter() - started)
         if dead:
             log.warning("%s: %d message(s) dead-lettered, e.g. seq %d: %s", self.durable, len(dead),
                         dead[0].seq, dead[0].reason)

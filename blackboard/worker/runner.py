@@ -31,6 +31,8 @@ from blackboard.client.signing import signing_of
 from blackboard.client.streams import ensure_streams
 from blackboard.db import migrate, open_pool
 from blackboard.observability import tracing
+from blackboard.observability.health import ObservabilityServer, Readiness
+from blackboard.observability.metrics import WorkerMetrics
 from blackboard.protocol.errors import ConfigurationError
 from blackboard.security.credentials import FoundCredentials, find_system_credentials
 from blackboard.security.verifier import Verifier
@@ -44,6 +46,7 @@ from blackboard.worker.embedder import Embedder, EmbeddingProvider, load_provide
 from blackboard.worker.handlers import StreamHandler, default_handlers
 from blackboard.worker.ingest import ConsumerLag, IngestLoop, backoff_delays
 from blackboard.worker.llm import ChatModel
+from blackboard.worker.observed import WorkerProbe
 from blackboard.worker.pruning import Pruner
 
 __all__ = ["Worker", "run_worker"]
@@ -97,6 +100,11 @@ class Worker:
         #: Archives the memories least worth keeping on a schedule (None: ``memory.prune_interval``
         #: is 0, or no strategy nor bound is set).
         self.pruner: Pruner | None = None
+        #: The worker's metrics (None: ``observability.http_enabled`` is off), served with the
+        #: health endpoints by :attr:`http` (docs/observability.md).
+        self.metrics: WorkerMetrics | None = WorkerMetrics() if settings.observability.http_enabled else None
+        self.http: ObservabilityServer | None = None
+        self._probe: WorkerProbe | None = None
         self.started_at = 0.0
 
     # -- lifecycle ---------------------------------------------------------
@@ -138,8 +146,9 @@ class Worker:
                         await self._start_search(group, services)
                         self._spawn(group, "lag reporter", self._report_lag)
                         self.started_at = time.time()
-                        log.info("worker %s ready (group %s): consumers %s", self.settings.worker.name,
-                                 self.settings.worker.group, ", ".join(lp.durable for lp in self.loops))
+                        log.info("worker %s ready (group %s): consumers %s%s", self.settings.worker.name,
+                                 self.settings.worker.group, ", ".join(lp.durable for lp in self.loops),
+                                 f"; metrics and health on {self.http.url}" if self.http is not None else "")
                         if not ready.done():
                             ready.set_result(None)
                         # Until stop() cancels this task: the search service
@@ -155,20 +164,26 @@ class Worker:
         finally:
             self._nc = None
             self.pool = None
+            self._probe = None
 
     async def _open(self, held: contextlib.AsyncExitStack) -> JetStreamContext:
         """Migrate, connect to NATS and PostgreSQL, set every component up (no task yet)."""
         s = self.settings
+        if s.observability.http_enabled:  # first: a port already taken fails the start at once
+            self.http = await held.enter_async_context(ObservabilityServer(
+                s.observability, readiness=self.readiness, metrics=self.metrics, refresh=self.refresh_metrics))
         await migrate(s)
         check_nats_url(s.nats.url)  # a malformed URL is told before a missing credential
         # Its own identity: nats.creds_file, else the credential issued for its name; never an agent's.
         found = find_system_credentials(s.worker.name, s, process=f"the worker {s.worker.name!r}")
         self._nc = nc = await connect_nats(s, name=f"blackboard-{s.worker.name}", credentials=found)
         held.push_async_callback(_quietly, nc.close)
+        log.info("worker %s: connected to NATS at %s", s.worker.name, _server_of(nc))
         js = nc.jetstream(timeout=s.nats.request_timeout)
         await ensure_streams(js, s)
         self.verifier = await self._start_verifier(held, nc, found)
         self.pool = await held.enter_async_context(open_pool(s.postgres, name=f"blackboard-{s.worker.name}"))
+        log.info("worker %s: connected to PostgreSQL", s.worker.name)
         if s.worker.embed:
             provider = self._provider
             if provider is None:
@@ -184,11 +199,14 @@ class Worker:
         self.loops = []
         for handler in self._handlers or default_handlers(s):
             loop = IngestLoop(handler, js, self.pool, s, on_written=wake, verifier=self.verifier)
+            loop.metrics = self.metrics
             await loop.setup()
             self.loops.append(loop)
         self.committer = VoteCommitter(nc, s)
         await self.committer.setup()
         await self._open_consolidator(held, nc)
+        if self.metrics is not None:
+            self._probe = WorkerProbe(self, nc, self.metrics)
         return js
 
     async def _open_consolidator(self, held: contextlib.AsyncExitStack, nc: NATS) -> None:
@@ -286,7 +304,8 @@ class Worker:
 
         rights = RightsSource.from_settings(s)
         self.search = await services.enter_async_context(
-            SearchService(self._nc, s, provider=query_provider, status=self.status, rights=rights))
+            SearchService(self._nc, s, provider=query_provider, status=self.status, rights=rights,
+                          metrics=self.metrics))
         # The system service's inbox administration (bb.inbox.<agent>): bus only, beside search.
         self.inbox_admin = await services.enter_async_context(InboxAdmin(self._nc, s, rights=rights))
 
@@ -347,6 +366,19 @@ class Worker:
         task.add_done_callback(self._components.discard)
 
     # -- status --------------------------------------------------------------
+    async def readiness(self) -> Readiness:
+        """What ``/readyz`` answers: ready once started, connected to NATS and PostgreSQL, and
+        every stream's pending messages at most ``observability.ready_max_lag``."""
+        probe = self._probe
+        if probe is None or not self.started_at:
+            return Readiness(False, {"started": False})
+        return await probe.readiness()
+
+    async def refresh_metrics(self) -> None:
+        """Set the metrics read at scrape time (lag, backlog, consumer counts)."""
+        if self._probe is not None:
+            await self._probe.refresh()
+
     async def lag(self) -> list[ConsumerLag]:
         """Lag of every consumer of this worker (shared by all worker processes)."""
         return [await loop.lag() for loop in self.loops]
@@ -426,7 +458,10 @@ class Worker:
                     backlog = await self.embedder.backlog()
                     work += inbox + backlog
                     parts.append(f"embedding backlog {backlog} (+{inbox} handed over)")
-            log.log(logging.INFO if work or busy else logging.DEBUG, "lag: %s", "; ".join(parts))
+            if busy and not work:
+                log.info("lag caught up: %s", "; ".join(parts))
+            else:
+                log.log(logging.INFO if work else logging.DEBUG, "lag: %s", "; ".join(parts))
             busy = work > 0
 
 
@@ -446,6 +481,12 @@ async def _quietly(close: Callable[[], Awaitable[object]]) -> None:
         log.warning("closing %r took more than %.0f s: left behind", close, _CLOSE_TIMEOUT)
     except Exception as exc:
         log.debug("closing %r failed: %r", close, exc)
+
+
+def _server_of(nc: NATS) -> str:
+    """The server a connection is connected to (``host:port``), for a log line."""
+    url = nc.connected_url
+    return f"{url.hostname}:{url.port}" if url is not None else "?"
 
 
 def _wakes(*wakes: Callable[[], None] | None) -> Callable[[], None] | None:

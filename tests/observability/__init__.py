@@ -1,0 +1,1 @@
+"""Tests of logs, metrics, health endpoints and tracing (docs/observability.md)."""

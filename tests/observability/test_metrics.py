@@ -1,0 +1,109 @@
+"""The worker's ``/metrics`` (docs/observability.md, "Metrics"): Prometheus text on a
+registry of the worker's own, whose values move as work happens."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from agents_sdk.search import SearchClient
+from blackboard.client.connection import connect_nats
+from blackboard.client.streams import ensure_streams
+from blackboard.observability.metrics import WorkerMetrics, dead_letter_reason
+from blackboard.protocol.subjects import MEMORY_STREAM, Subjects
+from blackboard.settings import Settings
+from tests._worker_helpers import (
+    HashProvider,
+    StartWorker,
+    board_memories_handler,
+    publish_signed,
+    remember,
+)
+from tests.observability._probe import metrics, sample, until
+
+_async = pytest.mark.asyncio
+
+
+@pytest.mark.parametrize(("reason", "label"), [
+    ("signature bad_signature: signed by 'a' (agent, key U...)", "signature_bad_signature"),
+    ("signature unsigned: the record carries no signature (worker.require_signatures)", "signature_unsigned"),
+    ("unexpected KeyError while decoding: 'x'", "unexpected"),
+    ("refused by PostgreSQL: value too long", "refused"),
+    ("payload is not valid msgpack", "invalid"),
+])
+def test_dead_letter_reasons_are_a_bounded_label(reason: str, label: str) -> None:
+    assert dead_letter_reason(reason) == label
+
+
+def test_each_worker_has_a_registry_of_its_own() -> None:
+    one, two = WorkerMetrics(), WorkerMetrics()  # the same names twice: no clash
+    one.ingested("BB_MEMORY", 3, 2, ["not valid"], 0.01)
+    assert b'blackboard_ingest_messages_total{stream="BB_MEMORY"} 3.0' in one.render()
+    assert b"blackboard_ingest_messages_total{" not in two.render()
+
+
+@_async
+async def test_a_write_and_a_poison_message_move_the_counters(pg_settings: Settings, start_worker: StartWorker,
+                                                              unique: str, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger="blackboard.worker.ingest")
+    worker = await start_worker(pg_settings, name=f"w{unique}", embed=False, serve_search=False,
+                                handlers=[board_memories_handler(pg_settings, unique)])
+    consumer = worker.loops[0].durable
+    before = await metrics(worker)
+    assert sample(before, "blackboard_consumer_pending", stream=MEMORY_STREAM, consumer=consumer) == 0
+    assert sample(before, "blackboard_stream_consumers", stream=MEMORY_STREAM) >= 1
+    assert sample(before, "blackboard_account_consumers") >= 1
+    assert sample(before, "blackboard_nats_connected") == 1
+    nc = await connect_nats(pg_settings.nats, name="test-metrics")
+    try:
+        js = nc.jetstream()
+        await ensure_streams(js, pg_settings)
+        await remember(js, unique, "alice", f"{unique}-1", "a memory that is counted")
+
+        async def ingested() -> bool:
+            return sample(await metrics(worker), "blackboard_ingest_rows_total", stream=MEMORY_STREAM) == 1
+
+        await until(ingested, 20, "the ingest counter")
+        samples = await metrics(worker)
+        assert sample(samples, "blackboard_ingest_messages_total", stream=MEMORY_STREAM) == 1
+        assert sample(samples, "blackboard_ingest_batch_seconds_count", stream=MEMORY_STREAM) >= 1
+        assert sample(samples, "blackboard_dead_letters_total", stream=MEMORY_STREAM, reason="invalid") == 0
+
+        seq = await publish_signed(js, "alice", Subjects.memory(unique, "alice"), b"\xc1 not a record")
+
+        async def dead_lettered() -> bool:
+            samples = await metrics(worker)
+            return sample(samples, "blackboard_dead_letters_total", stream=MEMORY_STREAM, reason="invalid") == 1
+
+        await until(dead_lettered, 20, "the dead-letter counter")
+        samples = await metrics(worker)
+        assert sample(samples, "blackboard_ingest_messages_total", stream=MEMORY_STREAM) == 2
+        assert sample(samples, "blackboard_ingest_rows_total", stream=MEMORY_STREAM) == 1
+    finally:
+        await nc.close()
+    # The dead letter's log line names its sequence and reason.
+    lines = [r.getMessage() for r in caplog.records if r.name == "blackboard.worker.ingest"]
+    assert any(f"dead-lettered, e.g. seq {seq}: " in line for line in lines), lines
+
+
+@_async
+async def test_a_search_is_timed_by_endpoint_and_mode(pg_settings: Settings, start_worker: StartWorker,
+                                                      unique: str) -> None:
+    worker = await start_worker(pg_settings, name=f"w{unique}", embed=False, provider=HashProvider(),
+                                handlers=[board_memories_handler(pg_settings, unique)])
+    nc = await connect_nats(pg_settings.nats, name="test-metrics-search")
+    try:
+        client = SearchClient(nc, pg_settings, "tester")
+        # Every worker of the server shares the search requests: ask until this one answered.
+        for _ in range(50):
+            await client.recall("anything", board=unique, mode="keyword")
+            timed = sample(await metrics(worker), "blackboard_search_seconds_count", endpoint="memories",
+                           mode="keyword")
+            if timed:
+                break
+        assert timed >= 1
+        assert sample(await metrics(worker), "blackboard_search_seconds_bucket", endpoint="memories", mode="keyword",
+                      le="+Inf") == timed
+    finally:
+        await nc.close()
