@@ -259,3 +259,42 @@ async def test_an_identity_without_rights_does_not_see_the_board(pg_settings: Se
                 opened(browser, server, f"board={unique}") as page:
             await row(page, "secrets", "plan").wait_for(timeout=WAIT_MS)
             assert unique in await page.locator("#boards").inner_text()
+
+
+async def test_the_messages_timeline_filters_by_agent_and_type_and_the_system_panel(
+        pg_settings: Settings, unique: str, browser: Any, start_worker: StartWorker) -> None:
+    settings = worker_settings(pg_settings, name=f"w{unique}", batch_wait=0.02)
+    worker = await start_worker(settings, embed=False)
+    viewer, ana, ben = (f"{name}-{unique}" for name in ("lead", "ana", "ben"))
+    async with Agent.connect(ana, settings=settings) as a, Agent.connect(ben, settings=settings) as b:
+        await a.board(unique).put("tasks", "t-001", {"title": "collect facts"})
+        await a.send(viewer, "task.done", {"task": "t-001", "summary": "12 facts collected"})
+        await b.send(viewer, "question", {"text": "which sources count?"})
+        await a.board(unique).broadcast("status", {"text": "starting the report"})
+    await worker.wait_caught_up(60)
+    async with running_inspector(settings, viewer, port=0) as server, \
+            opened(browser, server, f"board={unique}&tab=messages") as page:
+        messages = page.locator('[data-testid="message"]')
+        await page.wait_for_function("document.querySelectorAll('[data-testid=message]').length === 3",
+                                     timeout=WAIT_MS)
+        text = await page.locator("#messages").inner_text()
+        assert "12 facts collected" in text and "which sources count?" in text and "starting the report" in text
+        await shot(page, "messages")
+
+        await page.locator('[data-testid="msg-agent"]').fill(ana)
+        await page.locator('[data-testid="msg-refresh"]').click()
+        await page.wait_for_function("document.querySelectorAll('[data-testid=message]').length === 2",
+                                     timeout=WAIT_MS)
+        assert sorted(await messages.evaluate_all("ms => ms.map(m => m.dataset.type)")) == ["status", "task.done"]
+        await page.locator('[data-testid="msg-type"]').fill("status")
+        await page.locator('[data-testid="msg-refresh"]').click()
+        await page.wait_for_function("document.querySelectorAll('[data-testid=message]').length === 1",
+                                     timeout=WAIT_MS)
+        assert "starting the report" in await messages.first.inner_text()
+
+        await page.locator('#tabs button[data-tab="system"]').click()
+        servers = page.locator('[data-testid="system-servers"]')
+        await servers.wait_for(timeout=WAIT_MS)
+        assert "connected" in await servers.inner_text()
+        await page.locator('[data-testid="system-worker_lag"]').wait_for(timeout=WAIT_MS)
+        await shot(page, "system")

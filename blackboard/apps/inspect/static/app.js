@@ -32,7 +32,7 @@
       else if (name.startsWith("on")) node.addEventListener(name.slice(2), value);
       else node.setAttribute(name, value === true ? "" : String(value));
     }
-    for (const child of children.flat()) {
+    for (const child of children.flat(Infinity)) {
       if (child === null || child === undefined || child === false) continue;
       node.append(child instanceof Node ? child : document.createTextNode(String(child)));
     }
@@ -636,6 +636,8 @@
     const params = new URLSearchParams({ limit: "200" });
     const agent = $("#msg-agent").value.trim();
     const type = $("#msg-type").value.trim();
+    const kind = $("#msg-kind").value;
+    if (kind) params.set("kind", kind);
     if (agent) params.set("agent", agent);
     if (type) params.set("type", type);
     try {
@@ -755,9 +757,13 @@
           : el("ul", {}, value.map((v) => el("li", { text: short(v, 200) })));
     } else if (value && typeof value === "object") {
       const entries = Object.entries(value);
+      const rows = (v) => Array.isArray(v) && v.length > 0 && v.every((x) => x && typeof x === "object" && !Array.isArray(x));
       body = entries.every(([, v]) => v && typeof v === "object" && !Array.isArray(v))
         ? table(entries.map(([k, v]) => Object.assign({ name: k }, v)))
-        : el("dl", { class: "meta" }, entries.map(([k, v]) => [el("dt", { text: k }), el("dd", { text: typeof v === "object" ? short(v, 200) : String(v) })]));
+        : el("div", {},
+          el("dl", { class: "meta" }, entries.filter(([, v]) => !rows(v)).map(([k, v]) => [el("dt", { text: k }),
+            el("dd", { text: v === null || v === undefined ? "—" : typeof v === "object" ? short(v, 200) : String(v) })])),
+          entries.filter(([, v]) => rows(v)).map(([k, v]) => [el("h4", { text: k }), table(v)]));
     } else {
       body = el("p", { class: "big", text: value === null || value === undefined ? "—" : String(value) });
     }
@@ -767,7 +773,11 @@
   async function loadSystem() {
     try {
       const body = await api("/api/system");
-      $("#system").replaceChildren(...Object.entries(body).map(([k, v]) => renderSystemPart(k, v)));
+      const order = ["servers", "worker_lag", "embedding_backlog", "dead_letters", "streams", "consumers", "worker",
+                     "jetstream", "database", "agent"];
+      const rank = (k) => (order.includes(k) ? order.indexOf(k) : order.length);
+      const parts = Object.entries(body).sort(([a], [b]) => rank(a) - rank(b));
+      $("#system").replaceChildren(...parts.map(([k, v]) => renderSystemPart(k, v)));
     } catch (error) {
       $("#system").replaceChildren(el("p", { class: "empty", text: error.message }));
       if (!(error instanceof ApiError && error.status === 503)) showError(error);
@@ -837,6 +847,10 @@
     }
     $("#votes-refresh").addEventListener("click", loadVotes);
     $("#msg-refresh").addEventListener("click", loadMessages);
+    $("#msg-kind").addEventListener("change", loadMessages);
+    for (const id of ["#msg-agent", "#msg-type"]) {
+      $(id).addEventListener("keydown", (event) => { if (event.key === "Enter") loadMessages(); });
+    }
     $("#system-refresh").addEventListener("click", loadSystem);
     $("#search-form").addEventListener("submit", runSearch);
     setupAsOf();
