@@ -145,20 +145,28 @@ async def test_a_write_arrives_on_the_event_stream(pg_settings: Settings, unique
     async with Agent.connect(f"writer-{unique}", settings=pg_settings) as writer:
         board = writer.board(unique)
         await board.put("notes", "first", 1)
-        async with inspecting(pg_settings, f"member-{unique}") as (_, client), \
-                EventStream(client, f"/api/boards/{unique}/events") as stream:
-            revision = await board.put("notes", "live", {"state": "new"})
-            _, event = await stream.next("entry")
-            assert event == {**event, "op": "put", "section": "notes", "key": "live", "revision": revision,
-                             "author": f"writer-{unique}", "preview": '{"state":"new"}'}
-            await board.put("notes", "live", {"state": "changed"})
-            _, event = await stream.next("entry")
-            assert (event["op"], event["preview"]) == ("put", '{"state":"changed"}')
-            await board.delete("notes", "live")
-            _, event = await stream.next("entry")
-            assert (event["op"], event["key"]) == ("delete", "live")
-            page = await _json(client, f"/api/boards/{unique}/entries")
-            assert [e["key"] for e in page["entries"]] == ["first"]
+        async with inspecting(pg_settings, f"member-{unique}") as (server, client):
+            async with EventStream(client, f"/api/boards/{unique}/events") as stream:
+                revision = await board.put("notes", "live", {"state": "new"})
+                _, event = await stream.next("entry")
+                assert event == {**event, "op": "put", "section": "notes", "key": "live", "revision": revision,
+                                 "author": f"writer-{unique}", "preview": '{"state":"new"}'}
+                await board.put("notes", "live", {"state": "changed"})
+                _, event = await stream.next("entry")
+                assert (event["op"], event["preview"]) == ("put", '{"state":"changed"}')
+                await board.delete("notes", "live")
+                _, event = await stream.next("entry")
+                assert (event["op"], event["key"]) == ("delete", "live")
+                page = await _json(client, f"/api/boards/{unique}/entries")
+                assert [e["key"] for e in page["entries"]] == ["first"]
+                feed = await server.inspector.feeds.feed(unique)
+                assert feed.listening == 1
+            # The stream's listener goes with its client (the server sees the connection close).
+            for _ in range(300):  # at most 15 s
+                if not feed.listening:
+                    break
+                await asyncio.sleep(0.05)
+            assert feed.listening == 0
 
 
 @pytest.mark.asyncio
@@ -352,7 +360,7 @@ async def test_the_operator_sees_the_streams_an_agent_may_not(pg_settings: Setti
         await writer.board(unique).put("s", "k", 1)
     assert _auth.SESSION is not None
     async with running_inspector(pg_settings, "operator", credentials=_auth.SESSION.creds("operator"), port=0,
-                                 warm=False) as server, \
+                                 warm=False, db=True) as server, \
             httpx2.AsyncClient(base_url=server.url.rstrip("/"), timeout=30) as client:
         assert (await _json(client, "/api/whoami"))["agent"] == "operator"
         assert unique in (await _json(client, "/api/boards"))["boards"]
@@ -360,6 +368,31 @@ async def test_the_operator_sees_the_streams_an_agent_may_not(pg_settings: Setti
         system = await _json(client, "/api/system")
         assert {"BB_VOTE", "BB_MSG", "BB_MEMORY"} <= {s["name"] for s in system["streams"]}
         assert isinstance(system["consumers"], list) and system["worker_lag"] is not None
+        assert set(system["database"]) == {"dead_letters_by_stream", "dead_letter_reasons", "embedding_queue"}
     async with inspecting(pg_settings, f"member-{unique}") as (_, client):
         system = await _json(client, "/api/system")
         assert "error" in system["streams"] and system["servers"]["version"]
+
+
+@pytest.mark.asyncio
+async def test_the_least_recently_used_board_is_closed_beyond_the_limit(pg_settings: Settings, unique: str,
+                                                                       start_worker: Any) -> None:
+    from blackboard.apps.inspect import Feeds
+
+    async with Agent.connect(f"member-{unique}", settings=pg_settings) as agent:
+        for name in ("a", "b", "c"):
+            await agent.board(f"{unique}-{name}").put("s", "k", name)
+        feeds = Feeds(agent, limit=2)
+        try:
+            first = await feeds.feed(f"{unique}-a")
+            async with first.listen():  # a board with a listener stays open
+                await feeds.feed(f"{unique}-b")
+                await feeds.feed(f"{unique}-c")
+                assert await feeds.feed(f"{unique}-a") is first
+            third = await feeds.feed(f"{unique}-c")
+            await feeds.feed(f"{unique}-b")
+            assert await feeds.feed(f"{unique}-c") is third  # used more recently than a
+            again = await feeds.feed(f"{unique}-a")
+            assert again is not first and again.view.value("s", "k") == "a"
+        finally:
+            await feeds.aclose()
