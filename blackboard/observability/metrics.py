@@ -84,8 +84,6 @@ class WorkerMetrics:
         self.embedded = Counter("blackboard_embedded_items", "Items embedded and written", registry=r)
         self.embedding_failures = Counter("blackboard_embedding_failures", "Items the model failed on",
                                           registry=r)
-        self.embedding_batch_seconds = Histogram("blackboard_embedding_batch_seconds",
-                                                 "Seconds to write a batch's vectors", buckets=_BUCKETS, registry=r)
         # -- search ----------------------------------------------------------------------
         self.search_seconds = Histogram("blackboard_search_seconds",
                                         "Seconds to answer a search service request, by endpoint and mode",

@@ -3,7 +3,10 @@ registry of the worker's own, whose values move as work happens."""
 
 from __future__ import annotations
 
+import json
 import logging
+import re
+from pathlib import Path
 
 import pytest
 
@@ -107,3 +110,28 @@ async def test_a_search_is_timed_by_endpoint_and_mode(pg_settings: Settings, sta
                       le="+Inf") == timed
     finally:
         await nc.close()
+
+
+_DOCS = Path(__file__).resolve().parents[2] / "docs"
+
+
+def _exposed_names() -> set[str]:
+    """The names of every metric a worker exposes (counters with ``_total``)."""
+    return {family.name + ("_total" if family.type == "counter" else "")
+            for family in WorkerMetrics().registry.collect()}
+
+
+def test_every_metric_is_documented() -> None:
+    doc = (_DOCS / "observability.md").read_text()
+    missing = sorted(name for name in _exposed_names() if f"| `{name}` |" not in doc)
+    assert not missing, f"docs/observability.md's table lacks {missing}"
+
+
+def test_the_example_dashboard_queries_metrics_that_exist() -> None:
+    dashboard = json.loads((_DOCS / "grafana-dashboard.json").read_text())
+    exprs = [target["expr"] for panel in dashboard["panels"] for target in panel["targets"]]
+    used = {name for expr in exprs for name in re.findall(r"\bblackboard_[a-z_]+", expr)}
+    suffixes = ("_bucket", "_count", "_sum")
+    known = _exposed_names()
+    assert used and all(name in known or (name.endswith(suffixes) and name.rsplit("_", 1)[0] in known)
+                        for name in used), sorted(used - known)
