@@ -119,6 +119,11 @@ class Inspector:
         """
         from blackboard.apps.inspect.api import ASOF_CACHE
 
+        if revision is not None:
+            feed = self.feeds.opened(board)
+            if feed is not None and revision >= feed.view.revision:  # the live state: no replay
+                view = feed.view
+                return {k: e for k in view.keys() if (e := view.get(*k)) is not None}, view.revision
         cache_key = (board, revision, at)
         hit = self._asof.get(cache_key)
         if hit is not None:

@@ -279,6 +279,10 @@ class Feeds:
         feed.used = time.monotonic()
         return feed
 
+    def opened(self, board: str) -> BoardFeed | None:
+        """The feed of ``board`` if it is open (never opens one)."""
+        return self._feeds.get(board)
+
     async def _evict(self, keep: str) -> None:
         for name in list(self._feeds):
             if len(self._feeds) <= self.limit:

@@ -201,6 +201,10 @@ async def test_history_and_as_of_show_the_values_of_their_revisions(pg_settings:
         assert (latest["revision"], latest["value"]) == (r3, {"v": 3})
         older = await _json(client, f"/api/boards/{unique}/entry/plan/goal", revision=r2)
         assert older["value"] == {"v": 2}
+        # Past the live state's revision: the live state (the board is open now), not a replay.
+        replayed = await _json(client, f"/api/boards/{unique}/asof", revision=r3 + 1)
+        live = await _json(client, f"/api/boards/{unique}/asof", revision=10**12)
+        assert values(live) == values(replayed) == {"goal": {"v": 3}} and live["revision"] >= r3
         stored_at = history["revisions"][1]["stored_at"]
         assert values(await _json(client, f"/api/boards/{unique}/asof", at=stored_at))["goal"] == {"v": 2}
         for bad in ({}, {"revision": 1, "at": stored_at}, {"at": "yesterday"}):
