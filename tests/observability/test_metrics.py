@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -14,8 +15,10 @@ from agents_sdk.search import SearchClient
 from blackboard.client.connection import connect_nats
 from blackboard.client.streams import ensure_streams
 from blackboard.observability.metrics import WorkerMetrics, dead_letter_reason
+from blackboard.protocol.schemas import Policy
 from blackboard.protocol.subjects import MEMORY_STREAM, Subjects
 from blackboard.settings import Settings
+from tests._committer import connect_agent
 from tests._worker_helpers import (
     HashProvider,
     StartWorker,
@@ -135,3 +138,39 @@ def test_the_example_dashboard_queries_metrics_that_exist() -> None:
     known = _exposed_names()
     assert used and all(name in known or (name.endswith(suffixes) and name.rsplit("_", 1)[0] in known)
                         for name in used), sorted(used - known)
+
+
+@_async
+async def test_embedding_and_a_vote_at_its_deadline_move_their_metrics(pg_settings: Settings,
+                                                                        start_worker: StartWorker,
+                                                                        unique: str) -> None:
+    worker = await start_worker(pg_settings, name=f"w{unique}", provider=HashProvider(), serve_search=False,
+                                handlers=[board_memories_handler(pg_settings, unique)])
+    before = await metrics(worker)
+    embedded = sample(before, "blackboard_embedded_items_total")
+    commits = sample(before, "blackboard_vote_commits_total")
+    expiries = sample(before, "blackboard_vote_deadline_expiries_total")
+    assert ("blackboard_embedding_backlog", frozenset({("stage", "queue")})) in before
+    nc = await connect_nats(pg_settings.nats, name="test-metrics-embed")
+    agent = await connect_agent(f"a{unique}", pg_settings)
+    try:
+        js = nc.jetstream()
+        await ensure_streams(js, pg_settings)
+        await remember(js, unique, "alice", f"{unique}-1", "a memory to embed")
+        board = agent.board(unique)
+        proposal = await board.propose("s", "k", ["x"], voters=[agent.id, "other"], policy=Policy(quorum=2),
+                                       deadline=timedelta(seconds=0.5))
+        await board.vote(proposal.id, "x")
+        outcome = await proposal.outcome(timeout=15)
+        assert outcome.closed_by == "deadline"
+
+        async def moved() -> bool:
+            now = await metrics(worker)
+            return (sample(now, "blackboard_embedded_items_total") > embedded
+                    and sample(now, "blackboard_vote_commits_total") > commits
+                    and sample(now, "blackboard_vote_deadline_expiries_total") > expiries)
+
+        await until(moved, 20, "the embedding and vote counters")
+    finally:
+        await agent.close()
+        await nc.close()
