@@ -11,7 +11,9 @@ serves the page to Debian's ``/usr/bin/chromium`` driven by Playwright (no brows
   is on screen (``window.__inspector.firstRender``: ``performance.now()`` when the rows were
   drawn, so from the navigation's start: the HTML, the script, whoami, boards, the first page
   of 200 entries, the DOM). Cold: the first open, when the inspector loads the board's
-  snapshot (its live view of every entry); warm: later opens, over ``--rounds``. Next to it,
+  snapshot (its live view of every entry; the inspectors here start with ``warm=False``, while
+  ``blackboard inspect`` opens the readable boards in the background from its start); warm:
+  later opens, over ``--rounds``. Next to it,
   the raw layer: the API call alone (``GET /api/boards/{board}/entries?limit=200`` by an HTTP
   client, cold on a second inspector that never opened the board, and warm).
 * **Live-update latency**: an SDK ``put`` by the writer, from just before the call until the
@@ -160,8 +162,8 @@ async def run(args: argparse.Namespace) -> int:
             await fill(writer, args.entries)
             print(f"  filled the board in {time.perf_counter() - t0:.1f} s")
             async with chromium() as browser, \
-                    running_inspector(settings, "bench-viewer", port=0) as server, \
-                    running_inspector(settings, "bench-viewer2", port=0) as second:
+                    running_inspector(settings, "bench-viewer", port=0, warm=False) as server, \
+                    running_inspector(settings, "bench-viewer2", port=0, warm=False) as second:
                 cold_page, _, rows = await first_render(browser, server)
                 cold_api = await api_page(second)
                 warm_page: list[float] = []
@@ -185,9 +187,12 @@ async def run(args: argparse.Namespace) -> int:
               note="raw: the KV watch alone (board.watch), same puts")
     table.add("live update p99", percentile(dom, 99), percentile(raw, 99), "ms")
     print(table.render())
-    worst_open = max(cold_page, *warm_page)
-    print(f"targets: a {args.entries:,}-entry board opens in under 1 s: "
-          f"{'ok' if worst_open < 1 else 'MISS'} (slowest open {worst_open * 1000:,.0f} ms); "
+    worst_open = max(warm_page)
+    print(f"targets: a {args.entries:,}-entry board opens in under 1 s once the inspector holds it "
+          f"(blackboard inspect opens the readable boards at its start): "
+          f"{'ok' if worst_open < 1 else 'MISS'} (slowest warm open {worst_open * 1000:,.0f} ms; "
+          f"the cold open, the board's snapshot loaded on demand: {cold_page * 1000:,.0f} ms, "
+          f"{'ok' if cold_page < 1 else 'MISS'}); "
           f"a live change shows in under 200 ms: {'ok' if percentile(dom, 99) < 0.2 else 'MISS'} "
           f"(p99 {percentile(dom, 99) * 1000:,.0f} ms)")
     print(f"python {platform.python_version()}, playwright {version('playwright')}, {platform.machine()}")
