@@ -316,6 +316,7 @@ async def test_values_are_rendered_by_content_type(pg_settings: Settings, unique
         await board.put("media", "raw", b"\x00\x01\x02", content_type="application/octet-stream")
         await board.put("media", "note", "# title", content_type="text/markdown")
         await board.put("media", "doc", {"a": [1, 2]})
+        await board.put("media", "dir/file name?.txt#1", "any key")
     async with inspecting(pg_settings, f"member-{unique}") as (_, client):
         kinds = {}
         for key in ("logo", "raw", "note", "doc"):
@@ -328,6 +329,12 @@ async def test_values_are_rendered_by_content_type(pg_settings: Settings, unique
                 assert data.headers["content-type"] == ("image/png" if key == "logo" else "application/octet-stream")
         assert kinds == {"logo": ("image", True), "raw": ("binary", True), "note": ("text", False),
                          "doc": ("json", False)}
+        from urllib.parse import quote
+
+        odd = "dir/file name?.txt#1"
+        assert (await _json(client, f"/api/boards/{unique}/entry/media/{quote(odd, safe='')}"))["value"] == "any key"
+        history = await _json(client, f"/api/boards/{unique}/history/media/{quote(odd, safe='')}")
+        assert [r["value"] for r in history["revisions"]] == ["any key"]
         row = {e["key"]: e for e in (await _json(client, f"/api/boards/{unique}/entries"))["entries"]}
         assert row["logo"]["size"] == len(_PNG) and row["raw"]["size"] == 3
 
