@@ -237,12 +237,14 @@ async def search_request(nc: NATS, endpoint: str, request: BaseModel | None, rep
 
 async def _search_request(nc: NATS, endpoint: str, data: bytes, reply: type[R] | None, principal: str,
                           timeout: float, *, traced: bool = False) -> R | Any:
-    headers: dict[str, str] | None = None
-    if traced:  # the service's span joins this one's trace
-        headers = {}
-        tracing.inject(headers)
+    subject = Subjects.search(principal, endpoint)
     try:
-        msg = await nc.request(Subjects.search(principal, endpoint), data, timeout=timeout, headers=headers)
+        if traced:  # the service's span joins this one's trace
+            headers: dict[str, str] = {}
+            tracing.inject(headers)
+            msg = await nc.request(subject, data, timeout=timeout, headers=headers)
+        else:
+            msg = await nc.request(subject, data, timeout=timeout)
     except NoRespondersError as exc:
         raise SearchError("the search service is not running (start a worker)") from exc
     except (NatsTimeoutError, TimeoutError) as exc:
