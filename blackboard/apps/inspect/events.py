@@ -99,6 +99,7 @@ class BoardFeed:
         self._started = False
         self._lock = asyncio.Lock()
         self.used = 0.0
+        self.view.on_change(self._on_change)
 
     # ----------------------------------------------------------------- lifecycle
     async def start(self) -> BoardFeed:
@@ -111,7 +112,6 @@ class BoardFeed:
         async with self._lock:
             if self._started:
                 return self
-            self.view.on_change(self._on_change)
             await self.view.start()
             self._started = True
         return self
@@ -180,6 +180,8 @@ class BoardFeed:
                 del order[i]
             elif not entry.deleted and not present:
                 order.insert(i, k)
+        if not self._listeners:  # the snapshot, or nobody listening: no event to shape
+            return
         self._publish("entry", {"board": self.board, "op": entry.operation.value, "section": entry.section,
                                 "key": entry.key, "revision": entry.revision, "author": entry.author,
                                 "created_at": entry.created_at, "stored_at": entry.stored_at,
