@@ -1,0 +1,63 @@
+"""``tracing.configure``: the setting turns tracing on for the process with the exporter it
+names; off, it does nothing; a bad combination is a ConfigurationError naming the setting."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from opentelemetry import trace
+
+from blackboard.observability import tracing
+from blackboard.protocol.errors import ConfigurationError
+from blackboard.settings import ObservabilitySettings
+
+
+@pytest.fixture(autouse=True)
+def _off_after() -> Iterator[None]:
+    assert not tracing.enabled
+    yield
+    tracing.disable()
+
+
+def test_off_does_nothing() -> None:
+    tracing.configure(ObservabilitySettings())
+    assert not tracing.enabled
+
+
+def test_console_exporter_turns_it_on_and_disable_off(capsys: pytest.CaptureFixture[str]) -> None:
+    tracing.configure(ObservabilitySettings(tracing=True, tracing_exporter="console", service_name="svc-x"))
+    assert tracing.enabled
+    with tracing.span("hello", "internal", {"bb.board": "b", "ignored": None}) as span:
+        assert span is not None and span.get_span_context().is_valid
+        headers: dict[str, str] = {}
+        tracing.inject(headers)
+        ctx = span.get_span_context()
+        assert headers["traceparent"].startswith(f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-")
+    tracing.disable()  # flushes the batch processor into the console exporter
+    assert not tracing.enabled
+    out = capsys.readouterr().out
+    assert '"name": "hello"' in out and "svc-x" in out and '"bb.board": "b"' in out
+
+
+def test_none_uses_the_global_provider() -> None:
+    tracing.configure(ObservabilitySettings(tracing=True, tracing_exporter="none"))
+    assert tracing.enabled
+    with tracing.span("x") as span:  # the default global provider (no SDK installed): a no-op span
+        assert span is not None
+        assert span.get_span_context() == trace.get_current_span().get_span_context()
+
+
+def test_otlp_without_an_endpoint_is_refused() -> None:
+    with pytest.raises(ConfigurationError, match="otlp_endpoint"):
+        tracing.configure(ObservabilitySettings(tracing=True, tracing_exporter="otlp"))
+    assert not tracing.enabled
+
+
+def test_inject_without_a_span_writes_nothing_and_remote_span_without_headers_is_a_root() -> None:
+    tracing.configure(ObservabilitySettings(tracing=True, tracing_exporter="console"))
+    headers: dict[str, str] = {}
+    tracing.inject(headers)
+    assert headers == {}
+    with tracing.remote_span({"traceparent": "garbage"}, "root", "server") as span:
+        assert span is not None and span.parent is None
