@@ -298,3 +298,39 @@ async def test_the_messages_timeline_filters_by_agent_and_type_and_the_system_pa
         assert "connected" in await servers.inner_text()
         await page.locator('[data-testid="system-worker_lag"]').wait_for(timeout=WAIT_MS)
         await shot(page, "system")
+
+
+async def test_a_long_board_is_paged_virtualised_and_filtered(pg_settings: Settings, unique: str, browser: Any,
+                                                              start_worker: StartWorker) -> None:
+    settings = await lister(pg_settings, unique, start_worker)
+    async with Agent.connect(f"filler-{unique}", settings=settings) as filler:
+        async with filler.board(unique).pipeline() as pipe:
+            for i in range(450):
+                await pipe.put("items" if i % 3 else "other", f"k{i:04d}", {"n": i})
+        async with running_inspector(settings, f"viewer-{unique}", port=0) as server, \
+                opened(browser, server, f"board={unique}") as page:
+            count = page.locator('[data-testid="count"]')
+            await page.wait_for_function("document.querySelector('#count').textContent === '200 of 450 entries'",
+                                         timeout=WAIT_MS)
+            in_dom = await page.locator("#entries [data-key]").count()
+            assert 0 < in_dom < 100  # only the rows in view (and a margin) are drawn
+            # Scrolling to the end fetches the next pages.
+            for _ in range(20):
+                await page.evaluate("document.querySelector('#entries').scrollTop = 1e9")
+                if await count.inner_text() == "450 of 450 entries":
+                    break
+                await page.wait_for_timeout(200)
+            assert await count.inner_text() == "450 of 450 entries"
+            await page.evaluate("document.querySelector('#entries').scrollTop = 1e9")
+            await row(page, "other", "k0447").wait_for(timeout=WAIT_MS)  # the last in (section, key) order
+            assert await page.locator("#entries [data-key]").count() < 100
+
+            await page.locator('#sections [data-section="other"]').click()
+            await page.wait_for_function("document.querySelector('#count').textContent === '150 of 150 entries'",
+                                         timeout=WAIT_MS)
+            assert "section=other" in await page.evaluate("location.hash")
+            await page.locator('[data-testid="prefix"]').fill("k001")
+            await page.wait_for_function("document.querySelector('#count').textContent === '3 of 3 entries'",
+                                         timeout=WAIT_MS)
+            keys = await page.locator("#entries [data-key]").evaluate_all("rs => rs.map(r => r.dataset.key)")
+            assert keys == ["other/k0012", "other/k0015", "other/k0018"]
