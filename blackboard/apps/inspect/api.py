@@ -23,7 +23,7 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from agents_sdk.objects import ObjectRef
-from blackboard.apps.inspect.events import KEEPALIVE, preview_of, proposal_json, sse
+from blackboard.apps.inspect.events import KEEPALIVE, page_of, preview_of, proposal_json, sse
 from blackboard.protocol.entries import Entry, Operation
 from blackboard.protocol.errors import (
     BlackboardError,
@@ -303,28 +303,18 @@ async def asof(inspector: Inspector, request: Request) -> Response:
         raise InvalidPayloadError("give one of revision=N or at=ISO8601")
     revision = _int(request, "revision", 0, 0, 2**63) if text_rev else None
     at = _instant(text_at, "at") if text_at else None
-    state, reached = await inspector.board_as_of(board, revision=revision, at=at)
-    section = request.query_params.get("section") or None
-    prefix = request.query_params.get("prefix") or None
+    cursor = _cursor_decode(request.query_params.get("cursor"))
     limit = _int(request, "limit", DEFAULT_LIMIT, 1, MAX_LIMIT)
-    after = _cursor_decode(request.query_params.get("cursor"))
-    order = [k for k in sorted(state) if (section is None or k[0] == section)
-             and (prefix is None or k[1].startswith(prefix))]
-    start = 0
-    if after is not None:
-        import bisect
-
-        start = bisect.bisect_right(order, after)
-    chosen = order[start:start + limit]
+    state = await inspector.board_as_of(board, revision=revision, at=at)
+    page, after, total = page_of(state.order, state.get, section=request.query_params.get("section") or None,
+                                 prefix=request.query_params.get("prefix") or None, after=cursor, limit=limit)
     rows = []
-    for k in chosen:
-        item = state[k]
+    for item in page:
         shaped = entry_json(item)
         shaped.update(value_json(board, item.section, item.key, item.revision, item.value, item.content_type))
         rows.append(shaped)
-    more = start + limit < len(order)
-    return JSONResponse({"entries": rows, "revision": reached, "total": len(order),
-                         "next": _cursor_encode(chosen[-1]) if more and chosen else None})
+    return JSONResponse({"entries": rows, "revision": state.revision, "total": total,
+                         "next": _cursor_encode(after) if after is not None else None})
 
 
 async def events(inspector: Inspector, request: Request) -> Response:

@@ -15,7 +15,7 @@ import contextlib
 import ipaddress
 import logging
 import socket
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from importlib import resources
@@ -44,6 +44,7 @@ from blackboard.settings import Settings
 __all__ = [
     "DEFAULT_HOST",
     "DEFAULT_PORT",
+    "AsOf",
     "Inspector",
     "InspectorServer",
     "create_app",
@@ -64,6 +65,16 @@ def static_dir() -> Path:
     return Path(str(resources.files("blackboard.apps.inspect").joinpath("static")))
 
 
+@dataclass(frozen=True)
+class AsOf:
+    """A board's live entries as of a revision: their keys in (section, key) order, the entry of
+    a key, and the last revision applied."""
+
+    order: list[tuple[str, str]]
+    get: Callable[[str, str], Entry | None]
+    revision: int
+
+
 class Inspector:
     """What the inspector reads, through one connected agent: the boards it may read
     (:attr:`access`), their live feeds (:attr:`feeds`), board states as of a revision, the
@@ -80,8 +91,8 @@ class Inspector:
         self.db = db
         self.access = BoardAccess(agent)
         self.feeds = Feeds(agent)
-        self._asof: collections.OrderedDict[tuple[str, int | None, datetime | None],
-                                            tuple[dict[tuple[str, str], Entry], int]] = collections.OrderedDict()
+        self._asof: collections.OrderedDict[tuple[str, int | None, datetime | None], AsOf] = \
+            collections.OrderedDict()
 
     async def warm(self) -> list[str]:
         """Open the live feed of every readable board (at most ``feeds.limit``), so that the page
@@ -109,10 +120,11 @@ class Inspector:
         await self.feeds.aclose()
 
     async def board_as_of(self, board: str, *, revision: int | None = None,
-                          at: datetime | None = None) -> tuple[dict[tuple[str, str], Entry], int]:
+                          at: datetime | None = None) -> AsOf:
         """The live entries of ``board`` as of ``revision`` (or the instant ``at``, on the
         server's clock), replayed from the history JetStream keeps (``board.history``
-        revisions per key), and the last revision applied.
+        revisions per key). A revision at or past an open board's live state is that state (no
+        replay); the last :data:`~blackboard.apps.inspect.api.ASOF_CACHE` replays are kept.
 
         Raises:
             NotConnectedError, PermissionDeniedError: as a watch raises.
@@ -122,8 +134,7 @@ class Inspector:
         if revision is not None:
             feed = self.feeds.opened(board)
             if feed is not None and revision >= feed.view.revision:  # the live state: no replay
-                view = feed.view
-                return {k: e for k in view.keys() if (e := view.get(*k)) is not None}, view.revision
+                return AsOf(feed.ordered(), feed.view.get, feed.view.revision)
         cache_key = (board, revision, at)
         hit = self._asof.get(cache_key)
         if hit is not None:
@@ -148,7 +159,7 @@ class Inspector:
                         reached = max(reached, entry.revision)
                     if watch.caught_up.is_set():
                         break
-        result = (state, reached)
+        result = AsOf(sorted(state), lambda s, k: state.get((s, k)), reached)
         if (revision is not None and revision <= reached) or (at is not None and reached):
             self._asof[cache_key] = result
             while len(self._asof) > ASOF_CACHE:

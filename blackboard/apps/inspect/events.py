@@ -16,7 +16,7 @@ import collections
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -40,6 +40,7 @@ __all__ = [
     "Event",
     "Feeds",
     "ProposalState",
+    "page_of",
     "preview_of",
     "proposal_json",
     "sse",
@@ -149,21 +150,8 @@ class BoardFeed:
 
     def page(self, *, section: str | None, prefix: str | None, after: tuple[str, str] | None,
              limit: int) -> tuple[list[Entry], tuple[str, str] | None, int]:
-        """A page of live entries after ``after`` in (section, key) order, filtered by section
-        and key prefix: the entries, the cursor of the next page (None: the last page), and how
-        many match in all."""
-        order = self.ordered()
-        if section is not None:
-            lo = bisect.bisect_left(order, (section, ""))
-            hi = bisect.bisect_left(order, (section + "\x00", ""))
-            order = order[lo:hi]
-        if prefix:
-            order = [k for k in order if k[1].startswith(prefix)]
-        start = bisect.bisect_right(order, after) if after is not None else 0
-        chosen = order[start:start + limit]
-        entries = [e for e in (self.view.get(s, k) for s, k in chosen) if e is not None]
-        more = start + limit < len(order)
-        return entries, (chosen[-1] if more and chosen else None), len(order)
+        """A page of the live entries (see :func:`page_of`)."""
+        return page_of(self.ordered(), self.view.get, section=section, prefix=prefix, after=after, limit=limit)
 
     def sections(self) -> list[str]:
         """The sections holding a live key, sorted."""
@@ -234,6 +222,26 @@ class BoardFeed:
                 q.put_nowait(None)
             else:
                 q.put_nowait((name, data))
+
+
+def page_of(order: list[tuple[str, str]], get: Callable[[str, str], Entry | None], *, section: str | None,
+            prefix: str | None, after: tuple[str, str] | None,
+            limit: int) -> tuple[list[Entry], tuple[str, str] | None, int]:
+    """A page of entries after ``after`` in (section, key) order (``order``: the keys, sorted),
+    filtered by section (exact) and key prefix: the entries, the cursor of the next page (None:
+    the last page) and how many match in all. A section is cut by bisection: a page costs the
+    page, not the board (a key prefix scans the section)."""
+    if section is not None:
+        lo = bisect.bisect_left(order, (section, ""))
+        hi = bisect.bisect_left(order, (section + "\x00", ""))
+        order = order[lo:hi]
+    if prefix:
+        order = [k for k in order if k[1].startswith(prefix)]
+    start = bisect.bisect_right(order, after) if after is not None else 0
+    chosen = order[start:start + limit]
+    entries = [e for e in (get(s, k) for s, k in chosen) if e is not None]
+    more = start + limit < len(order)
+    return entries, (chosen[-1] if more and chosen else None), len(order)
 
 
 def preview_of(entry: Entry, limit: int = 120) -> str:

@@ -67,3 +67,22 @@ def test_an_event_is_one_event_line_and_one_data_line() -> None:
     name, payload, *_ = data.decode().split("\n")
     assert name == "event: entry"
     assert json.loads(payload.removeprefix("data: ")) == {"key": "a\nb", "at": "2026-01-01T00:00:00+00:00"}
+
+
+def test_a_page_is_cut_by_section_prefix_and_cursor() -> None:
+    from blackboard.apps.inspect.events import page_of
+
+    keys = sorted([("s3", f"k{i:02d}") for i in range(10)] + [("s30", "k00"), ("s2", "k05"), ("t", "a")])
+    entries = {k: _entry(k[1]) for k in keys}
+
+    def get(section: str, key: str) -> Entry | None:
+        return entries.get((section, key))
+
+    page, after, total = page_of(keys, get, section="s3", prefix=None, after=None, limit=4)
+    assert total == 10 and after == ("s3", "k03") and len(page) == 4  # not s30's key
+    rest, end, _ = page_of(keys, get, section="s3", prefix=None, after=after, limit=100)
+    assert len(rest) == 6 and end is None
+    prefixed, _, total = page_of(keys, get, section=None, prefix="k0", after=None, limit=100)
+    assert total == 12 and {e.key for e in prefixed} == {f"k{i:02d}" for i in range(10)}  # s2's k05, s30's k00 too
+    nothing, end, total = page_of(keys, get, section="u", prefix=None, after=None, limit=5)
+    assert (nothing, end, total) == ([], None, 0)
