@@ -370,6 +370,17 @@
     const source = new EventSource(boardPath("/events"));
     state.source = source;
     source.onopen = () => { live.className = "on"; live.textContent = "live"; };
+    // The stream starts with "ready"; a later one is a reconnection (the server dropped a
+    // listener that fell behind, or the connection broke): what changed meanwhile is reloaded.
+    let readies = 0;
+    source.addEventListener("ready", (message) => {
+      readies += 1;
+      try { noteRevision(JSON.parse(message.data).revision); } catch (error) { /* no revision: fine */ }
+      if (readies > 1 && source === state.source && !state.asof) {
+        loadEntries();
+        if (state.tab === "votes") loadVotes();
+      }
+    });
     source.onerror = () => { live.className = "off"; live.textContent = "reconnecting"; };
     source.addEventListener("entry", (message) => {
       try { applyEntryEvent(JSON.parse(message.data)); } catch (error) { showError(error); }
