@@ -64,7 +64,7 @@ async def test_a_board_put_is_one_trace_from_the_sdk_to_the_postgres_commit(
         rev = await agent.board(f"b{unique}").put("notes", "k1", {"v": 1})
         put = _one(spans, "board.put")
         trace_id = put.context.trace_id
-        await wait_for(lambda: _has(spans, "postgres commit", trace_id), 30, "the worker's spans")
+        await wait_for(lambda: _has(spans, "postgres commit", trace_id), 60, "the worker's spans")
     assert put.kind == SpanKind.PRODUCER
     assert put.attributes is not None
     assert (put.attributes["bb.board"], put.attributes["bb.section"], put.attributes["bb.key"]) == \
@@ -90,7 +90,7 @@ async def test_remember_and_recall_are_traced_end_to_end(
         mid = await agent.remember("the deploy runs at noon", board=board, wait="searchable")
         remember = _one(spans, "remember")
         trace_id = remember.context.trace_id
-        await wait_for(lambda: _has(spans, "embeddings test-hash", trace_id), 30, "the worker's spans")
+        await wait_for(lambda: _has(spans, "embeddings test-hash", trace_id), 60, "the worker's spans")
         hits = await agent.recall("deploy noon", board=board)
         assert [h.id for h in hits] == [mid]
     assert remember.attributes is not None
@@ -118,12 +118,12 @@ async def test_send_and_vote_are_traced_to_the_worker(
             Agent.connect(f"{unique}-b", settings=pg_settings) as b:
         await a.send(b.id, "note", {"x": 1})
         send = _one(spans, "send")
-        await wait_for(lambda: _has(spans, "ingest BB_MSG", send.context.trace_id), 30, "the message's ingest")
+        await wait_for(lambda: _has(spans, "ingest BB_MSG", send.context.trace_id), 60, "the message's ingest")
         board = a.board(f"v{unique}")
         handle = await board.propose("plan", "p", ["x", "y"], voters=[a.id])
         await board.vote(handle.id, "x")
         vote = _one(spans, "vote")
-        await wait_for(lambda: _has(spans, "ingest BB_VOTE", vote.context.trace_id), 30, "the ballot's ingest")
+        await wait_for(lambda: _has(spans, "ingest BB_VOTE", vote.context.trace_id), 60, "the ballot's ingest")
     assert send.attributes is not None and send.attributes["bb.to"] == b.id
     assert _parent_of(_one(spans, "ingest BB_MSG", send.context.trace_id)) == send.context.span_id
     assert vote.attributes is not None and vote.attributes["bb.proposal"] == handle.id
