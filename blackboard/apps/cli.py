@@ -195,6 +195,10 @@ async def _dev(args: argparse.Namespace) -> int:
             "postgres": settings.postgres.model_copy(update={"dsn": SecretStr(pg_server.dsn)}),
             "security": settings.security.model_copy(
                 update={"policy_file": secured.policy} if secured else {}),
+            # The worker's metrics and health endpoints on a free port, like the servers, unless
+            # observability.http_port is set: two dev stacks on one machine do not collide.
+            "observability": settings.observability if "http_port" in settings.observability.model_fields_set
+            else settings.observability.model_copy(update={"http_port": 0}),
         })
         admin = settings.nats.model_copy(update={"creds_file": secured.creds_dir / "operator.creds"}) \
             if secured else settings.nats
