@@ -274,9 +274,11 @@ async def test_search_messages_memory_and_system(pg_settings: Settings, unique: 
         response = await client.post("/api/search", json={"query": "deploy schema", "mode": "hybrid", "top_k": 5,
                                                            "board": unique})
         assert response.status_code == 200, response.text
-        hits = response.json()["hits"]
-        assert hits[0]["id"] == memory_id and hits[0]["agent"] == f"writer-{unique}"
-        assert hits[0]["score"] > 0 and set(hits[0]["scores"]) >= {"keyword", "semantic"}
+        hits = {h["id"]: h for h in response.json()["hits"]}
+        hit = hits[memory_id]
+        assert hit["agent"] == f"writer-{unique}" and hit["kind"] == "episodic" and hit["target"] == "memory"
+        assert hit["score"] > 0 and hit["scores"]["keyword"] > 0 and "semantic" in hit["scores"]
+        assert hit["valid_to"] is None and hit["archived_at"] is None  # its lifecycle
         keyword = (await client.post("/api/search", json={"query": "pizza", "mode": "keyword", "board": unique,
                                                           "filters": {"kinds": ["episodic"]}})).json()["hits"]
         assert [h["text"] for h in keyword] == ["pizza is served on fridays"]
