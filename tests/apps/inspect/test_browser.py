@@ -249,7 +249,8 @@ async def test_an_identity_without_rights_does_not_see_the_board(pg_settings: Se
                 opened(browser, server, f"board={unique}") as page:
             await page.wait_for_function("document.querySelector('#whoami').textContent.startsWith('outsider-')",
                                          timeout=WAIT_MS)
-            await page.locator('#error').wait_for(timeout=WAIT_MS)  # the board asked for is refused
+            await page.wait_for_function(  # the board asked for is refused
+                "document.querySelector('#error').textContent.includes('not readable')", timeout=WAIT_MS)
             assert unique not in await page.locator("#boards").inner_text()
             assert await page.locator("#entries [data-key]").count() == 0
             status = await page.evaluate(f"fetch('/api/boards/{unique}/entries').then(r => r.status)")

@@ -16,7 +16,7 @@
   const state = {
     agent: null, boards: [], board: null, tab: "board", section: "", prefix: "",
     rows: [], index: new Map(), next: null, total: 0, loading: false, sections: new Set(),
-    selected: null, maxRevision: 0, asof: null, source: null, votes: [], messagesTimer: null,
+    selected: null, maxRevision: 0, loadedRevision: null, asof: null, source: null, votes: [], messagesTimer: null,
     generation: 0,
   };
 
@@ -275,6 +275,7 @@
   async function loadEntries() {
     const generation = ++state.generation;
     state.rows = []; state.index = new Map(); state.next = null; state.total = 0; state.asof = null;
+    state.loadedRevision = null;
     document.body.classList.remove("asof");
     $("#asof-value").textContent = "live";
     $("#entries").scrollTop = 0;
@@ -286,6 +287,7 @@
       if (Array.isArray(page.sections)) page.sections.forEach((s) => state.sections.add(s));
       addRows(page.entries || []);
       noteRevision(page.revision);
+      state.loadedRevision = typeof page.revision === "number" ? page.revision : null;
       state.next = page.next || null;
       state.total = page.total ?? state.rows.length;
       renderRows();
@@ -369,14 +371,20 @@
     if (!state.board) return;
     const source = new EventSource(boardPath("/events"));
     state.source = source;
-    source.onopen = () => { live.className = "on"; live.textContent = "live"; };
-    // The stream starts with "ready"; a later one is a reconnection (the server dropped a
-    // listener that fell behind, or the connection broke): what changed meanwhile is reloaded.
+    // The stream starts with "ready" once the server listens for this page (then it is live); a
+    // later one is a reconnection (the server dropped a listener that fell behind, or the
+    // connection broke): what changed meanwhile is reloaded, as it is when the board moved on
+    // between the first page's snapshot and the start of the stream.
     let readies = 0;
     source.addEventListener("ready", (message) => {
       readies += 1;
-      try { noteRevision(JSON.parse(message.data).revision); } catch (error) { /* no revision: fine */ }
-      if (readies > 1 && source === state.source && !state.asof) {
+      live.className = "on"; live.textContent = "live";
+      let revision = null;
+      try { revision = JSON.parse(message.data).revision; } catch (error) { revision = null; }
+      noteRevision(revision);
+      const missed = readies === 1 && state.loadedRevision !== null && typeof revision === "number"
+        && revision > state.loadedRevision;
+      if ((readies > 1 || missed) && source === state.source && !state.asof) {
         loadEntries();
         if (state.tab === "votes") loadVotes();
       }
