@@ -44,6 +44,7 @@ from blackboard.settings import Settings
 __all__ = [
     "DEFAULT_HOST",
     "DEFAULT_PORT",
+    "WARM_BOARDS",
     "AsOf",
     "Inspector",
     "InspectorServer",
@@ -56,6 +57,8 @@ log = logging.getLogger("blackboard.apps.inspect")
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8780
+#: Readable boards whose live state is opened at start (in name order).
+WARM_BOARDS = 8
 
 _FAILURES: tuple[type[BaseException], ...] = (BlackboardError, nats.errors.Error, TimeoutError, OSError)
 
@@ -94,8 +97,8 @@ class Inspector:
         self._asof: collections.OrderedDict[tuple[str, int | None, datetime | None], AsOf] = \
             collections.OrderedDict()
 
-    async def warm(self) -> list[str]:
-        """Open the live feed of every readable board (at most ``feeds.limit``), so that the page
+    async def warm(self, limit: int = WARM_BOARDS) -> list[str]:
+        """Open the live feed of the first ``limit`` readable boards, so that the page
         opens a board at once: loading a board's snapshot verifies every entry's signature
         (about 1.7 s for 10,000 entries), paid here rather than on the first request. A board
         that cannot be opened is skipped (its request will say why). Returns the boards opened.
@@ -106,7 +109,7 @@ class Inspector:
         except _FAILURES as exc:
             log.warning("inspector: cannot list the boards to warm up: %s", exc)
             return []
-        for board in boards[:self.feeds.limit]:
+        for board in boards[:min(limit, self.feeds.limit)]:
             try:
                 await self.feeds.feed(board)
             except _FAILURES as exc:

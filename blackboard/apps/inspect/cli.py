@@ -44,7 +44,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
                    help="another Host name browsers use to reach it (a proxy's); repeatable")
     p.add_argument("--no-warm", action="store_true",
-                   help="open a board's live state on its first request, not every readable board's at start")
+                   help="open a board's live state on its first request only (default: the first 8 readable boards' at start)")
     p.add_argument("--db", action="store_true",
                    help="also show the dead letters' reasons from PostgreSQL (postgres.dsn: an operator's view)")
     p.add_argument("--nats-url", help="NATS server URL(s), comma-separated (env BLACKBOARD_NATS__URL)")
