@@ -8,6 +8,7 @@ modules only.
 
 from __future__ import annotations
 
+from blackboard.observability import tracing
 from blackboard.observability.logs import (
     TEXT_FORMAT,
     JsonFormatter,
@@ -15,4 +16,6 @@ from blackboard.observability.logs import (
     progress_enabled,
 )
 
-__all__ = ["TEXT_FORMAT", "JsonFormatter", "configure_logging", "progress_enabled"]
+# tracing: the module (its flag is read as ``tracing.enabled``); nothing of OpenTelemetry
+# is imported until tracing is turned on.
+__all__ = ["TEXT_FORMAT", "JsonFormatter", "configure_logging", "progress_enabled", "tracing"]
