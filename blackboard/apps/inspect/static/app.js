@@ -132,7 +132,8 @@
         entry.object_url ? el("a", { href: entry.object_url, target: "_blank", text: "open" }) : null));
       if (entry.value !== undefined && entry.value !== null) box.append(el("div", { class: "json" }, jsonTree(entry.value)));
     } else {
-      box.append(el("p", { class: "hint", text: `${entry.size ?? "?"} bytes of ${entry.content_type || "binary"}` }));
+      box.append(el("p", { class: "hint" }, `${entry.size ?? "?"} bytes of ${entry.content_type || "binary"} `,
+        entry.object_url ? el("a", { href: entry.object_url, download: "", text: "download" }) : null));
       if (entry.value !== undefined && entry.value !== null) box.append(el("pre", { text: short(entry.value, 2000) }));
     }
     return box;
