@@ -174,3 +174,18 @@ async def test_embedding_and_a_vote_at_its_deadline_move_their_metrics(pg_settin
     finally:
         await agent.close()
         await nc.close()
+
+
+def test_public_names_are_pinned() -> None:
+    import blackboard.observability as package
+    from blackboard.observability import health, logs
+    from blackboard.observability import metrics as metrics_module
+
+    assert set(package.__all__) == {"TEXT_FORMAT", "JsonFormatter", "configure_logging", "progress_enabled",
+                                    "tracing"}
+    assert set(logs.__all__) == {"TEXT_FORMAT", "JsonFormatter", "configure_logging", "progress_enabled"}
+    assert set(metrics_module.__all__) == {"METRICS_CONTENT_TYPE", "WorkerMetrics", "dead_letter_reason"}
+    assert set(health.__all__) == {"ObservabilityServer", "Readiness"}
+    for module in (package, logs, metrics_module, health):
+        for name in module.__all__:
+            assert hasattr(module, name), (module.__name__, name)
