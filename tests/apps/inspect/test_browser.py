@@ -5,14 +5,21 @@ change and a delete are marked), history shows the revisions with a diff, the as
 the board at an older revision, a vote's tally moves as ballots arrive and shows the outcome, a
 search shows its hits, and an identity without rights to a board does not see it.
 
-The screenshots of the README (``docs/images/inspector-*.png``) are saved by these tests.
+The screenshots of the README (``docs/images/inspector-*.png``) are saved by these tests: into
+``$BLACKBOARD_SCREENSHOTS_DIR`` when set (``BLACKBOARD_SCREENSHOTS_DIR=docs/images`` renews the
+README's), else into a temporary directory, so a test run leaves the tree as it was.
+
+Debian's chromium must be installed (``scripts/test`` installs it): without it these tests fail
+with the reason, they do not skip.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import struct
+import tempfile
 import zlib
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -20,30 +27,31 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
+from playwright import async_api as playwright_api
 
 from agents_sdk import Agent
 from blackboard.apps.inspect.app import InspectorServer, running_inspector
 from blackboard.settings import Settings
 from tests._worker_helpers import HashProvider, StartWorker, board_memories_handler, worker_settings
 
-playwright_api = pytest.importorskip("playwright.async_api")
-
-#: Debian's Chromium (``apt-get install chromium``); the tests skip without it.
+#: Debian's Chromium (``apt-get install chromium``; scripts/test installs it).
 CHROMIUM = Path("/usr/bin/chromium")
 #: The flags a closed network needs (../.library/env/machines/python.md, "Known to work").
 FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
          "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage"]
-IMAGES = Path(__file__).resolve().parents[3] / "docs" / "images"
+IMAGES = Path(os.environ.get("BLACKBOARD_SCREENSHOTS_DIR")
+              or Path(tempfile.gettempdir()) / "blackboard-inspector-screenshots")
 #: How long the page may take to show what a test waits for (a live change takes well under 1 s).
 WAIT_MS = 15_000
 
-pytestmark = [pytest.mark.asyncio,
-              pytest.mark.skipif(not CHROMIUM.exists() or shutil.which(str(CHROMIUM)) is None,
-                                 reason="Debian's chromium is not installed (apt-get install chromium)")]
+pytestmark = [pytest.mark.asyncio]
 
 
 @pytest_asyncio.fixture
 async def browser() -> AsyncIterator[Any]:
+    if not CHROMIUM.exists() or shutil.which(str(CHROMIUM)) is None:
+        pytest.fail(f"Debian's chromium is not at {CHROMIUM}: install it (apt-get install chromium; "
+                    "scripts/test does) to run the inspector's browser tests")
     async with playwright_api.async_playwright() as pw:
         launched = await pw.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=FLAGS)
         try:
