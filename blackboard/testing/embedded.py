@@ -125,6 +125,10 @@ class EmbeddedStack(Stack):
             return
         env = {k: v for k, v in os.environ.items() if not k.startswith("BLACKBOARD_")}
         env |= settings_env(self.settings("worker"))
+        if "http_port" not in self.base_settings.observability.model_fields_set:
+            # Its metrics and health endpoints on a free port: two stacks (or a stack beside a
+            # running worker) would both want the default one.
+            env["BLACKBOARD_OBSERVABILITY__HTTP_PORT"] = "0"
         with open(self.worker_log_file, "ab") as log:
             self._worker = subprocess.Popen(
                 [sys.executable, "-m", "blackboard", "worker"], stdout=log, stderr=subprocess.STDOUT,
