@@ -36,6 +36,7 @@ from blackboard.protocol.errors import (
     TransportError,
 )
 from blackboard.protocol.schemas import EntryRevision
+from blackboard.protocol.subjects import validate_name
 
 if TYPE_CHECKING:
     from blackboard.apps.inspect.app import Inspector
@@ -236,13 +237,23 @@ async def boards(inspector: Inspector, request: Request) -> Response:
 async def entries(inspector: Inspector, request: Request) -> Response:
     board = await inspector.access.check(_path(request, "board"))
     limit = _int(request, "limit", DEFAULT_LIMIT, 1, MAX_LIMIT)
-    feed = await inspector.feeds.feed(board)
-    page, after, total = feed.page(section=request.query_params.get("section") or None,
-                                   prefix=request.query_params.get("prefix") or None,
-                                   after=_cursor_decode(request.query_params.get("cursor")), limit=limit)
+    section = request.query_params.get("section") or None
+    prefix = request.query_params.get("prefix") or None
+    cursor = _cursor_decode(request.query_params.get("cursor"))
+    feeds = inspector.feeds
+    feed = feeds.opened(board)
+    if feed is None:  # its view is not loaded yet: a page of the key listing, the view loaded meanwhile
+        listing = await feeds.listing(board)
+        page, after, total = await feeds.listing_page(listing, section=section, prefix=prefix, after=cursor,
+                                                      limit=limit)
+        feeds.open_soon(board)
+        sections, revision, source = listing.sections(), listing.revision, "listing"
+    else:
+        page, after, total = feed.page(section=section, prefix=prefix, after=cursor, limit=limit)
+        sections, revision, source = feed.sections(), feed.view.revision, "view"
     return JSONResponse({"entries": [entry_json(e) for e in page],
                          "next": _cursor_encode(after) if after is not None else None,
-                         "total": total, "sections": feed.sections(), "revision": feed.view.revision})
+                         "total": total, "sections": sections, "revision": revision, "source": source})
 
 
 async def entry(inspector: Inspector, request: Request) -> Response:
@@ -250,8 +261,9 @@ async def entry(inspector: Inspector, request: Request) -> Response:
     section, key = _path(request, "section"), _path(request, "key")
     revision = _int(request, "revision", 0, 0, 2**63)
     found: Entry | None = None
-    if not revision:
-        found = (await inspector.feeds.feed(board)).view.get(section, key)
+    feed = inspector.feeds.opened(board)
+    if not revision and feed is not None:
+        found = feed.view.get(section, key)
     if found is None:
         found = await inspector.agent.board(board).get(section, key, revision=revision or None)
     shaped = entry_json(found)
@@ -319,7 +331,7 @@ async def asof(inspector: Inspector, request: Request) -> Response:
 
 async def events(inspector: Inspector, request: Request) -> Response:
     board = await inspector.access.check(_path(request, "board"))
-    feed = await inspector.feeds.feed(board)
+    feed = await inspector.feeds.feed_after_first_page(board)
     votes = request.query_params.get("votes", "1") not in ("0", "false", "no")
 
     async def stream() -> AsyncIterator[bytes]:
@@ -449,7 +461,9 @@ async def search(inspector: Inspector, request: Request) -> Response:
 
 
 async def memory(inspector: Inspector, request: Request) -> Response:
-    board = await inspector.access.check(_path(request, "board"))
+    # No check against the listed boards: a board holding only memories has no live key, so it is
+    # not listed; the search service checks this principal's rights itself (403 when refused).
+    board = validate_name(_path(request, "board"), "board")
     detail = await inspector.agent.search.memory(board, _path(request, "id"))
     return JSONResponse(detail.model_dump(mode="json"))
 

@@ -6,6 +6,11 @@ A :class:`BoardFeed` is opened on the first request for a board and kept while t
 runs (at most :data:`MAX_FEEDS`; the least recently used one without listeners is closed beyond
 that). Entry pages are cut from its sorted keys (kept until a key is added or removed), so a
 board of 10,000 entries answers a page in about a millisecond once its view holds the snapshot.
+
+Until then (loading a view verifies every entry's signature: about 1.5 s for 10,000 entries), a
+page is cut from a :class:`KeyListing` (the board's live keys, read from the stored messages'
+headers only, without payloads) and only the page's entries are read, each verified as the view
+would (:meth:`Feeds.listing_page`), while the view loads in the background.
 """
 
 from __future__ import annotations
@@ -27,19 +32,30 @@ from agents_sdk import Agent, View
 from blackboard.client.consensus import VoteFollower
 from blackboard.consensus.log import ProposalLog, VoteMessage, decode_ballot
 from blackboard.protocol.entries import Change, Entry
-from blackboard.protocol.errors import InvalidPayloadError
+from blackboard.protocol.errors import (
+    InvalidPayloadError,
+    NotConnectedError,
+    NotFoundError,
+    UnverifiedRecordError,
+)
 from blackboard.protocol.schemas import Proposal
-from blackboard.protocol.subjects import Subjects
+from blackboard.protocol.subjects import Header, Subjects
 
 __all__ = [
+    "FIRST_PAGE_GRACE",
     "KEEPALIVE",
+    "LISTING_TTL",
     "MAX_FEEDS",
     "MAX_QUEUE",
+    "PAGE_READS",
     "BallotSeen",
     "BoardFeed",
     "Event",
     "Feeds",
+    "KeyListing",
     "ProposalState",
+    "cut",
+    "list_keys",
     "page_of",
     "preview_of",
     "proposal_json",
@@ -54,6 +70,13 @@ MAX_FEEDS = 32
 MAX_QUEUE = 10_000
 #: Seconds between keep-alive comments on an idle event stream.
 KEEPALIVE = 15.0
+#: Seconds a board's key listing answers further pages while its view loads.
+LISTING_TTL = 10.0
+#: Entries of a listing's page read at once.
+PAGE_READS = 50
+#: Seconds an event stream of a board whose view is not loaded yet waits for the board's first
+#: page (so that the view's load does not slow that page down) before it loads the view.
+FIRST_PAGE_GRACE = 1.0
 
 #: One server-sent event: its name and its JSON data (None: the stream ends).
 Event = tuple[str, dict[str, Any]]
@@ -224,13 +247,12 @@ class BoardFeed:
                 q.put_nowait((name, data))
 
 
-def page_of(order: list[tuple[str, str]], get: Callable[[str, str], Entry | None], *, section: str | None,
-            prefix: str | None, after: tuple[str, str] | None,
-            limit: int) -> tuple[list[Entry], tuple[str, str] | None, int]:
-    """A page of entries after ``after`` in (section, key) order (``order``: the keys, sorted),
-    filtered by section (exact) and key prefix: the entries, the cursor of the next page (None:
-    the last page) and how many match in all. A section is cut by bisection: a page costs the
-    page, not the board (a key prefix scans the section)."""
+def cut(order: list[tuple[str, str]], *, section: str | None, prefix: str | None, after: tuple[str, str] | None,
+        limit: int) -> tuple[list[tuple[str, str]], tuple[str, str] | None, int]:
+    """The keys of a page after ``after`` in (section, key) order (``order``: the keys, sorted),
+    filtered by section (exact) and key prefix: the page's keys, the cursor of the next page
+    (None: the last page) and how many match in all. A section is cut by bisection: a page costs
+    the page, not the board (a key prefix scans the section)."""
     if section is not None:
         lo = bisect.bisect_left(order, (section, ""))
         hi = bisect.bisect_left(order, (section + "\x00", ""))
@@ -239,9 +261,68 @@ def page_of(order: list[tuple[str, str]], get: Callable[[str, str], Entry | None
         order = [k for k in order if k[1].startswith(prefix)]
     start = bisect.bisect_right(order, after) if after is not None else 0
     chosen = order[start:start + limit]
-    entries = [e for e in (get(s, k) for s, k in chosen) if e is not None]
     more = start + limit < len(order)
-    return entries, (chosen[-1] if more and chosen else None), len(order)
+    return chosen, (chosen[-1] if more and chosen else None), len(order)
+
+
+def page_of(order: list[tuple[str, str]], get: Callable[[str, str], Entry | None], *, section: str | None,
+            prefix: str | None, after: tuple[str, str] | None,
+            limit: int) -> tuple[list[Entry], tuple[str, str] | None, int]:
+    """A page of entries (:func:`cut`, each read by ``get``): the entries, the cursor of the next
+    page (None: the last page) and how many match in all."""
+    chosen, after, total = cut(order, section=section, prefix=prefix, after=after, limit=limit)
+    return [e for e in (get(s, k) for s, k in chosen) if e is not None], after, total
+
+
+@dataclass(frozen=True)
+class KeyListing:
+    """A board's live keys (its keys whose latest revision is a put), sorted, and the highest
+    revision among the keys' latest (the revision a view of the board holds once loaded)."""
+
+    board: str
+    order: list[tuple[str, str]]
+    revision: int
+    at: float
+
+    def sections(self) -> list[str]:
+        """The sections holding a live key, sorted."""
+        return sorted({s for s, _ in self.order})
+
+
+async def list_keys(agent: Agent, board: str, *, timeout: float = 30.0) -> KeyListing:
+    """The live keys of ``board``, read from the latest revision of each key with its headers
+    only (one ordered consumer, no payload: nothing to decode or verify). A key whose latest
+    revision is a delete or purge is not live; one whose latest put does not verify is listed
+    here (its payload is not read) and left out when its entry is read (:meth:`Feeds.listing_page`).
+
+    Raises:
+        NotConnectedError: NATS is unreachable, or the listing did not end within ``timeout``.
+        PermissionDeniedError: the identity may not read the board.
+    """
+    store = agent.context.store
+    subjects = store.subjects
+    live: dict[tuple[str, str], None] = {}
+
+    def on_message(msg: Any) -> None:
+        parts = subjects.parse_entry(msg.subject)
+        k = (parts.section, parts.key)
+        if (msg.headers or {}).get(Header.KV_OPERATION.value) in ("DEL", "PURGE"):
+            live.pop(k, None)
+        else:
+            live[k] = None
+
+    follower = store.follow(subjects.entry_filter(board), on_message, start="current", headers_only=True,
+                            what=f"list the keys of board {board!r}")
+    await follower.start()
+    try:
+        try:
+            await asyncio.wait_for(follower.ready.wait(), timeout)
+        except TimeoutError:
+            raise NotConnectedError(f"the keys of board {board!r} were not listed within {timeout:g} s") from None
+    finally:
+        await follower.stop()
+    # Delivered in stream order: the last one is the highest of the keys' latest revisions.
+    return KeyListing(board, sorted(live), follower.last_sequence, time.monotonic())
 
 
 def preview_of(entry: Entry, limit: int = 120) -> str:
@@ -268,6 +349,10 @@ class Feeds:
         self.limit = limit
         self._feeds: collections.OrderedDict[str, BoardFeed] = collections.OrderedDict()
         self._locks: dict[str, asyncio.Lock] = {}
+        self._listings: dict[str, KeyListing] = {}
+        self._listing_locks: dict[str, asyncio.Lock] = {}
+        self._loading: dict[str, asyncio.Task[BoardFeed]] = {}
+        self._paged: dict[str, asyncio.Event] = {}
 
     async def feed(self, board: str) -> BoardFeed:
         """The started feed of ``board`` (started now if it is not yet).
@@ -284,6 +369,7 @@ class Feeds:
                     feed = BoardFeed(self.agent, board)
                     await feed.start()
                     self._feeds[board] = feed
+                    self._listings.pop(board, None)  # pages come from the view from now on
                     await self._evict(keep=board)
         self._feeds.move_to_end(board)
         feed.used = time.monotonic()
@@ -292,6 +378,63 @@ class Feeds:
     def opened(self, board: str) -> BoardFeed | None:
         """The feed of ``board`` if it is open (never opens one)."""
         return self._feeds.get(board)
+
+    def open_soon(self, board: str) -> None:
+        """Open the feed of ``board`` in the background (unless it is open or opening); a
+        failure is logged (the next request that needs the feed says why)."""
+        if board in self._feeds or board in self._loading:
+            return
+        task = asyncio.create_task(self.feed(board), name=f"inspect:open:{board}")
+        self._loading[board] = task
+
+        def done(t: asyncio.Task[BoardFeed]) -> None:
+            self._loading.pop(board, None)
+            if not t.cancelled() and t.exception() is not None:
+                log.info("inspector: the live state of board %r was not opened: %s", board, t.exception())
+
+        task.add_done_callback(done)
+
+    async def feed_after_first_page(self, board: str) -> BoardFeed:
+        """:meth:`feed`, but when the board's feed is not open, first waiting up to
+        :data:`FIRST_PAGE_GRACE` s for its first page to be cut from a listing (an event stream
+        and the first page are asked for together: the page first)."""
+        if board not in self._feeds:
+            paged = self._paged.setdefault(board, asyncio.Event())
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(paged.wait(), FIRST_PAGE_GRACE)
+        return await self.feed(board)
+
+    async def listing(self, board: str) -> KeyListing:
+        """The key listing of ``board`` (:func:`list_keys`), kept :data:`LISTING_TTL` s."""
+        lock = self._listing_locks.setdefault(board, asyncio.Lock())
+        async with lock:
+            kept = self._listings.get(board)
+            if kept is None or time.monotonic() - kept.at > LISTING_TTL:
+                kept = self._listings[board] = await list_keys(self.agent, board)
+            return kept
+
+    async def listing_page(self, listing: KeyListing, *, section: str | None, prefix: str | None,
+                           after: tuple[str, str] | None,
+                           limit: int) -> tuple[list[Entry], tuple[str, str] | None, int]:
+        """A page cut from ``listing`` (see :func:`page_of`), its entries read now (at most
+        :data:`PAGE_READS` at once), each verified as a view verifies it: a key deleted since
+        the listing, or whose latest revision does not verify, is left out (it reads as absent,
+        as in a view); ``total`` counts the listing's keys."""
+        chosen, cursor, total = cut(listing.order, section=section, prefix=prefix, after=after, limit=limit)
+        handle = self.agent.board(listing.board)
+        gate = asyncio.Semaphore(PAGE_READS)
+
+        async def read(section: str, key: str) -> Entry | None:
+            async with gate:
+                try:
+                    return await handle.get(section, key)
+                except (NotFoundError, UnverifiedRecordError):
+                    return None
+
+        found = await asyncio.gather(*(read(s, k) for s, k in chosen))
+        paged = self._paged.setdefault(listing.board, asyncio.Event())
+        paged.set()
+        return [e for e in found if e is not None], cursor, total
 
     async def _evict(self, keep: str) -> None:
         for name in list(self._feeds):
@@ -304,6 +447,13 @@ class Feeds:
 
     async def aclose(self) -> None:
         """Close every feed (each even when another fails to)."""
+        loading, self._loading = list(self._loading.values()), {}
+        for task in loading:
+            task.cancel()
+        for task in loading:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._listings.clear()
         feeds, self._feeds = list(self._feeds.values()), collections.OrderedDict()
         for feed in feeds:
             try:
