@@ -10,9 +10,11 @@ serves the page to Debian's ``/usr/bin/chromium`` driven by Playwright (no brows
 * **Time to first render**: a fresh page opened on the board, until its first page of entries
   is on screen (``window.__inspector.firstRender``: ``performance.now()`` when the rows were
   drawn, so from the navigation's start: the HTML, the script, whoami, boards, the first page
-  of 200 entries, the DOM). Cold: the first open, when the inspector loads the board's
-  snapshot (its live view of every entry; the inspectors here start with ``warm=False``, while
-  ``blackboard inspect`` opens the readable boards in the background from its start); warm:
+  of 200 entries, the DOM). Cold: the first open, when the inspector does not hold the board's
+  live view yet (the inspectors here start with ``warm=False``, while ``blackboard inspect``
+  opens the readable boards in the background from its start): the first pages come from the
+  board's key listing (headers only) with the page's entries read and verified, while the view
+  loads in the background (its time is printed too: what a cold open waited for before); warm:
   later opens, over ``--rounds``. Next to it,
   the raw layer: the API call alone (``GET /api/boards/{board}/entries?limit=200`` by an HTTP
   client, cold on a second inspector that never opened the board, and warm).
@@ -41,7 +43,7 @@ import time
 from collections.abc import AsyncIterator
 from importlib.metadata import version
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, overload
 
 if __package__ in (None, ""):  # run as a script: make ``bench`` importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -105,14 +107,30 @@ async def first_render(browser: Any, server: InspectorServer) -> tuple[float, fl
         await context.close()
 
 
-async def api_page(server: InspectorServer) -> float:
-    """Seconds for the first page of entries through the API alone (a new HTTP connection)."""
+@overload
+async def api_page(server: InspectorServer) -> float: ...
+@overload
+async def api_page(server: InspectorServer, *, source: Literal[True]) -> tuple[float, str]: ...
+async def api_page(server: InspectorServer, *, source: bool = False) -> float | tuple[float, str]:
+    """Seconds for the first page of entries through the API alone (a new HTTP connection), and
+    with ``source`` what answered it (``listing``: the board's view was not loaded yet)."""
     async with httpx2.AsyncClient(base_url=server.url.rstrip("/"), timeout=60) as client:
         t0 = time.perf_counter()
         response = await client.get(PAGE_URL.format(board=BOARD))
         response.raise_for_status()
-        response.json()
-        return time.perf_counter() - t0
+        page = response.json()
+        seconds = time.perf_counter() - t0
+        return (seconds, str(page.get("source"))) if source else seconds
+
+
+async def view_loaded(server: InspectorServer, t0: float) -> float:
+    """Seconds from ``t0`` until the inspector holds the board's live view (loaded in the
+    background after a cold first page; what a cold open waited for before)."""
+    for _ in range(60_000):  # at most 10 minutes
+        if server.inspector.feeds.opened(BOARD) is not None:
+            break
+        await asyncio.sleep(0.01)
+    return time.perf_counter() - t0
 
 
 async def live_updates(browser: Any, server: InspectorServer, writer: Agent, watcher: Agent,
@@ -164,8 +182,12 @@ async def run(args: argparse.Namespace) -> int:
             async with chromium() as browser, \
                     running_inspector(settings, "bench-viewer", port=0, warm=False) as server, \
                     running_inspector(settings, "bench-viewer2", port=0, warm=False) as second:
+                t0 = time.perf_counter()
                 cold_page, _, rows = await first_render(browser, server)
-                cold_api = await api_page(second)
+                page_view = await view_loaded(server, t0)
+                t0 = time.perf_counter()
+                cold_api, source = await api_page(second, source=True)
+                api_view = await view_loaded(second, t0)
                 warm_page: list[float] = []
                 warm_shell: list[float] = []
                 warm_api: list[float] = []
@@ -177,8 +199,10 @@ async def run(args: argparse.Namespace) -> int:
                 dom, raw = await live_updates(browser, server, writer, watcher, args.updates, args.gap)
     table = Table(f"inspector_bench, {bus.label}, {args.entries:,} entries (medians; ratio = page / raw layer)",
                   measured_label="page", baseline_label="raw layer")
-    table.add("first render, cold (inspector loads the board)", cold_page, cold_api, "ms",
-              note="raw: the first API page on an inspector that never opened the board")
+    table.add("first render, cold (board not loaded yet)", cold_page, cold_api, "ms",
+              note=f"raw: the first API page on an inspector that never opened the board (source: {source})")
+    table.add("  the board's view loaded meanwhile", page_view, api_view, "ms",
+              note="in the background, from the navigation's / the API call's start (then source: view)")
     table.add("first render, warm", median(warm_page), median(warm_api), "ms",
               note=f"raw: GET {PAGE_URL.format(board='…')}; {rows} rows in the DOM")
     table.add("  of which the page's shell", median(warm_shell), math.nan, "ms",
@@ -187,12 +211,10 @@ async def run(args: argparse.Namespace) -> int:
               note="raw: the KV watch alone (board.watch), same puts")
     table.add("live update p99", percentile(dom, 99), percentile(raw, 99), "ms")
     print(table.render())
-    worst_open = max(warm_page)
-    print(f"targets: a {args.entries:,}-entry board opens in under 1 s once the inspector holds it "
-          f"(blackboard inspect opens the readable boards at its start): "
-          f"{'ok' if worst_open < 1 else 'MISS'} (slowest warm open {worst_open * 1000:,.0f} ms; "
-          f"the cold open, the board's snapshot loaded on demand: {cold_page * 1000:,.0f} ms, "
-          f"{'ok' if cold_page < 1 else 'MISS'}); "
+    worst_open = max([cold_page, *warm_page])
+    print(f"targets: a {args.entries:,}-entry board opens in under 1 s: "
+          f"{'ok' if worst_open < 1 else 'MISS'} (cold, its first pages from the key listing while its view "
+          f"loads: {cold_page * 1000:,.0f} ms; slowest warm open {max(warm_page) * 1000:,.0f} ms); "
           f"a live change shows in under 200 ms: {'ok' if percentile(dom, 99) < 0.2 else 'MISS'} "
           f"(p99 {percentile(dom, 99) * 1000:,.0f} ms)")
     print(f"python {platform.python_version()}, playwright {version('playwright')}, {platform.machine()}")
