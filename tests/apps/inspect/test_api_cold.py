@@ -92,6 +92,8 @@ async def test_a_cold_board_is_paged_from_its_key_listing_then_from_its_view(pg_
                 assert [(e["section"], e["key"]) for e in again["entries"]] == [("facts", "late")]
                 revision = await board.put("tasks", "live", "now")
                 _, event = await stream.next("entry")
+                if event["key"] == "late":  # it reached the loading view after the stream's start
+                    _, event = await stream.next("entry")
                 assert (event["op"], event["key"], event["revision"]) == ("put", "live", revision)
 
 
