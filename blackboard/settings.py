@@ -552,7 +552,7 @@ class ContainerSettings(BaseModel):
     #: as processes) or ``containers`` (these images, through testcontainers).
     mode: Literal["embedded", "containers"] = "embedded"
     #: The NATS server image (JetStream on).
-    nats_image: str = "nats:2.11"
+    nats_image: str = "nats:2.15-alpine"
     #: The PostgreSQL image with pgvector.
     postgres_image: str = "pgvector/pgvector:pg18"
     #: The blackboard image (``docker/Dockerfile``) that runs the worker.
