@@ -458,8 +458,8 @@ _SearchArgsT = TypeVar("_SearchArgsT", "EntrySearchArgs", "RecallArgs")
 
 def _entry_span(board: Board, section: str, key: str) -> dict[str, Any]:
     """A board write's span attributes (docs/observability.md, "Tracing")."""
-    return {"messaging.system": "nats", "messaging.operation.type": "send", "bb.board": board.name,
-            "bb.section": section, "bb.key": key, "bb.agent": board.agent.id}
+    return {"messaging.system": "nats", "messaging.operation.type": "send", "blackboard.board": board.name,
+            "blackboard.section": section, "blackboard.key": key, "blackboard.agent": board.agent.id}
 
 
 def _on_board(board: str, args: _SearchArgsT) -> _SearchArgsT:

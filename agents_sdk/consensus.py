@@ -256,8 +256,8 @@ class Voting:
 
     # ------------------------------------------------------------- proposing
     @tracing.traced("propose", attributes=lambda self, board, section, key, *_, **__: {
-        "messaging.system": "nats", "messaging.operation.type": "send", "bb.board": board,
-        "bb.section": section, "bb.key": key})
+        "messaging.system": "nats", "messaging.operation.type": "send", "blackboard.board": board,
+        "blackboard.section": section, "blackboard.key": key})
     async def propose(self, board: str, section: str, key: str, candidates: Sequence[Any] | None = None, *,
                       value: Any = NO_VALUE, policy: Policy | PolicyKind = "majority",
                       voters: Sequence[str] | None = None, deadline: DeadlineSpec = None,
@@ -321,8 +321,8 @@ class Voting:
 
     # ---------------------------------------------------------------- voting
     @tracing.traced("vote", attributes=lambda self, board, proposal_id, *_, **__: {
-        "messaging.system": "nats", "messaging.operation.type": "send", "bb.board": board,
-        "bb.proposal": proposal_id})
+        "messaging.system": "nats", "messaging.operation.type": "send", "blackboard.board": board,
+        "blackboard.proposal": proposal_id})
     async def vote(self, board: str, proposal_id: str, choice: Any, *, reason: str | None = None,
                    index: bool = False, ballot_id: str | None = None) -> BallotReceipt:
         """Cast this agent's ballot and learn its fate.

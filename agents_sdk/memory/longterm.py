@@ -76,7 +76,7 @@ class LongTermMemory:
         """A remember's span attributes: the gen_ai memory conventions (docs/observability.md)."""
         return {"gen_ai.operation.name": "create_memory", "gen_ai.memory.id": kwargs.get("id"),
                 "gen_ai.memory.store.id": kwargs.get("board") or DEFAULT_MEMORY_BOARD,
-                "gen_ai.memory.type": kwargs.get("kind", "episodic"), "bb.agent": self._agent_id}
+                "gen_ai.memory.type": kwargs.get("kind", "episodic"), "blackboard.agent": self._agent_id}
 
     def _searcher(self) -> SearchClient:
         if self._search is None:

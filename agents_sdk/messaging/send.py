@@ -91,8 +91,8 @@ class Sender:
         return f"{self._id_prefix}{next(self._counter):x}"
 
     @tracing.traced("send", attributes=lambda self, to, type, *_, **__: {
-        "messaging.system": "nats", "messaging.operation.type": "send", "bb.message.type": type,
-        "bb.agent": self.agent, "bb.to": to if isinstance(to, str) else ",".join(map(str, to))})
+        "messaging.system": "nats", "messaging.operation.type": "send", "blackboard.message.type": type,
+        "blackboard.agent": self.agent, "blackboard.to": to if isinstance(to, str) else ",".join(map(str, to))})
     async def send(self, to: str | Sequence[str], type: str, body: Any = None, *, board: str | None = None,
                    correlation_id: str | None = None, metadata: Mapping[str, Any] | None = None,
                    encoding: codec.Encoding = "msgpack", id: str | None = None) -> Sent:
@@ -139,8 +139,8 @@ class Sender:
         return Sent(env.id, (seq,))
 
     @tracing.traced("publish", attributes=lambda self, topic, type, *_, **__: {
-        "messaging.system": "nats", "messaging.operation.type": "send", "bb.message.type": type,
-        "bb.agent": self.agent, "bb.topic": topic})
+        "messaging.system": "nats", "messaging.operation.type": "send", "blackboard.message.type": type,
+        "blackboard.agent": self.agent, "blackboard.topic": topic})
     async def publish(self, topic: str, type: str, body: Any = None, *, board: str | None = None,
                       correlation_id: str | None = None, metadata: Mapping[str, Any] | None = None,
                       encoding: codec.Encoding = "msgpack", id: str | None = None) -> Sent:

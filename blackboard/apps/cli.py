@@ -39,7 +39,12 @@ from pydantic import ValidationError
 from blackboard.apps.people import add_people_commands
 from blackboard.apps.prune import add_prune_commands
 from blackboard.apps.signals import stop_on_signal
-from blackboard.protocol.errors import BlackboardError, ConfigurationError, TransportError
+from blackboard.protocol.errors import (
+    AuthenticationError,
+    BlackboardError,
+    ConfigurationError,
+    TransportError,
+)
 from blackboard.settings import Settings, describe_errors
 
 if TYPE_CHECKING:
@@ -401,10 +406,17 @@ def _request_errors() -> tuple[type[BaseException], ...]:
     return nats.errors.Error, TimeoutError, OSError
 
 
-async def _publish_keys(authority: Authority, settings: Settings, process: str) -> PublishedRegistry:
+#: Seconds a publish right after a config reload retries a refused credential: nats-server
+#: applies a reload asynchronously, and a connection in the middle of it may be refused.
+RELOAD_GRACE = 5.0
+
+
+async def _publish_keys(authority: Authority, settings: Settings, process: str, *,
+                        reloaded: bool = False) -> PublishedRegistry:
     """Connect as an operator (``nats.creds_file``, else the operator's credential, as
     ``blackboard setup`` does) and publish the key registry: every active identity's
-    certificate and the revocations record.
+    certificate and the revocations record. ``reloaded``: the server was just told to reload
+    its config, so a refused credential is retried for :data:`RELOAD_GRACE` seconds.
 
     Raises:
         ConfigurationError: an open bus (nothing is signed there: no registry).
@@ -420,7 +432,15 @@ async def _publish_keys(authority: Authority, settings: Settings, process: str) 
     found = find_system_credentials(OPERATOR_PRINCIPAL, settings, process=process)
     if found is None:
         raise ConfigurationError("no key registry on an insecure open bus: nothing is signed there")
-    nc = await connect_nats(settings, name="blackboard-auth", credentials=found)
+    deadline = time.monotonic() + (RELOAD_GRACE if reloaded else 0.0)
+    while True:
+        try:
+            nc = await connect_nats(settings, name="blackboard-auth", credentials=found)
+            break
+        except AuthenticationError:
+            if time.monotonic() >= deadline:
+                raise
+            await asyncio.sleep(0.2)
     try:
         return await publish_registry(nc, authority, timeout=settings.nats.request_timeout)
     except nats.errors.NoRespondersError as exc:
@@ -520,7 +540,8 @@ async def _auth(args: argparse.Namespace) -> int:
         if not revoked:
             print(f"{args.id!r} holds no active credential")
             return 1
-        print(f"revoked {len(revoked)} key(s) of {args.id!r}: {_reload_dev_server(settings)}")
+        reload = _reload_dev_server(settings)
+        print(f"revoked {len(revoked)} key(s) of {args.id!r}: {reload}")
         unpublished = ("readers still take what the key signs as verified until the revocations record is "
                        "published: run `blackboard auth publish` (with the operator's credential and "
                        "--nats-url)")
@@ -529,7 +550,8 @@ async def _auth(args: argparse.Namespace) -> int:
             return 0
         failures: tuple[type[BaseException], ...] = (BlackboardError, *_request_errors())
         try:
-            await _publish_keys(authority, settings, "blackboard auth revoke")
+            await _publish_keys(authority, settings, "blackboard auth revoke",
+                                reloaded=reload.startswith("the dev nats-server"))
         except failures as exc:
             print(f"blackboard auth revoke: error: the revocations record was NOT published to "
                   f"{settings.nats.url}: {exc}\n  {unpublished} once the server can be reached", file=sys.stderr)

@@ -19,7 +19,7 @@ Attribute names: the OpenTelemetry messaging conventions (``messaging.system`` =
 ones (``db.system.name`` = ``postgresql``) and the generative-AI memory ones where they
 fit: ``gen_ai.operation.name`` (``create_memory`` for ``remember``, ``search_memory``
 for a memory search), ``gen_ai.memory.store.id`` (the board) and ``gen_ai.memory.id``.
-Ours are under ``bb.`` (``bb.board``, ``bb.section``, ``bb.key``, ``bb.proposal``).
+Ours are under ``blackboard.`` (``blackboard.board``, ``blackboard.section``, ``blackboard.key``, ``blackboard.proposal``).
 """
 
 from __future__ import annotations
@@ -265,7 +265,7 @@ def consumer_spans(stream: str, messages: Sequence[tuple[Mapping[str, str] | Non
                                    attributes={"messaging.system": "nats", "messaging.operation.type": "process",
                                                "messaging.destination.name": stream,
                                                "messaging.batch.message_count": len(messages),
-                                               "bb.stream.sequence": seq})
+                                               "blackboard.stream.sequence": seq})
         commit = tracer.start_span("postgres commit", context=trace.set_span_in_context(ingest), kind=internal,
                                    start_time=commit_started_ns,
                                    attributes={"db.system.name": "postgresql", "db.operation.name": "COMMIT",
@@ -298,7 +298,7 @@ def embedding_spans(items: Sequence[tuple[str, int]], model: str, started_ns: in
         span = tracer.start_span(f"embeddings {model}", context=trace.set_span_in_context(
             trace.NonRecordingSpan(parent)), kind=kind, start_time=started_ns,
             attributes={"gen_ai.operation.name": "embeddings", "gen_ai.request.model": model,
-                        "gen_ai.request.batch_size": len(items), "bb.stream.sequence": item[1]})
+                        "gen_ai.request.batch_size": len(items), "blackboard.stream.sequence": item[1]})
         span.end(end_time=ended)
 
 
@@ -307,11 +307,11 @@ def search_attributes(endpoint: str, request: object, principal: str) -> dict[st
     memory search (endpoint ``memories``), the boards as ``gen_ai.memory.store.id``, the mode."""
     boards = getattr(request, "boards", None) or getattr(request, "board", None)
     mode = getattr(request, "mode", None)
-    return {"rpc.system.name": "nats", "rpc.method": endpoint, "bb.principal": principal,
+    return {"rpc.system.name": "nats", "rpc.method": endpoint, "blackboard.principal": principal,
             "gen_ai.operation.name": "search_memory" if endpoint == "memories" else None,
             "gen_ai.memory.store.id": boards if isinstance(boards, str) else
             (",".join(map(str, boards)) if boards else None),
-            "bb.search.mode": str(mode) if mode is not None else None}
+            "blackboard.search.mode": str(mode) if mode is not None else None}
 
 
 def _clean(attributes: Mapping[str, Any] | None) -> dict[str, Any] | None:

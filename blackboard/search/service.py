@@ -415,7 +415,7 @@ class SearchService:
         except InvalidKeyError:  # not on a search subject: _answer refuses it
             principal, endpoint = "", request.subject
         with tracing.remote_span(request.headers, f"search {endpoint}", "server",
-                                 {"rpc.system.name": "nats", "rpc.method": endpoint, "bb.principal": principal}):
+                                 {"rpc.system.name": "nats", "rpc.method": endpoint, "blackboard.principal": principal}):
             await self._answer(request, model, fn)
 
     async def _answer(self, request: Request, model: type[BaseModel] | None, fn: Route) -> None:

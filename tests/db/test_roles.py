@@ -153,7 +153,7 @@ async def test_the_worker_migrates_ingests_embeds_and_searches_as_the_applicatio
     async with open_pool(s.postgres, min_size=1, max_size=2) as pool:
         engine = SearchEngine(pool, None, s.search)
         hits = (await engine.search_memories(MemorySearchRequest(query="harbour ferry", mode="keyword",
-                                                                 top_k=3))).hits
+                                                                 top_k=3, boards=[unique]))).hits
         await engine.analyze_missing()
     assert [h.id for h in hits] == [f"{unique}-1"]
     drop_db(postgres_server, unique)

@@ -67,7 +67,7 @@ async def test_a_board_put_is_one_trace_from_the_sdk_to_the_postgres_commit(
         await wait_for(lambda: _has(spans, "postgres commit", trace_id), 60, "the worker's spans")
     assert put.kind == SpanKind.PRODUCER
     assert put.attributes is not None
-    assert (put.attributes["bb.board"], put.attributes["bb.section"], put.attributes["bb.key"]) == \
+    assert (put.attributes["blackboard.board"], put.attributes["blackboard.section"], put.attributes["blackboard.key"]) == \
         (f"b{unique}", "notes", "k1")
     ingest = _one(spans, "ingest KV_blackboard", trace_id)
     commit = _one(spans, "postgres commit", trace_id)
@@ -124,9 +124,9 @@ async def test_send_and_vote_are_traced_to_the_worker(
         await board.vote(handle.id, "x")
         vote = _one(spans, "vote")
         await wait_for(lambda: _has(spans, "ingest BB_VOTE", vote.context.trace_id), 60, "the ballot's ingest")
-    assert send.attributes is not None and send.attributes["bb.to"] == b.id
+    assert send.attributes is not None and send.attributes["blackboard.to"] == b.id
     assert _parent_of(_one(spans, "ingest BB_MSG", send.context.trace_id)) == send.context.span_id
-    assert vote.attributes is not None and vote.attributes["bb.proposal"] == handle.id
+    assert vote.attributes is not None and vote.attributes["blackboard.proposal"] == handle.id
     assert _parent_of(_one(spans, "ingest BB_VOTE", vote.context.trace_id)) == vote.context.span_id
 
 

@@ -28,10 +28,10 @@ def test_off_does_nothing() -> None:
 def test_console_exporter_turns_it_on_and_disable_off() -> None:
     tracing.configure(ObservabilitySettings(tracing=True, tracing_exporter="console", service_name="svc-x"))
     assert tracing.enabled
-    with tracing.span("hello", "internal", {"bb.board": "b", "ignored": None}) as span:
+    with tracing.span("hello", "internal", {"blackboard.board": "b", "ignored": None}) as span:
         assert span is not None and span.is_recording()  # an SDK span: the provider configure built
         assert span.resource.attributes["service.name"] == "svc-x"  # type: ignore[attr-defined]
-        assert dict(span.attributes) == {"bb.board": "b"}  # type: ignore[attr-defined]
+        assert dict(span.attributes) == {"blackboard.board": "b"}  # type: ignore[attr-defined]
         headers: dict[str, str] = {}
         tracing.inject(headers)
         ctx = span.get_span_context()
