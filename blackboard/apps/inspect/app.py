@@ -14,7 +14,6 @@ import collections
 import contextlib
 import ipaddress
 import logging
-import socket
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -31,9 +30,9 @@ from starlette.requests import Request
 from starlette.responses import FileResponse, PlainTextResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from agents_sdk import Agent
+from blackboard.apps._serving import QuietServer, Started, listen
 from blackboard.apps.inspect.access import BoardAccess
 from blackboard.apps.inspect.api import routes
 from blackboard.apps.inspect.events import Feeds
@@ -333,58 +332,6 @@ class InspectorServer:
         return f"http://{host}:{self.port}/"
 
 
-def _listen(host: str, port: int) -> socket.socket:
-    """A listening TCP socket on ``host:port`` (0: a free port).
-
-    Raises:
-        ConfigurationError: the address cannot be listened on (taken, not this machine's).
-    """
-    try:
-        infos = socket.getaddrinfo(host.strip("[]"), port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-    except socket.gaierror as exc:
-        raise ConfigurationError(f"cannot listen on {host!r} (--host): {exc.strerror or exc}") from exc
-    family, kind, proto, _, address = infos[0]
-    sock = socket.socket(family, kind, proto)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(address)
-        sock.listen(128)
-        sock.setblocking(False)
-    except OSError as exc:
-        sock.close()
-        raise ConfigurationError(f"cannot listen on {host}:{port} (--host, --port): {exc.strerror or exc}") from exc
-    return sock
-
-
-class _Server(uvicorn.Server):
-    """uvicorn's server without its signal handlers: whoever runs it decides when it stops."""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Any:
-        yield
-
-
-class _Started:
-    """An ASGI wrapper that tells when the app's lifespan start-up is over (the socket listens
-    already: a connection made from then on is served)."""
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-        self.done = asyncio.Event()
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "lifespan":
-            await self.app(scope, receive, send)
-            return
-
-        async def watch(message: Message) -> None:
-            await send(message)
-            if message["type"] in ("lifespan.startup.complete", "lifespan.startup.failed"):
-                self.done.set()
-
-        await self.app(scope, receive, watch)
-
-
 @contextlib.asynccontextmanager
 async def running_inspector(settings: Settings, agent_id: str, *, credentials: Path | None = None,
                             host: str = DEFAULT_HOST, port: int = DEFAULT_PORT,
@@ -400,7 +347,7 @@ async def running_inspector(settings: Settings, agent_id: str, *, credentials: P
         ConfigurationError: the address cannot be listened on.
         AuthenticationError, NotConnectedError: as ``Agent.connect`` raises.
     """
-    sock = _listen(host, port)
+    sock = listen(host, port, options="--host, --port")
     bound = int(sock.getsockname()[1])
     if not is_loopback(host):
         log.warning("SERVING THE INSPECTOR ON %s:%s (not loopback): whoever reaches this port reads what "
@@ -410,10 +357,10 @@ async def running_inspector(settings: Settings, agent_id: str, *, credentials: P
             inspector = Inspector(agent, db=db)
             try:
                 app = create_app(inspector, host=host, allowed_hosts=allowed_hosts)
-                started = _Started(app)
+                started = Started(app)
                 config = uvicorn.Config(started, log_level="warning", access_log=False, lifespan="on",
                                         timeout_graceful_shutdown=1)
-                server = _Server(config)
+                server = QuietServer(config)
                 task = asyncio.create_task(server.serve(sockets=[sock]))
                 waiting = asyncio.create_task(started.done.wait())
                 await asyncio.wait({task, waiting}, return_when=asyncio.FIRST_COMPLETED)

@@ -22,7 +22,6 @@ import asyncio
 import contextlib
 import ipaddress
 import logging
-import socket
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,9 +33,9 @@ from mcp.server.auth.provider import AccessToken
 from mcp.server.auth.settings import AuthSettings
 from mcp.server.context import ServerRequestContext
 from mcp.server.transport_security import TransportSecuritySettings
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from agents_sdk import Agent
+from blackboard.apps._serving import QuietServer, Started, listen
 from blackboard.apps.mcp.server import create_server
 from blackboard.apps.mcp.tokens import TokenFile
 from blackboard.protocol.errors import AuthenticationError, BlackboardError, ConfigurationError
@@ -185,61 +184,6 @@ def _is_wildcard(host: str) -> bool:
     return host in ("0.0.0.0", "::", "[::]", "")
 
 
-def _listen(host: str, port: int) -> socket.socket:
-    """A listening TCP socket on ``host:port`` (0: a free port).
-
-    Raises:
-        ConfigurationError: the address cannot be listened on (taken, not this machine's).
-    """
-    try:
-        infos = socket.getaddrinfo(host.strip("[]"), port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-    except socket.gaierror as exc:
-        raise ConfigurationError(f"cannot listen on {host!r}: {exc.strerror or exc}") from exc
-    family, kind, proto, _, address = infos[0]
-    sock = socket.socket(family, kind, proto)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(address)
-        sock.listen(128)
-        sock.setblocking(False)
-    except OSError as exc:
-        sock.close()
-        raise ConfigurationError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
-    return sock
-
-
-class _Server(uvicorn.Server):
-    """uvicorn's server without its signal handlers: whoever runs it decides when it stops
-    (the ``blackboard mcp`` command on SIGINT/SIGTERM, a test at the end of its block)."""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Any:
-        yield
-
-
-class _Started:
-    """An ASGI wrapper that reports the end of the app's lifespan start-up."""
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-        self.done = asyncio.Event()
-        self.failed: str | None = None
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "lifespan":
-            await self.app(scope, receive, send)
-            return
-
-        async def watch(message: Message) -> None:
-            if message["type"] == "lifespan.startup.failed":
-                self.failed = str(message.get("message", ""))
-            await send(message)
-            if message["type"] in ("lifespan.startup.complete", "lifespan.startup.failed"):
-                self.done.set()
-
-        await self.app(scope, receive, watch)
-
-
 @dataclass(frozen=True)
 class HttpServer:
     """A running HTTP MCP server: where clients reach it, and the identities' agents."""
@@ -319,7 +263,7 @@ async def running_http(settings: Settings, *, tokens: Path, host: str = DEFAULT_
     if not is_loopback(host):
         log.warning("SERVING MCP ON %s (not loopback), TLS on: any host that reaches this port may "
                     "try tokens; only bearers of a token of %s are served", host, tokens)
-    sock = _listen(host, port)
+    sock = listen(host, port)
     bound_port = int(sock.getsockname()[1])
     agents = TokenAgents(settings)
     try:
@@ -328,13 +272,13 @@ async def running_http(settings: Settings, *, tokens: Path, host: str = DEFAULT_
                                               resource_server_url=None, required_scopes=[]))
         # One JSON response a request (about 1 ms less a call than an event stream, bench/mcp_bench.py);
         # subscription updates still stream: listen responses and the GET stream are always SSE.
-        app = _Started(mcp.streamable_http_app(
+        app = Started(mcp.streamable_http_app(
             streamable_http_path=MCP_PATH, host=host, session_idle_timeout=session_idle_timeout, json_response=True,
             transport_security=_security(host, scheme, allowed_hosts)))
         config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on",
                                 ssl_certfile=str(tls_cert) if tls_cert else None,
                                 ssl_keyfile=str(tls_key) if tls_key else None)
-        server = _Server(config)
+        server = QuietServer(config)
         task = asyncio.create_task(server.serve(sockets=[sock]))
         started = asyncio.create_task(app.done.wait())
         try:
