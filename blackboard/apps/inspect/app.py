@@ -234,28 +234,11 @@ class Inspector:
         return out
 
     async def _database(self) -> dict[str, Any]:
-        from psycopg.rows import dict_row
+        from blackboard.apps.people.status import database_report
 
-        from blackboard.apps.people.status import (
-            DEAD_LETTERS_BY_REASON,
-            DEAD_LETTERS_BY_STREAM,
-            EMBED_QUEUE,
-        )
-        from blackboard.db import connect
-
-        conn = await connect(self.agent.settings.postgres, name="blackboard-inspect")
-        try:
-            async with conn.cursor(row_factory=dict_row) as cur:
-                await cur.execute(DEAD_LETTERS_BY_STREAM)
-                by_stream = list(await cur.fetchall())
-                await cur.execute(DEAD_LETTERS_BY_REASON)
-                by_reason = list(await cur.fetchall())
-                await cur.execute(EMBED_QUEUE)
-                queue = await cur.fetchone()
-        finally:
-            await conn.close()
-        return {"dead_letters_by_stream": by_stream, "dead_letter_reasons": by_reason,
-                "embedding_queue": int(queue["count"]) if queue else 0}
+        report = await database_report(self.agent.settings, name="blackboard-inspect")
+        report.pop("dead_letters", None)  # the system panel's dead_letters are the consumers'
+        return report
 
 
 async def _part(fn: Any) -> Any:

@@ -41,7 +41,7 @@ from blackboard.protocol.subjects import MESSAGE_STREAM, SEARCH_SERVICE, Subject
 from blackboard.security.credentials import OPERATOR_PRINCIPAL, find_system_credentials
 from blackboard.settings import Settings
 
-__all__ = ["DEAD_LETTERS_BY_REASON", "DEAD_LETTERS_BY_STREAM", "EMBED_QUEUE", "collect", "render", "status"]
+__all__ = ["DEAD_LETTERS_BY_REASON", "DEAD_LETTERS_BY_STREAM", "EMBED_QUEUE", "collect", "database_report", "render", "status"]
 
 #: Dead letters by stream: how many, the newest.
 DEAD_LETTERS_BY_STREAM = "SELECT stream, count(*) AS count, max(at) AS newest FROM bb_dead_letters GROUP BY stream ORDER BY stream"
@@ -166,13 +166,14 @@ async def _inbox(nc: NATS, agent: str, timeout: float) -> dict[str, Any]:
     return {**_consumer(info), "exists": True}
 
 
-async def _database(settings: Settings) -> dict[str, Any]:
-    """Dead letters and the embedding queue, from PostgreSQL."""
+async def database_report(settings: Settings, *, name: str = "blackboard-status") -> dict[str, Any]:
+    """Dead letters (in all, by stream and by reason) and the embedding queue, from PostgreSQL
+    (``blackboard status --db``, the inspector's ``--db``)."""
     from psycopg.rows import dict_row
 
     from blackboard.db import connect
 
-    conn = await connect(settings.postgres, name="blackboard-status")
+    conn = await connect(settings.postgres, name=name)
     try:
         async with conn.cursor(row_factory=dict_row) as cur:
             await cur.execute(DEAD_LETTERS_BY_STREAM)
@@ -217,7 +218,7 @@ async def collect(args: argparse.Namespace, settings: Settings) -> dict[str, Any
     embedding = worker.get("embedding") if isinstance(worker, dict) else None
     report["embedding_backlog"] = embedding.get("backlog") if isinstance(embedding, dict) else None
     if args.db:
-        report["database"] = await _part(lambda: _database(settings))
+        report["database"] = await _part(lambda: database_report(settings))
     return report
 
 
