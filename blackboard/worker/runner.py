@@ -51,6 +51,11 @@ from blackboard.worker.pruning import Pruner
 
 __all__ = ["Worker", "run_worker"]
 
+#: Seconds :meth:`Worker.stop` waits for its tasks to end after cancelling them, before it
+#: cancels them again (and logs where they wait), at most STOP_ATTEMPTS times.
+STOP_GRACE = 15.0
+STOP_ATTEMPTS = 4
+
 log = logging.getLogger("blackboard.worker")
 
 
@@ -320,7 +325,22 @@ class Worker:
         if host is None:
             return
         host.cancel()
-        await asyncio.wait([host])
+        for attempt in range(1, STOP_ATTEMPTS + 1):
+            done, _ = await asyncio.wait([host], timeout=STOP_GRACE)
+            if done:
+                break
+            # A part that swallowed the cancellation (or waits on IO that ignores it) would keep
+            # the worker from stopping for ever: say where each part is, and cancel them again.
+            stuck = [t for t in (*self._components, host) if not t.done()]
+            log.error("worker %s: still stopping after %.0f s (attempt %d of %d); cancelling again: %s",
+                      self.settings.worker.name, STOP_GRACE * attempt, attempt, STOP_ATTEMPTS,
+                      "; ".join(_where(t) for t in stuck))
+            for task in stuck:
+                task.cancel()
+        else:
+            log.error("worker %s: did not stop after %.0f s; its tasks are left running",
+                      self.settings.worker.name, STOP_GRACE * STOP_ATTEMPTS)
+            return
         if self.started_at:
             log.info("worker %s stopped", self.settings.worker.name)
 
@@ -481,6 +501,15 @@ async def _quietly(close: Callable[[], Awaitable[object]]) -> None:
         log.warning("closing %r took more than %.0f s: left behind", close, _CLOSE_TIMEOUT)
     except Exception as exc:
         log.debug("closing %r failed: %r", close, exc)
+
+
+def _where(task: asyncio.Task[Any]) -> str:
+    """A task's name and the line it waits at, for a log line."""
+    frames = task.get_stack(limit=1)
+    if not frames:
+        return task.get_name()
+    code = frames[-1].f_code
+    return f"{task.get_name()} at {code.co_filename}:{frames[-1].f_lineno} ({code.co_name})"
 
 
 def _server_of(nc: NATS) -> str:
