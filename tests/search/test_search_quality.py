@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import psycopg
 import pytest
 import pytest_asyncio
 from psycopg import sql
@@ -481,8 +482,13 @@ async def test_retriever_rows_carry_the_neighbours_of_their_leading_candidates(s
     retriever = sql.SQL("SELECT mid, CASE id {} ELSE 0.0 END, true FROM bb_memories WHERE board = %s").format(
         cases).as_string()
     async with open_pool(stack.settings.postgres, min_size=1, max_size=1) as pool, pool.connection() as conn:
-        got = await (await conn.execute(q.with_rows(retriever, "memory", linked=2), (b,))).fetchall()
-        plain = {int(r[0]): r for r in await (await conn.execute(q.with_rows(retriever, "memory"), (b,))).fetchall()}
+        # One snapshot for both reads: a search service's flush of recall hits (other tests of the
+        # module recall these memories) may change a row's hits between two statements.
+        await conn.set_isolation_level(psycopg.IsolationLevel.REPEATABLE_READ)
+        async with conn.transaction():
+            got = await (await conn.execute(q.with_rows(retriever, "memory", linked=2), (b,))).fetchall()
+            plain = {int(r[0]): r
+                     for r in await (await conn.execute(q.with_rows(retriever, "memory"), (b,))).fetchall()}
     assert len(got) == len(order) == len(plain)
     by_name = {r[4].removeprefix(f"{b}-"): r for r in got}  # row: item, score, flag, mid, id, ...
     mid_of = {n: int(r[3]) for n, r in by_name.items()}
