@@ -286,9 +286,11 @@ async def test_sdk_writes_and_reads_the_workers_persist_and_search_answers(compo
     assert users == {"blackboard"}
 
 
-async def _write_load(agent: Agent, board_name: str, n: int, acked: dict[str, int], memories: set[str]) -> int:
-    """Four writers putting entries and memories until ``n`` of each are acknowledged; returns
-    how many writes the test itself sent again (not acknowledged within the write timeout)."""
+async def _write_load(agent: Agent, board_name: str, n: int, acked: dict[str, int], memories: set[str], *,
+                      pause: float = 0.0) -> int:
+    """Four writers putting entries and memories until ``n`` of each are acknowledged (each
+    writer waiting ``pause`` seconds between its writes); returns how many writes the test
+    itself sent again (not acknowledged within the write timeout)."""
     board = agent.board(board_name)
     retried = 0
 
@@ -300,6 +302,7 @@ async def _write_load(agent: Agent, board_name: str, n: int, acked: dict[str, in
                     acked[f"k{i}"] = await board.put("load", f"k{i}", {"i": i})
                     await agent.remember(f"load memory number {i}", board=board_name, id=f"{board_name}-{i}")
                     memories.add(f"{board_name}-{i}")
+                    await asyncio.sleep(pause)
                     break
                 except BlackboardError:
                     retried += 1
@@ -355,7 +358,9 @@ async def test_a_killed_nats_node_loses_nothing_acknowledged(compose: Compose) -
     memories: set[str] = set()
     try:
         async with Agent.connect("kv-writer", settings=settings) as agent:
-            load = asyncio.create_task(_write_load(agent, board_name, 240, acked, memories))
+            # Paced (about 80 writes a second): on a fast machine the whole load was done before
+            # `docker kill` returned, and the node died after it.
+            load = asyncio.create_task(_write_load(agent, board_name, 240, acked, memories, pause=0.05))
             await _wait("a first part of the writes", 120, lambda: _true(len(memories) >= 60))
             _docker("kill", compose.container_of(victim))
             killed_at = len(memories)
