@@ -20,6 +20,7 @@ import dataclasses
 import hashlib
 import os
 import re
+import selectors
 import signal
 import subprocess
 import sys
@@ -367,3 +368,22 @@ def board_memories_handler(settings: Settings, board: str) -> StreamHandler:
     """The worker's memory handler, consuming one board's memories only (a worker on a fresh
     database then ignores what other tests left in the shared memory stream)."""
     return dataclasses.replace(default_handlers(settings)[1], filter_subject=Subjects.memory_board(board))
+
+
+def read_until(proc: subprocess.Popen[str], needle: str, timeout: float) -> list[str]:
+    """Lines of the process's stderr up to the first holding ``needle`` (all of them if it exits)."""
+    assert proc.stderr is not None
+    lines: list[str] = []
+    deadline = time.monotonic() + timeout
+    with selectors.DefaultSelector() as sel:
+        sel.register(proc.stderr, selectors.EVENT_READ)
+        while time.monotonic() < deadline:
+            if not sel.select(deadline - time.monotonic()):
+                break
+            line = proc.stderr.readline()
+            if not line:
+                break
+            lines.append(line.rstrip())
+            if needle in line:
+                break
+    return lines

@@ -5,19 +5,17 @@ traceback; ``blackboard worker`` says when it is ready at the default level; ``-
 from __future__ import annotations
 
 import os
-import selectors
 import signal
 import subprocess
 import sys
 import tempfile
-import time
 
 import pytest
 
 from blackboard.devstack import EmbeddedNats, EmbeddedPostgres
 from blackboard.protocol.subjects import Subjects
 from blackboard.settings import Settings, WorkerSettings
-from tests._worker_helpers import fresh_db
+from tests._worker_helpers import fresh_db, read_until
 from tests.conftest import make_settings
 
 
@@ -96,25 +94,6 @@ def test_the_worker_group_decides_the_consumers_and_the_name_is_a_label() -> Non
     assert Subjects.worker_consumer(settings.worker.group, "entries") == "ingest-entries"
 
 
-def _read_until(proc: subprocess.Popen[str], needle: str, timeout: float) -> list[str]:
-    """Lines of the process's stderr up to the first holding ``needle`` (all of them if it exits)."""
-    assert proc.stderr is not None
-    lines: list[str] = []
-    deadline = time.monotonic() + timeout
-    with selectors.DefaultSelector() as sel:
-        sel.register(proc.stderr, selectors.EVENT_READ)
-        while time.monotonic() < deadline:
-            if not sel.select(deadline - time.monotonic()):
-                break
-            line = proc.stderr.readline()
-            if not line:
-                break
-            lines.append(line.rstrip())
-            if needle in line:
-                break
-    return lines
-
-
 def test_blackboard_worker_logs_ready_at_the_default_level_and_workers_of_a_group_share_consumers(
         nats_server: EmbeddedNats, postgres_server: EmbeddedPostgres, unique: str) -> None:
     names = ("alpha", "beta")
@@ -134,14 +113,14 @@ def test_blackboard_worker_logs_ready_at_the_default_level_and_workers_of_a_grou
                  "--group", f"g{unique}"],
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
             procs.append(proc)
-            lines = _read_until(proc, " ready", 60)
+            lines = read_until(proc, " ready", 60)
             assert lines and " ready" in lines[-1], "\n".join(lines)
             readies.append(lines[-1])
         for name, line in zip(names, readies, strict=True):
             assert f"worker {name} ready (group g{unique})" in line, line
             assert f"g{unique}-entries" in line and f"g{unique}-memories" in line, line
         procs[0].send_signal(signal.SIGTERM)
-        lines = _read_until(procs[0], "stopped", 30)
+        lines = read_until(procs[0], "stopped", 30)
         assert procs[0].wait(30) == 0
         assert any(f"worker {names[0]} stopped" in line for line in lines), "\n".join(lines)
         assert not any("Traceback" in line for line in lines), "\n".join(lines)

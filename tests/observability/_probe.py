@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import selectors
-import subprocess
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
@@ -28,25 +26,6 @@ async def bus(settings: Settings) -> NATS:
     nc = await connect_nats(settings.nats, name="test-observability")
     await ensure_streams(nc.jetstream(), settings)
     return nc
-
-
-def read_until(proc: subprocess.Popen[str], needle: str, timeout: float) -> list[str]:
-    """Lines of the process's stderr up to the first holding ``needle`` (all of them if it exits)."""
-    assert proc.stderr is not None
-    lines: list[str] = []
-    deadline = time.monotonic() + timeout
-    with selectors.DefaultSelector() as sel:
-        sel.register(proc.stderr, selectors.EVENT_READ)
-        while time.monotonic() < deadline:
-            if not sel.select(deadline - time.monotonic()):
-                break
-            line = proc.stderr.readline()
-            if not line:
-                break
-            lines.append(line.rstrip())
-            if needle in line:
-                break
-    return lines
 
 
 async def get(worker: Worker, path: str) -> httpx.Response:

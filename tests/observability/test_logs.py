@@ -23,11 +23,12 @@ from tests._worker_helpers import (
     drop_db,
     fresh_db,
     publish_signed,
+    read_until,
     remember,
     worker_settings,
 )
 from tests.conftest import make_settings
-from tests.observability._probe import bus, gated_memories, read_until, until
+from tests.observability._probe import bus, gated_memories, until
 
 
 @pytest.fixture
