@@ -180,6 +180,7 @@ class OrderedFollower:
         self._stale = False  # re-create the consumer (a gap)
         self._wake = asyncio.Event()
         self._watchdog: asyncio.Task[None] | None = None
+        self._stopped = False  # stop() ran: a creation finishing after it installs nothing
 
     @property
     def started(self) -> bool:
@@ -204,6 +205,7 @@ class OrderedFollower:
         """
         async with self._starting:
             if self._sub is None:
+                self._stopped = False
                 if self._policy is api.DeliverPolicy.BY_START_SEQUENCE:
                     self._resume = self._start_seq
                 elif self._policy is api.DeliverPolicy.ALL:
@@ -214,6 +216,8 @@ class OrderedFollower:
                     if is_consumer_limit(exc):
                         raise await consumer_limit_error(self._js, self.stream, self._what) from exc
                     raise start_error(exc, self.stream, self._what) from exc
+                if self._sub is None:  # stop() ran while the consumer was being created
+                    return
                 if self._policy is api.DeliverPolicy.NEW:
                     self._mark_ready()
                 self._watchdog = asyncio.get_running_loop().create_task(self._watch(), name=self._what)
@@ -251,6 +255,13 @@ class OrderedFollower:
                 self._generation += 1  # what the failed consumer may still send is ignored
             await self._unsubscribe(sub)
             raise
+        if self._stopped:
+            # stop() ran while the server was answering, and its cancel did not reach us
+            # (asyncio.wait_for in Python 3.11 returns a result that is ready instead of
+            # raising the cancel): install nothing, or the watchdog would live on.
+            self._generation += 1
+            await self._unsubscribe(sub)
+            return
         old, self._sub = self._sub, sub
         self.consumer = config.name
         self.created += 1
@@ -327,11 +338,11 @@ class OrderedFollower:
         loop = asyncio.get_running_loop()
         nc = self._nc
         delay = 0.1
-        while self._sub is not None and not nc.is_closed:
+        while not self._stopped and not nc.is_closed:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), _IDLE_HEARTBEAT)
             self._wake.clear()
-            if self._sub is None or not nc.is_connected:
+            if self._stopped or not nc.is_connected:
                 continue
             silent = loop.time() - self._heard > 2 * _IDLE_HEARTBEAT + 0.5
             if not (self._stale or silent or nc.stats["reconnects"] != self._epoch):
@@ -355,6 +366,7 @@ class OrderedFollower:
     async def stop(self) -> None:
         """Unsubscribe (idempotent). The consumer is not deleted: the server removes it
         :data:`~blackboard.client.consumers.INACTIVE_THRESHOLD` seconds later."""
+        self._stopped = True
         if self._sub is not None:
             sub, self._sub = self._sub, None
             self._generation += 1

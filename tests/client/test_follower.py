@@ -252,8 +252,49 @@ async def test_a_consumer_lost_on_the_server_is_recreated_after_missed_heartbeat
         await nc.jetstream().delete_consumer(subjects.kv_stream, f.consumer)  # an admin, or a restart
         written = await _write(nc, subjects.entry(unique, "s", "k"), b"2")  # while no consumer exists
         await seen.until(2, timeout=10)  # two missed heartbeats (2 s), then a new consumer from 2 on
-        assert f.created == 2
+        # The new consumer's first delivery may be handled before the answer to its creation.
+        await _until(lambda: f.created == 2, 5)
         assert seen.payloads == [b"1", b"2"] and seen.items[-1][2] == written
+
+
+@pytest.mark.asyncio
+async def test_stop_during_a_re_creation_whose_cancel_is_lost_leaves_nothing_running(
+        nc: NATS, settings: Settings, unique: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Python 3.11's ``asyncio.wait_for`` (under nats-py's request) returns an answer that
+    is ready instead of raising a cancel that arrives at the same time. A stop() during a
+    re-creation must still return, and the consumer created meanwhile must not be followed."""
+    from blackboard.client.consumers import create_consumer as real
+
+    answering = asyncio.Event()
+    calls = 0
+
+    async def swallowing(*args: object, **kwargs: object) -> api.ConsumerInfo:
+        nonlocal calls
+        calls += 1
+        inner = asyncio.ensure_future(real(*args, **kwargs))  # type: ignore[arg-type]
+        if calls == 1:  # the first creation, by start()
+            return await inner
+        answering.set()
+        try:
+            await asyncio.sleep(0.5)  # the server "answers" while stop() cancels
+        except asyncio.CancelledError:
+            pass  # lost, as wait_for loses it
+        return await inner
+
+    monkeypatch.setattr("blackboard.client.follower.create_consumer", swallowing)
+    subjects = Subjects(settings.board.bucket)
+    seen = Seen()
+    f = _follower(nc, settings, subjects.entry_filter(unique), seen, start="new")
+    await f.start()
+    assert f.consumer is not None
+    await nc.jetstream().delete_consumer(subjects.kv_stream, f.consumer)
+    await asyncio.wait_for(answering.wait(), 10)  # the watchdog is re-creating it
+    await asyncio.wait_for(f.stop(), 5)
+    assert not f.started
+    await _write(nc, subjects.entry(unique, "s", "k"), b"after stop")
+    await asyncio.sleep(0.5)
+    assert seen.payloads == []  # the consumer created after stop() delivers to nobody
+    assert f.created == 1
 
 
 @pytest.mark.asyncio
