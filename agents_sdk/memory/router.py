@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, Protocol, cast, runtime_checkable
 
 from agents_sdk.memory.layers import LAYERS, Layer
-from blackboard.protocol.errors import ConfigurationError
+from blackboard.client.llm import openai_client
 from blackboard.settings import LLMSettings
 
 if TYPE_CHECKING:
@@ -184,14 +184,8 @@ class LLMRouter:
         Raises:
             ConfigurationError: no ``api_key`` while pointing at api.openai.com.
         """
-        from openai import AsyncOpenAI
-
-        if llm.api_key is None and llm.base_url is None:
-            raise ConfigurationError("llm.api_key is required for the default OpenAI endpoint")
-        client = AsyncOpenAI(api_key=llm.api_key.get_secret_value() if llm.api_key is not None else "not-needed",
-                             base_url=llm.base_url or "https://api.openai.com/v1", timeout=llm.timeout,
-                             max_retries=0)
-        return cls(client, llm.model, owns_client=True, **kwargs)
+        # No retries: a failed route falls back to the rules at once.
+        return cls(openai_client(llm, max_retries=0), llm.model, owns_client=True, **kwargs)
 
     def messages(self, query: str, available: Sequence[Layer],
                  filters: Mapping[str, Any] | None) -> list[dict[str, str]]:

@@ -11,7 +11,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Final, cast
 
 from agents_sdk.memory.items import ViewItem, render_item
-from blackboard.protocol.errors import ConfigurationError, LLMError
+from blackboard.client.llm import openai_client
+from blackboard.protocol.errors import LLMError
 from blackboard.settings import LLMSettings
 
 if TYPE_CHECKING:
@@ -19,9 +20,6 @@ if TYPE_CHECKING:
 
 __all__ = ["DEFAULT_SUMMARY_INSTRUCTIONS", "OpenAISummarizer", "summary_messages"]
 
-_OPENAI_URL: Final = "https://api.openai.com/v1"
-# Local OpenAI-compatible servers ignore the key, but the client insists on one.
-_NO_KEY: Final = "not-needed"
 
 DEFAULT_SUMMARY_INSTRUCTIONS: Final = (
     "You condense an AI agent's execution history. Summarise the steps below so "
@@ -84,17 +82,7 @@ class OpenAISummarizer:
         Raises:
             ConfigurationError: no ``api_key`` while pointing at api.openai.com.
         """
-        from openai import AsyncOpenAI
-
-        if llm.api_key is None and llm.base_url is None:
-            raise ConfigurationError("llm.api_key is required for the default OpenAI endpoint")
-        client = AsyncOpenAI(
-            api_key=llm.api_key.get_secret_value() if llm.api_key is not None else _NO_KEY,
-            # Explicit, so the client never falls back to OPENAI_BASE_URL.
-            base_url=llm.base_url or _OPENAI_URL,
-            timeout=llm.timeout,
-        )
-        return cls(client, llm.model, owns_client=True, **kwargs)
+        return cls(openai_client(llm), llm.model, owns_client=True, **kwargs)
 
     async def summarize(self, items: Sequence[ViewItem]) -> str:
         """Ask the model for a summary of ``items``.

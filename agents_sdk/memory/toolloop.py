@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Final, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from agents_sdk.memory.actions import (
     ACTION_NAMES,
@@ -23,6 +23,7 @@ from agents_sdk.memory.actions import (
     parse_tool_call,
 )
 from agents_sdk.memory.prompt import ChatMessage
+from blackboard.client.llm import openai_client
 from blackboard.protocol.errors import BlackboardError, ConfigurationError, LLMError
 from blackboard.settings import LLMSettings
 
@@ -32,10 +33,6 @@ if TYPE_CHECKING:
     from agents_sdk.memory.facade import AgentMemory
 
 __all__ = ["ExtraTool", "ToolLoopResult", "run_tool_loop"]
-
-_OPENAI_URL: Final = "https://api.openai.com/v1"
-# Local OpenAI-compatible servers ignore the key, but the client insists on one.
-_NO_KEY: Final = "not-needed"
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,7 +110,7 @@ async def run_tool_loop(llm: AsyncOpenAI | LLMSettings, messages: Sequence[ChatM
         raise ConfigurationError(f"extra tools must have distinct names other than the memory actions' "
                                  f"({', '.join(clash) or 'duplicate names'})")
     if isinstance(llm, LLMSettings):
-        client, owned, model = _client(llm), True, model or llm.model
+        client, owned, model = openai_client(llm), True, model or llm.model
     else:
         client, owned = llm, False
         if not model:
@@ -182,10 +179,3 @@ def _call_dict(call: Any) -> dict[str, Any]:
             "function": {"name": getattr(fn, "name", None), "arguments": getattr(fn, "arguments", None) or "{}"}}
 
 
-def _client(llm: LLMSettings) -> AsyncOpenAI:
-    from openai import AsyncOpenAI
-
-    if llm.api_key is None and llm.base_url is None:
-        raise ConfigurationError("llm.api_key is required for the default OpenAI endpoint")
-    return AsyncOpenAI(api_key=llm.api_key.get_secret_value() if llm.api_key is not None else _NO_KEY,
-                       base_url=llm.base_url or _OPENAI_URL, timeout=llm.timeout)

@@ -16,6 +16,7 @@ import json
 import re
 from typing import TYPE_CHECKING, Any, Final, cast
 
+from blackboard.client.llm import openai_client
 from blackboard.protocol.errors import ConfigurationError, LLMError
 from blackboard.settings import LLMSettings
 
@@ -32,8 +33,6 @@ __all__ = [
     "parse_merged",
 ]
 
-#: Local OpenAI-compatible servers ignore the key, but the client insists on one.
-_NO_KEY: Final = "not-needed"
 #: Longest text of one memory sent to the model (characters).
 MAX_INPUT_CHARS: Final = 4000
 #: Most facts taken from one extraction, and the longest fact kept (characters).
@@ -166,14 +165,9 @@ class ChatModel:
         Raises:
             ConfigurationError: ``llm.base_url`` is not set (the worker uses no model then).
         """
-        from openai import AsyncOpenAI
-
         if llm.base_url is None:
             raise ConfigurationError("llm.base_url is not set: the worker uses no chat model")
-        client = AsyncOpenAI(
-            api_key=llm.api_key.get_secret_value() if llm.api_key is not None else _NO_KEY,
-            base_url=llm.base_url, timeout=llm.timeout, max_retries=2)
-        return cls(client, llm.model, owns_client=True)
+        return cls(openai_client(llm), llm.model, owns_client=True)
 
     async def complete(self, messages: list[dict[str, str]]) -> str:
         """The model's answer to ``messages``.
