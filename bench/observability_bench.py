@@ -11,8 +11,11 @@ machine hits each alike; the ratio to "off" is taken per round and the median pr
 * ingest: a worker running, ``--entries`` entries written pipelined by an agent, timed from
   the first write to the worker caught up (every entry in PostgreSQL): off, metrics on
   (the worker's Prometheus registry and its HTTP endpoint), tracing on (the writes carry the
-  trace context of a span around the pipeline; the worker makes an ingest and a commit span
-  per message), both.
+  trace context of the span around their group of ``GROUP`` writes, as an application's
+  operations would; the worker makes an ingest and a commit span per message), both.
+* ``tracing 1%``, in both: the provider samples with ``ParentBased(TraceIdRatioBased(0.01))``
+  (what ``observability.tracing_sample_ratio = 0.01`` builds): each put, each group of writes,
+  is its own trace, one in a hundred recorded, and the worker records only those.
 * the off path alone: a coroutine decorated with ``tracing.traced`` next to the same
   undecorated, tracing off (ns per call): what "off" adds to an SDK call.
 
@@ -31,6 +34,7 @@ from typing import Any
 from _common import add_bus_option, alternate, embedded_stack
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 
 from agents_sdk import Agent
 from blackboard.observability import tracing
@@ -38,6 +42,10 @@ from blackboard.settings import Settings
 from blackboard.worker import Worker
 
 AGENT = "obsbench"
+#: Pipelined writes per application span in the ingest variants (each group its own trace).
+GROUP = 30
+#: The sampled variant's ratio.
+SAMPLED = 0.01
 
 
 class _Dropping(SpanExporter):
@@ -82,10 +90,13 @@ async def run(args: argparse.Namespace) -> int:
     exporter = _Dropping()
     provider = TracerProvider()
     provider.add_span_processor(BatchSpanProcessor(exporter, max_queue_size=65536))
+    sampled = TracerProvider(sampler=ParentBased(TraceIdRatioBased(SAMPLED)))
+    sampled.add_span_processor(BatchSpanProcessor(exporter, max_queue_size=65536))
+    providers = {"tracing": provider, "sampled": sampled}
 
-    def set_tracing(on: bool) -> None:
+    def set_tracing(on: bool | str) -> None:
         if on:
-            tracing.enable(provider)
+            tracing.enable(providers["tracing" if on is True else str(on)])
         else:
             tracing.disable()
 
@@ -97,7 +108,7 @@ async def run(args: argparse.Namespace) -> int:
             for i in range(50):  # warm-up
                 await board.put("warm", f"k{i}", {"i": i})
 
-            def writes(on: bool) -> Any:
+            def writes(on: bool | str) -> Any:
                 async def go(r: int) -> float:
                     set_tracing(on)
                     try:
@@ -109,22 +120,25 @@ async def run(args: argparse.Namespace) -> int:
                         set_tracing(False)
                 return go
 
-            put_rates = await alternate(args.rounds, {"off": writes(False), "tracing": writes(True)})
+            put_rates = await alternate(args.rounds, {"off": writes(False), "tracing": writes(True),
+                                                      "tracing 1%": writes("sampled")})
 
-            def ingest(name: str, metrics: bool, traced: bool) -> Any:
+            def ingest(name: str, metrics: bool, traced: bool | str) -> Any:
                 async def go(r: int) -> float:
-                    target = agent.board(f"ing{name.replace('+', '')}{r}")
-                    async with Worker(_worker_settings(settings, f"obs{name.replace('+', '')}{r}", metrics)) as w:
+                    label = "".join(c for c in name if c.isalnum())
+                    target = agent.board(f"ing{label}{r}")
+                    async with Worker(_worker_settings(settings, f"obs{label}{r}", metrics)) as w:
                         await w.wait_caught_up(600, poll=0.02)
                         set_tracing(traced)
                         try:
                             t0 = time.perf_counter()
                             # A pipeline's puts carry the trace context of the span around them
-                            # (one span for the batch, as an application's operation would be).
-                            with tracing.span("bench batch", "producer"):
-                                async with target.pipeline() as p:
-                                    for i in range(entries_n):
-                                        await p.put("s", f"k{i}", {"i": i, "text": "y" * 100})
+                            # (one span a group of writes, as an application's operation).
+                            async with target.pipeline() as p:
+                                for start in range(0, entries_n, GROUP):
+                                    with tracing.span("bench group", "producer"):
+                                        for i in range(start, min(start + GROUP, entries_n)):
+                                            await p.put("s", f"k{i}", {"i": i, "text": "y" * 100})
                             await w.wait_caught_up(600, poll=0.02)
                             return entries_n / (time.perf_counter() - t0)
                         finally:
@@ -134,8 +148,10 @@ async def run(args: argparse.Namespace) -> int:
             await ingest("warm", True, True)(0)  # warm-up: the worker's and PostgreSQL's first batches
             ingest_rates = await alternate(args.rounds, {
                 "off": ingest("off", False, False), "metrics": ingest("metrics", True, False),
-                "tracing": ingest("tracing", False, True), "metrics+tracing": ingest("both", True, True)})
+                "tracing": ingest("tracing", False, True), "metrics+tracing": ingest("both", True, True),
+                "tracing 1%": ingest("tracing 1%", False, "sampled")})
     provider.shutdown()
+    sampled.shutdown()
 
     def ratio(rates: dict[str, list[float]], name: str) -> float:
         return statistics.median(a / b for a, b in zip(rates[name], rates["off"], strict=True))
@@ -143,10 +159,10 @@ async def run(args: argparse.Namespace) -> int:
     print(f"observability overhead ({bus.label}; {args.rounds} rounds, variants alternating; "
           f"ratio = rate / rate off, median per round)")
     print(f"board.put, one after the other ({args.writes} a round):")
-    for name in ("off", "tracing"):
+    for name in ("off", "tracing", "tracing 1%"):
         print(f"  {name:16s} {statistics.median(put_rates[name]):9.1f} writes/s   {ratio(put_rates, name):.3f}x")
     print(f"worker ingest, write {args.entries} pipelined -> all in PostgreSQL:")
-    for name in ("off", "metrics", "tracing", "metrics+tracing"):
+    for name in ("off", "metrics", "tracing", "metrics+tracing", "tracing 1%"):
         print(f"  {name:16s} {statistics.median(ingest_rates[name]):9.1f} entries/s  {ratio(ingest_rates, name):.3f}x")
     print(f"off path: a coroutine call {plain_ns:.0f} ns, decorated with tracing.traced (off) {traced_ns:.0f} ns "
           f"(+{traced_ns - plain_ns:.0f} ns a call)")

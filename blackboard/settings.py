@@ -587,6 +587,10 @@ class ObservabilitySettings(BaseModel):
     tracing_exporter: Literal["otlp", "console", "none"] = "none"
     #: The OTLP HTTP endpoint (tracing_exporter = otlp), e.g. http://127.0.0.1:4318.
     otlp_endpoint: str | None = None
+    #: The share of traces recorded (otlp and console): each trace begun in this process is
+    #: kept with this probability, and a span under a remote parent (a worker's under the
+    #: writer's) follows the parent's decision. 1.0 records every one.
+    tracing_sample_ratio: float = Field(1.0, ge=0.0, le=1.0)
     #: The ``service.name`` resource of this process's spans.
     service_name: str = "blackboard"
 

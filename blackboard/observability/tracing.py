@@ -84,7 +84,8 @@ def configure(settings: ObservabilitySettings) -> None:
 
     ``tracing_exporter``: ``otlp`` sends spans to ``otlp_endpoint`` (OTLP over HTTP, the
     ``opentelemetry-exporter-otlp-proto-http`` package), ``console`` prints them, ``none``
-    uses the tracer provider the application installed (OpenTelemetry's global one).
+    uses the tracer provider the application installed (OpenTelemetry's global one). The
+    first two sample by ``tracing_sample_ratio`` (parent-based: a remote parent decides).
     Idempotent: a process that is already tracing keeps its tracer.
 
     Raises:
@@ -116,6 +117,7 @@ def _build_provider(settings: ObservabilitySettings) -> TracerProvider:
             ConsoleSpanExporter,
             SpanExporter,
         )
+        from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
     except ImportError as exc:
         raise ConfigurationError("observability.tracing_exporter needs opentelemetry-sdk: "
                                  "pip install 'blackboard[tracing]'") from exc
@@ -131,7 +133,8 @@ def _build_provider(settings: ObservabilitySettings) -> TracerProvider:
         exporter = OTLPSpanExporter(endpoint=settings.otlp_endpoint.rstrip("/") + "/v1/traces")
     else:
         exporter = ConsoleSpanExporter()
-    provider = SdkProvider(resource=Resource.create({"service.name": settings.service_name}))
+    provider = SdkProvider(resource=Resource.create({"service.name": settings.service_name}),
+                           sampler=ParentBased(TraceIdRatioBased(settings.tracing_sample_ratio)))
     provider.add_span_processor(BatchSpanProcessor(exporter))
     return provider
 
@@ -248,7 +251,8 @@ def consumer_spans(stream: str, messages: Sequence[tuple[Mapping[str, str] | Non
     (from ``started_ns``, the batch's arrival, to now) in the writer's trace, and its child
     ``postgres commit`` (``commit_started_ns`` to ``commit_ended_ns``, the batch's
     transaction). Messages without one make no span (an untraced write starts no trace in
-    the worker). ``embeds``: the ingest span is kept as the parent of the message's
+    the worker), nor do those whose writer did not sample its trace (the writer's decision
+    holds, whatever the worker's sampler). ``embeds``: the ingest span is kept as the parent of the message's
     embedding span (:func:`embedding_spans`)."""
     tracer = _tracer
     if tracer is None:
@@ -259,8 +263,8 @@ def consumer_spans(stream: str, messages: Sequence[tuple[Mapping[str, str] | Non
     consumer, internal = _kind("consumer"), _kind("client")
     for h, seq in messages:
         parent = _extract(h)
-        if parent is None:
-            continue
+        if parent is None or not trace.get_current_span(parent).get_span_context().trace_flags.sampled:
+            continue  # the writer did not trace it, or did not sample its trace: nothing to record
         ingest = tracer.start_span(f"ingest {stream}", context=parent, kind=consumer, start_time=started_ns,
                                    attributes={"messaging.system": "nats", "messaging.operation.type": "process",
                                                "messaging.destination.name": stream,
