@@ -69,11 +69,23 @@ class TaskHost:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._reported: set[int] = set()  # ids of errors start() already raised
         self._closed = False
+        self._failed = False  # a task failed: the group cancels the others
 
     @property
     def running(self) -> bool:
         """Open and not closing (tasks can be spawned)."""
         return self._group is not None and not self._closed and not self._supervisor_done()
+
+    @property
+    def stopping(self) -> bool:
+        """:meth:`aclose` began, or a task failed: the group cancels (or has cancelled) every task.
+
+        A service's loop checks it on every turn, and after an await that may have
+        swallowed its cancel (Python 3.11's ``asyncio.wait_for``, under nats-py's
+        requests, returns a result that is ready instead of raising a cancel that
+        arrives at the same time): the cancel is then lost, this is not.
+        """
+        return self._closed or self._failed
 
     def _supervisor_done(self) -> bool:
         return self._supervisor is not None and self._supervisor.done()
@@ -122,6 +134,7 @@ class TaskHost:
         try:
             return await coro
         except Exception as exc:
+            self._failed = True
             if id(exc) not in self._reported:
                 log.error("%s: a background task failed", self.name, exc_info=exc)
             raise

@@ -144,13 +144,24 @@ class View:
                 q.put_nowait(None)
 
     async def _follow(self, status: TaskStatus[None]) -> None:
-        """Apply the watch's changes in order; report up once the snapshot is applied."""
+        """Apply the watch's changes in order; report up once the snapshot is applied.
+
+        Ends at the next change once the view's tasks stop, even if the cancel did
+        not reach it (a change callback's request may swallow it: Python 3.11's
+        ``asyncio.wait_for``); otherwise ``close()`` would wait for ever.
+        """
+        tasks = self._tasks
+        assert tasks is not None
         async with self.board.watch(self.section, self.key, start="current", hidden="remove") as watch:
             self._watch = watch
             if watch.caught_up.is_set():  # an empty snapshot
                 status.started()
             async for change in watch:
+                if tasks.stopping:
+                    return
                 await self._apply(change)
+                if tasks.stopping:
+                    return
                 if watch.caught_up.is_set():  # the snapshot's last change is applied
                     status.started()
             if not watch.caught_up.is_set():

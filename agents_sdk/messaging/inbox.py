@@ -770,12 +770,18 @@ class Inbox:
         return iter(list(self._held.values()))
 
     async def _keep_alive(self) -> None:
-        """Send in-progress for every held message well within ack_wait (no out-of-order redelivery)."""
+        """Send in-progress for every held message well within ack_wait (no out-of-order redelivery).
+
+        Ends once the reader closes even if the cancel did not reach it (Python 3.11's
+        ``asyncio.wait_for`` can swallow a cancel): ``close()`` sets ``closed`` first.
+        """
         interval = self._settings.messaging.inbox_ack_wait / 3
         nc = self._consumer._nc
-        while not nc.is_closed:
+        while not nc.is_closed and not self._closed:
             await asyncio.sleep(interval)
             for m in self._pending():
+                if self._closed:
+                    return
                 with contextlib.suppress(nats.errors.Error):
                     await m.in_progress()
 

@@ -491,3 +491,38 @@ async def test_inbox_reader_keeps_receiving_in_order_across_a_server_kill(
     # periodically), so a suffix of 0-9 can come again: at-least-once.
     assert list(dict.fromkeys(got)) == list(range(20))
     assert got[:10] == list(range(10)) and got[10:] == sorted(got[10:])
+
+
+async def test_close_while_a_keepalive_cancel_is_lost_returns(settings: Settings, unique: str,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """The reader's keepalive sends in-progress for held messages; a cancel lost in one (Python
+    3.11's ``asyncio.wait_for`` returns a result that is ready instead of raising it) must not
+    keep it going: close() returns, and no in-progress is sent after it."""
+    from nats.aio.msg import Msg
+
+    s = settings.model_copy(update={"messaging": settings.messaging.model_copy(update={"inbox_ack_wait": 1.0})})
+    entered = asyncio.Event()
+    calls = 0
+
+    async def swallowing(self: Msg) -> None:
+        nonlocal calls
+        calls += 1
+        if calls > 1:
+            return
+        entered.set()
+        try:
+            await asyncio.sleep(0.5)  # the server "answers" while close() cancels
+        except asyncio.CancelledError:
+            pass  # lost, as wait_for loses it
+
+    b_id = f"{unique}-b"
+    async with Agent.connect(f"{unique}-a", settings=s) as a, Agent.connect(b_id, settings=s) as b:
+        await a.send(b_id, "job", 1)
+        inbox = b.inbox(timeout=5)
+        msg = await inbox.__anext__()  # held, not acknowledged
+        assert msg.body == 1
+        monkeypatch.setattr(Msg, "in_progress", swallowing)
+        await asyncio.wait_for(entered.wait(), 5)  # within ack_wait / 3
+        await asyncio.wait_for(inbox.close(), 5)
+        await asyncio.sleep(1.0)  # three keepalive intervals
+        assert calls == 1

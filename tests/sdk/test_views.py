@@ -122,3 +122,32 @@ async def test_view_converges_after_server_restart(nats_factory: Callable[[], Em
         assert len(applied) == len(set(applied))  # no change applied twice
         assert applied == sorted(applied)
         await view.close()
+
+
+async def test_close_during_a_change_callback_whose_cancel_is_lost_returns(settings: Settings, unique: str) -> None:
+    """Python 3.11's ``asyncio.wait_for`` (under nats-py's requests, e.g. a board read in a
+    change callback) returns an answer that is ready instead of raising a cancel that arrives
+    at the same time. close() must still return, and the view follow nothing after it."""
+    async with Agent.connect("w", settings=settings) as w, Agent.connect("r", settings=settings) as r:
+        view = await r.board(unique).view("s")
+        entered = asyncio.Event()
+        calls = 0
+
+        async def swallowing(change: Change) -> None:
+            nonlocal calls
+            calls += 1
+            if calls > 1:
+                return
+            entered.set()
+            try:
+                await asyncio.sleep(0.5)  # a request "answered" while close() cancels
+            except asyncio.CancelledError:
+                pass  # lost, as wait_for loses it
+
+        view.on_change(swallowing)
+        await w.board(unique).put("s", "k1", 1)
+        await asyncio.wait_for(entered.wait(), 10)
+        await asyncio.wait_for(view.close(), 5)
+        await w.board(unique).put("s", "k2", 2)
+        await asyncio.sleep(0.5)
+        assert calls == 1 and ("s", "k2") not in view
