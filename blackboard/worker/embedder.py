@@ -231,12 +231,20 @@ class Embedder:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), self.settings.worker.embed_poll)
                 continue
+            if stop.is_set():  # a cancel lost in the lease (see _model): run() releases the batch
+                return
             await out.put(batch)
 
     async def _model(self, stop: asyncio.Event, inp: asyncio.Queue[_Batch], out: asyncio.Queue[_Batch]) -> None:
         while not stop.is_set():
             batch = await inp.get()
             await self._embed(batch)
+            if stop.is_set():
+                # The cancel that came with ``stop`` may have been lost in the model's call
+                # (Python 3.11's wait_for returns a result that is ready instead of raising
+                # it): the writers are gone, a full queue would keep this waiting for ever.
+                # run() gives the batch's leases back.
+                return
             await out.put(batch)
 
     async def _write_loop(self, stop: asyncio.Event, inp: asyncio.Queue[_Batch]) -> None:

@@ -374,6 +374,12 @@ class IngestLoop:
                 self.stats.last_error = repr(exc)
                 await asyncio.sleep(0.2)
                 continue
+            if stop.is_set():
+                # The cancel that came with ``stop`` may have been lost in the fetch (Python
+                # 3.11's wait_for returns a result that is ready instead of raising it): the
+                # writers are gone, a full queue would keep this waiting for ever. The batch
+                # is not acknowledged: it is redelivered.
+                return
             if self._fetcher.last_error is not None:
                 status, desc = self._fetcher.last_error
                 self.stats.last_error = f"pull request ended with {status} {desc}"

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 
 import msgpack
 import psycopg
@@ -271,3 +272,58 @@ async def test_a_vector_holding_nan_leaves_its_item_unembedded_and_the_embedder_
     assert all(n == pytest.approx(1.0, abs=1e-5) for n in rows.values())  # stored at unit length
     assert first == (1, 2)
     assert _rows(s, "SELECT count(*) FROM bb_embed_queue") == [(0,)]  # the poisoned item is not retried
+
+
+async def test_a_stop_whose_cancel_is_lost_in_a_fetch_ends_the_loop_when_its_queue_is_full(
+        settings: Settings, unique: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Python 3.11's ``asyncio.wait_for`` (under the fetch) returns the batch that is ready
+    instead of raising a cancel that arrives at the same time. With every writer busy and a
+    batch waiting in the queue, the fetch loop must see ``stop`` rather than wait for ever
+    to hand its batch to writers that were cancelled."""
+    from blackboard.worker.entries import entry_handler
+    from blackboard.worker.ingest import IngestLoop
+
+    s = _worker_settings(settings, unique)
+    loop = IngestLoop(entry_handler(s), cast(Any, None), cast(Any, None), s)
+    swallow_at = loop.writers + 2  # a batch for each writer, one waiting in the queue, then this one
+    entered = asyncio.Event()
+    calls = 0
+
+    class Fetcher:
+        last_error = None
+
+        async def fetch(self, batch: int, wait: float) -> list[object]:
+            nonlocal calls
+            calls += 1
+            if calls == swallow_at:
+                entered.set()
+                try:
+                    await asyncio.sleep(0.5)  # the batch "arrives" while stop() cancels
+                except asyncio.CancelledError:
+                    pass  # lost, as wait_for loses it
+            elif calls > swallow_at:
+                await asyncio.sleep(wait)
+                return []
+            return [object()]
+
+    async def writing(msgs: object, stop: object = None, slot: object = None) -> bool:
+        await asyncio.Event().wait()  # each writer is busy with its batch when stop() comes
+        return True
+
+    loop._fetcher = cast(Any, Fetcher())
+    monkeypatch.setattr(loop, "process", writing)
+    stop = asyncio.Event()
+    task = asyncio.create_task(loop.run(stop))
+    try:
+        await asyncio.wait_for(entered.wait(), 5)
+        stop.set()  # as Worker.stop: the flag, then the cancel
+        task.cancel()
+        done, _ = await asyncio.wait([task], timeout=5)
+        assert done, "the ingest loop did not end after stop"
+        assert task.cancelled() and calls == swallow_at
+    finally:
+        for t in asyncio.all_tasks():  # (only when it failed) the fetch loop stuck on the queue
+            if t.get_name() == f"{loop.durable} fetch":
+                t.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
