@@ -186,9 +186,10 @@ class Embedder:
         embedded: asyncio.Queue[_Batch] = asyncio.Queue(maxsize=self._writers)
         try:
             await run_until_stopped(stop, {
-                "embed feed": self._feed(stop, loaded),
-                **{f"embed model {i}": self._model(stop, loaded, embedded) for i in range(self._model_batches)},
-                **{f"embed write {i}": self._write_loop(stop, embedded) for i in range(self._writers)},
+                "embed feed": lambda halt: self._feed(halt, loaded),
+                **{f"embed model {i}": lambda halt: self._model(halt, loaded, embedded)
+                   for i in range(self._model_batches)},
+                **{f"embed write {i}": lambda halt: self._write_loop(halt, embedded) for i in range(self._writers)},
             })
         finally:
             # The owner cancels this task right after setting ``stop``: finish

@@ -412,8 +412,8 @@ class IngestLoop:
             await self.setup()
         queue: asyncio.Queue[list[Msg]] = asyncio.Queue(maxsize=1)
         await run_until_stopped(stop, {
-            f"{self.durable} fetch": self._fetch_loop(stop, queue),
-            **{f"{self.durable} write {i}": self._write_loop(stop, queue) for i in range(self.writers)},
+            f"{self.durable} fetch": lambda halt: self._fetch_loop(halt, queue),
+            **{f"{self.durable} write {i}": lambda halt: self._write_loop(halt, queue) for i in range(self.writers)},
         })
 
     def decode(self, msgs: Sequence[Msg]) -> tuple[list[tuple[Msg, Any]], list[DeadLetter], list[Signed | None]]:

@@ -327,3 +327,50 @@ async def test_a_stop_whose_cancel_is_lost_in_a_fetch_ends_the_loop_when_its_que
                 t.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+
+
+async def test_a_writer_failing_while_the_fetch_loses_its_cancel_ends_the_loop(
+        settings: Settings, unique: str) -> None:
+    """A writer's failure cancels the fetch loop without ``stop``: a cancel lost in its fetch
+    (Python 3.11's ``asyncio.wait_for``) must still end it, and ``run`` raise the failure."""
+    from blackboard.worker.entries import entry_handler
+    from blackboard.worker.ingest import IngestLoop
+
+    s = _worker_settings(settings, unique)
+    loop = IngestLoop(entry_handler(s), cast(Any, None), cast(Any, None), s)
+    entered = asyncio.Event()
+    calls = 0
+
+    class Fetcher:
+        last_error = None
+
+        async def fetch(self, batch: int, wait: float) -> list[object]:
+            nonlocal calls
+            calls += 1
+            if calls == 2:
+                entered.set()
+                try:
+                    await asyncio.sleep(0.5)  # the batch "arrives" while the group cancels
+                except asyncio.CancelledError:
+                    pass  # lost, as wait_for loses it
+            elif calls > 2:
+                await asyncio.sleep(wait)
+            return [object()] if calls <= 2 else []
+
+    async def failing(msgs: object, stop: object = None, slot: object = None) -> bool:
+        await entered.wait()
+        raise RuntimeError("a bug in a writer")
+
+    loop._fetcher = cast(Any, Fetcher())
+    loop.process = failing  # type: ignore[method-assign]
+    task = asyncio.create_task(loop.run(asyncio.Event()))
+    try:
+        done, _ = await asyncio.wait([task], timeout=5)
+        assert done, "the ingest loop did not end after its writer failed"
+        assert isinstance(task.exception(), RuntimeError) and calls == 2
+    finally:
+        for t in asyncio.all_tasks():  # (only when it failed) the fetch loop fetching on
+            if t.get_name() == f"{loop.durable} fetch":
+                t.cancel()
+        with contextlib.suppress(asyncio.CancelledError, RuntimeError):
+            await task
