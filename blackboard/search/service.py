@@ -272,12 +272,15 @@ class SearchService:
                         self._group = group
                         await self._register()
                         flusher = group.create_task(self._flush_loop(), name="search flusher")
-                        recorder = group.create_task(access.run(), name="search access recorder")
+                        recorder = group.create_task(access.run(self._closing), name="search access recorder")
                         if not ready.done():
                             ready.set_result(None)
                         try:
                             await self._closing.wait()
                         finally:
+                            # Set before the cancels (this task may itself have been cancelled): the
+                            # loops end on it even if a cancel is lost (Python 3.11's wait_for).
+                            self._closing.set()
                             flusher.cancel()
                             recorder.cancel()  # after one last flush of the recall hits noted
                             await self._unregister()
@@ -442,7 +445,7 @@ class SearchService:
                 await request.respond(body, headers=headers)
 
     async def _flush_loop(self) -> None:
-        while True:
+        while not self._closing.is_set():
             await asyncio.sleep(1.0)
             if self.engine is None:
                 continue

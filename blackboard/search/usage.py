@@ -83,11 +83,16 @@ class AccessRecorder:
         self.written += n
         return n
 
-    async def run(self) -> None:
+    async def run(self, stop: asyncio.Event | None = None) -> None:
         """Flush every ``interval`` seconds until cancelled, then once more (what was noted
-        before the cancellation is written)."""
+        before the cancellation is written).
+
+        ``stop``, set before the cancel, ends the loop at its next turn even if the cancel
+        was lost in a flush (Python 3.11's ``asyncio.wait_for``, under psycopg's waits,
+        returns a result that is ready instead of raising a cancel that arrives with it).
+        """
         try:
-            while True:
+            while stop is None or not stop.is_set():
                 await asyncio.sleep(self.interval)
                 try:
                     await self.flush()

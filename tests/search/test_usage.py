@@ -3,6 +3,7 @@ statement per flush; a failed flush keeps them; last_accessed never moves back."
 
 from __future__ import annotations
 
+import asyncio
 from datetime import UTC, datetime, timedelta
 
 import psycopg
@@ -77,3 +78,46 @@ async def test_a_failed_flush_keeps_the_hits_for_the_next(pg_settings: Settings,
         assert recorder.pending == 3  # ... and keeps them: the next flush writes all three
         assert await recorder.flush() == 3
     assert _usage(pg_settings, unique)[a][0] == 3
+
+
+async def test_the_search_service_stops_when_a_flush_loses_its_cancel(
+        pg_settings: Settings, unique: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Python 3.11's ``asyncio.wait_for`` (under psycopg's waits) returns a result that is
+    ready instead of raising a cancel that arrives with it: the recorder's loop must still
+    end, and the service's stop() return."""
+    from blackboard.client.connection import connect_nats
+    from blackboard.search.service import SearchService
+    from tests._worker_helpers import HashProvider, worker_settings
+
+    class _Nobody:
+        def rights(self, principal: str) -> None:
+            return None
+
+    entered = asyncio.Event()
+    calls = 0
+
+    async def swallowing(self: AccessRecorder) -> int:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            entered.set()
+            try:
+                await asyncio.sleep(0.5)  # PostgreSQL "answers" while stop() cancels
+            except asyncio.CancelledError:
+                pass  # lost, as wait_for loses it
+        return 0
+
+    monkeypatch.setattr(AccessRecorder, "flush", swallowing)
+    s = worker_settings(pg_settings, name=f"w{unique}")
+    s = s.model_copy(update={"memory": s.memory.model_copy(update={"access_flush_interval": 0.05})})
+    nc = await connect_nats(s.nats, name="test-usage")
+    try:
+        service = SearchService(nc, s, provider=HashProvider(), rights=_Nobody())
+        await service.start()
+        await asyncio.wait_for(entered.wait(), 5)
+        await asyncio.wait_for(service.stop(), 5)
+        flushed = calls
+        await asyncio.sleep(0.3)
+        assert calls == flushed  # nothing flushes on after stop()
+    finally:
+        await nc.close()
