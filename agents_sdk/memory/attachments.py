@@ -18,6 +18,7 @@ and are closed by :meth:`Attachments.close`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -425,6 +426,10 @@ class Attachments(Mapping[str, Attachment]):
         for name, task in started.items():
             if not task.done():
                 task.cancel()
+                # A start whose cancel was lost (Python 3.11's wait_for) runs on: closing the
+                # store before it ends would leave the watcher it then starts running.
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
             store = self._catalog.made.get(name)
             if store is not None:
                 try:

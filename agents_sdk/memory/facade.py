@@ -734,7 +734,9 @@ class AgentMemory:
 
     async def _auto_prune(self) -> None:
         interval = self.settings.auto_prune_interval
-        while True:
+        # close() sets _closed before its cancel: a cancel lost in a prune's requests
+        # (Python 3.11's wait_for returns a ready answer instead of raising it) ends the loop here.
+        while not self._closed:
             await asyncio.sleep(interval)
             try:
                 await self.prune(layer="long_term", strategy=self.settings.auto_prune_strategy,

@@ -167,7 +167,9 @@ class FileStore:
                 await task
 
     async def _watch(self) -> None:
-        while True:
+        # close() clears _started before its cancel: a cancel lost in a refresh (Python 3.11's
+        # wait_for returns a ready result instead of raising it) ends the loop at its next turn.
+        while self._started:
             await asyncio.sleep(self.options.interval)
             try:
                 await self.refresh()

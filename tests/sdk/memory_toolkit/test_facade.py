@@ -318,3 +318,33 @@ async def test_the_shared_layer_reads_the_boards_the_agent_joined(
         hits = await fresh.search(f"{unique} heron", layers=["shared"], mode="keyword")
         assert [(h.id, h.layer, h.source) for h in hits] == [(theirs, "shared", team)]
         await fresh.close()
+
+
+async def test_close_while_an_automatic_prune_loses_its_cancel_returns(
+        settings: Settings, unique: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A prune's requests may swallow close()'s cancel (Python 3.11's ``asyncio.wait_for``
+    returns a ready answer instead of raising it): the loop must still end, and close() return."""
+    entered = asyncio.Event()
+    calls = 0
+
+    async def swallowing(**kwargs: Any) -> None:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            entered.set()
+            try:
+                await asyncio.sleep(0.5)  # the server "answers" while close() cancels
+            except asyncio.CancelledError:
+                pass  # lost, as wait_for loses it
+
+    async with Agent.connect(f"{unique}-a", settings=with_memory(settings, auto_prune_interval=0.05)) as agent:
+        memory = agent.memory
+        monkeypatch.setattr(memory, "prune", swallowing)
+        await memory.write("a note", layer="working", key="k")  # starts the automatic prune
+        await asyncio.wait_for(entered.wait(), 5)
+        # not wait_for: it would cancel close(), which ends the loop and returns (its cancel suppressed)
+        done, _ = await asyncio.wait([asyncio.ensure_future(memory.close())], timeout=5)
+        assert done, "close() did not return"
+        pruned = calls
+        await asyncio.sleep(0.3)
+        assert calls == pruned  # no prune after close()

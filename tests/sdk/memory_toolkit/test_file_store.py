@@ -151,3 +151,35 @@ async def test_a_restarted_store_resends_only_what_changed_while_it_was_stopped(
         (docs / "a.md").write_bytes(b"\xff binary now")  # an indexed file that is no longer text
         gone = await again.refresh()
         assert gone.deleted == [str((docs / "a.md").resolve())] and await again.search("finch", 3, 0.0) == []
+
+
+async def test_close_while_a_watcher_refresh_loses_its_cancel_returns(
+        settings: Settings, unique: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A refresh's requests may swallow close()'s cancel (Python 3.11's ``asyncio.wait_for``
+    returns a ready answer instead of raising it): the watcher must still end, and close() return."""
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    entered = asyncio.Event()
+    calls = 0
+
+    async def swallowing() -> None:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            entered.set()
+            try:
+                await asyncio.sleep(0.5)  # the server "answers" while close() cancels
+            except asyncio.CancelledError:
+                pass  # lost, as wait_for loses it
+
+    async with Agent.connect(f"{unique}-a", settings=settings) as agent:
+        store = FileStore(agent, "watched", FileOptions(paths=[docs], board=unique, interval=0.05, mode="keyword"))
+        await store.start()
+        monkeypatch.setattr(store, "refresh", swallowing)  # the watcher's refreshes from now on
+        await asyncio.wait_for(entered.wait(), 5)
+        # not wait_for: it would cancel close(), which ends the loop and returns (its cancel suppressed)
+        done, _ = await asyncio.wait([asyncio.ensure_future(store.close())], timeout=5)
+        assert done, "close() did not return"
+        refreshed = calls
+        await asyncio.sleep(0.3)
+        assert calls == refreshed  # no refresh after close()
