@@ -10,6 +10,17 @@ key's next revision, history, listings and watches use consumers created
 through the named API subject with their one filter in it
 (:mod:`blackboard.client.consumers`): the forms an agent's permissions allow.
 
+**Read-your-writes.** A latest-value read (:meth:`BoardStore.get`,
+:meth:`BoardStore.latest_revision`, a create's read of a tombstone) returns a
+revision at least as new as anything this store wrote or read of that key
+(:mod:`blackboard.client.revisions`, bounded). In a replicated stream any
+replica answers a direct get; when one that is behind answers older (or 404),
+the store asks again after short pauses, then reads from the known revision
+with a one-shot consumer, within ``nats.request_timeout``
+(:class:`OperationTimeoutError` saying the replicas lag behind that revision);
+each such read is counted in :attr:`BoardStore.stale_reads`. A current answer,
+the normal case, costs the one direct get.
+
 **Signatures** (docs/security.md, "Signatures"). With its connection's
 :class:`~blackboard.client.signing.Signing`, every write is signed: the payload
 is the entry's canonical encoding (JSON text with ``encoding="json"``, its
@@ -47,6 +58,7 @@ from blackboard.client.consumers import read_first
 from blackboard.client.expiry import ExpiryTimer
 from blackboard.client.follower import OrderedFollower, StartPosition
 from blackboard.client.publisher import RETRYABLE, Publisher, Sign
+from blackboard.client.revisions import SeenRevisions
 from blackboard.client.signing import Signing, signing_of
 from blackboard.protocol import codec
 from blackboard.protocol.entries import (
@@ -107,6 +119,18 @@ _EXPIRED_REMEMBERED = 10_000
 _SEQ_RE = re.compile(r"(\d+)\s*$")
 _SIG_KEY = Header.SIG_KEY.value
 _MARKER_REASON = Header.MARKER_REASON.value
+_MSG_TTL = Header.MSG_TTL.value
+_STATUS = Header.STATUS.value
+_SEQUENCE = Header.SEQUENCE.value
+_TIMESTAMP = Header.TIMESTAMP.value
+#: Pauses before a latest-value read asks again when a replica answered older than what this
+#: store wrote or read of the key (a follower applies a write within milliseconds).
+_STALE_PAUSES = (0.005, 0.02)
+#: The pause between one-shot reads from the known revision while nothing is there yet.
+_STALE_POLL = 0.05
+
+#: A stored message as the readers take it: revision, payload, headers, the server's time.
+_Stored = tuple[int, bytes | None, Mapping[str, str], datetime | None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,6 +216,15 @@ class BoardStore:
         self.hidden = 0
         #: The stream places expiry markers (unsigned: the server writes them), which readers take.
         self._markers = settings.board.expiry_marker_ttl > 0
+        #: The highest revision of each key this store wrote or read (read-your-writes).
+        self._seen = SeenRevisions()
+        self._stale_reads = 0
+
+    @property
+    def stale_reads(self) -> int:
+        """Latest-value reads whose direct get answered older than a revision this store had
+        written or read of the key (a replica behind), read again until at least that revision."""
+        return self._stale_reads
 
     # ------------------------------------------------------------------ writes
     def _msg_id(self) -> str:
@@ -260,7 +293,21 @@ class BoardStore:
                                             what=f"write to {prep.key!r}",
                                             map_api_error=lambda exc: self._map_api_error(exc, prep),
                                             stream=self.subjects.kv_stream, resend=resend, sign=self._sign(prep))
+        self._wrote(prep, ack.seq)
         return ack.seq
+
+    def _wrote(self, prep: _Prepared, revision: int) -> None:
+        """Remember an acknowledged write: this store's latest-value reads of its key return it
+        or a later revision (an expiring one only until its TTL has run out)."""
+        ttl = prep.headers.get(_MSG_TTL)
+        seconds = parse_ttl(ttl) if ttl is not None else None
+        expires_at = None if seconds is None else asyncio.get_running_loop().time() + seconds
+        self._seen.wrote(prep.subject, revision, expires_at)
+
+    def _acked(self, prep: _Prepared, fut: asyncio.Future[int]) -> None:
+        """A pipelined write's ack came (its future's done callback): remember its revision."""
+        if not fut.cancelled() and fut.exception() is None:
+            self._wrote(prep, fut.result())
 
     def _map_api_error(self, exc: nats.js.errors.APIError, prep: _Prepared) -> BlackboardError:
         if exc.err_code == _WRONG_LAST_SEQ:
@@ -476,46 +523,139 @@ class BoardStore:
         key = headers.get(_SIG_KEY) if headers else None
         return key is not None and self._verifier is not None and self._verifier.keys.revoked_at(key) is not None
 
+    async def _direct_get(self, subject: str, what: str) -> Msg:
+        """The direct get of ``subject``'s last message: the one place this store sends one
+        (``$JS.API.DIRECT.GET.<stream>.<subject>``, no body; any replica may answer)."""
+        return await self._request(f"{self._direct_prefix}.{subject}", b"", what)
+
     @staticmethod
-    def _check_direct(msg: Msg, what: str) -> None:
-        """Raise for a direct get's status reply (404 or an error)."""
+    def _answered(msg: Msg, what: str) -> _Stored | None:
+        """A direct get's answer: the stored message, or ``None`` for 404 (no message).
+
+        Raises:
+            TransportError: another status (an error).
+        """
         headers = msg.headers or {}
-        status = headers.get(Header.STATUS.value)
+        status = headers.get(_STATUS)
         if status:
             if status == "404":
-                raise NotFoundError(what)
+                return None
             raise TransportError(f"direct get of {what!r} failed: {status} {headers.get('Description', '')}")
+        return int(headers[_SEQUENCE]), msg.data, headers, parse_server_time(headers.get(_TIMESTAMP))
+
+    @staticmethod
+    def _delivered(msg: Msg) -> _Stored:
+        """A consumer's delivery as a stored message (the revision and exact server time from its
+        reply subject, as a direct get's headers give them)."""
+        _, revision, stored_at = Subjects.parse_ack(msg.reply)
+        return revision, msg.data, msg.headers or {}, stored_at
+
+    def _held(self, subject: str, stored: _Stored) -> None:
+        """Remember a latest-value read's revision, unless it expires (``Nats-TTL``, a server
+        expiry marker): after that the server serves the key's previous revision again."""
+        headers = stored[2]
+        if _MSG_TTL not in headers and _MARKER_REASON not in headers:
+            self._seen.saw(subject, stored[0])
+
+    async def _last(self, subject: str, what: str) -> _Stored | None:
+        """The key's last stored message (``None``: it has none), never older than a revision
+        this store wrote or read of it (read-your-writes, monotonic reads).
+
+        One direct get when its answer is current (the normal case, and always on one
+        server). When a replica that has not applied a known revision yet answers (older, or
+        404), :meth:`_catch_up` reads again.
+
+        Raises:
+            OperationTimeoutError: the replicas did not reach the known revision in time.
+            NotConnectedError, TransportError: the read failed.
+        """
+        got = self._answered(await self._direct_get(subject, what), what)
+        known = self._seen.revisions.get(subject)
+        if known is not None and (got is None or got[0] < known):
+            got = await self._catch_up(subject, known, got, what)
+        elif got is not None and (known is None or got[0] > known):
+            self._held(subject, got)
+        return got
+
+    async def _catch_up(self, subject: str, known: int, got: _Stored | None, what: str) -> _Stored | None:
+        """A latest-value read whose direct get answered older than ``known`` (or nothing): the
+        direct get again after short pauses, then a one-shot consumer from ``known`` (it waits
+        for the first message at or after it), until ``nats.request_timeout``.
+
+        An expiring write whose TTL has run out is no longer insisted on: ``got`` is the key's
+        state then. After a timeout ``known`` is forgotten (a stream made again from scratch
+        starts its revisions at 1 again: the key must not stay unreadable).
+
+        Raises:
+            OperationTimeoutError: nothing at or after ``known`` within the request timeout.
+        """
+        self._stale_reads += 1
+        log.debug("direct get of %s answered revision %s, older than revision %d this store wrote or read: "
+                  "reading again", what, None if got is None else got[0], known)
+        loop = asyncio.get_running_loop()
+        timeout = self._settings.nats.request_timeout
+        deadline = loop.time() + timeout
+        seen = self._seen
+        pauses = iter(_STALE_PAUSES)
+        while True:
+            if seen.expired(subject, loop.time()):
+                seen.forget(subject)
+                return got
+            pause = next(pauses, None)
+            if pause is None:  # the direct gets did not catch up: read from the known revision on
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    break
+                try:
+                    first = await read_first(self._nc, self._js, self._stream, subject, known,
+                                             timeout=remaining, what=f"read {what} from revision {known}")
+                except OperationTimeoutError as exc:
+                    raise self._lagging(subject, known, what, timeout) from exc
+                if first is not None:
+                    stored = self._delivered(first)
+                    log.debug("read %s at revision %d through a consumer", what, stored[0])
+                    self._held(subject, stored)
+                    return stored
+                pause = min(_STALE_POLL, max(0.0, deadline - loop.time()))
+            await asyncio.sleep(pause)
+            got = self._answered(await self._direct_get(subject, what), what)
+            if got is not None and got[0] >= known:
+                self._held(subject, got)
+                return got
+            if loop.time() >= deadline:
+                break
+        raise self._lagging(subject, known, what, timeout)
+
+    def _lagging(self, subject: str, known: int, what: str, timeout: float) -> OperationTimeoutError:
+        self._seen.forget(subject)
+        return OperationTimeoutError(f"reading {what}: the replicas lag behind revision {known} (written or read "
+                                     f"by this client): it did not arrive within {timeout:g}s")
 
     async def _get_raw(self, board: str, section: str, key: str) -> Entry:
         """The key's last revision, decoded, its signature not checked (what a write reads to
         compare-and-set on a tombstone)."""
         subject = self.subjects.entry(board, section, key)  # validates the names
         what = f"{board}.{section}.{key}"
-        msg = await self._request(f"{self._direct_prefix}.{subject}", b"", what)
-        self._check_direct(msg, what)
-        headers = msg.headers or {}
-        return decode_entry(KeyParts(board, section, key), int(headers[Header.SEQUENCE.value]), msg.data, headers,
-                            parse_server_time(headers.get(Header.TIMESTAMP.value)))
+        got = await self._last(subject, what)
+        if got is None:
+            raise NotFoundError(what)
+        revision, data, headers, stored_at = got
+        return decode_entry(KeyParts(board, section, key), revision, data, headers, stored_at)
 
     async def _get_latest(self, parts: KeyParts, subject: str, what: str) -> tuple[Entry, Mapping[str, str]]:
         """The key's last revision, decoded and verified, and its headers."""
-        msg = await self._request(f"{self._direct_prefix}.{subject}", b"", what)
-        self._check_direct(msg, what)
-        headers = msg.headers or {}
-        entry = await self._read(parts, int(headers[Header.SEQUENCE.value]), subject, msg.data, headers,
-                                 parse_server_time(headers.get(Header.TIMESTAMP.value)))
-        return entry, headers
+        got = await self._last(subject, what)
+        if got is None:
+            raise NotFoundError(what)
+        revision, data, headers, stored_at = got
+        return await self._read(parts, revision, subject, data, headers, stored_at), headers
 
     async def latest_revision(self, board: str, section: str, key: str) -> int:
-        """The revision of the key's last write (a delete included), 0 if it has none."""
+        """The revision of the key's last write (a delete included), 0 if it has none; never
+        older than a revision this store wrote or read of it."""
         subject = self.subjects.entry(board, section, key)
-        what = f"{board}.{section}.{key}"
-        msg = await self._request(Subjects.direct_get(self.subjects.kv_stream, subject), b"", what)
-        headers = msg.headers or {}
-        if headers.get(Header.STATUS.value) == "404":
-            return 0
-        self._check_direct(msg, what)
-        return int(headers[Header.SEQUENCE.value])
+        got = await self._last(subject, f"{board}.{section}.{key}")
+        return 0 if got is None else got[0]
 
     async def _read_first(self, subject: str, start: int, what: str) -> Msg | None:
         """The first stored message on ``subject`` from revision ``start`` on (a one-shot
@@ -526,9 +666,9 @@ class BoardStore:
     async def _entry_from_delivery(self, msg: Msg) -> Entry:
         """A consumer's delivery as an entry, verified (the revision and exact server time from
         its reply subject, as a direct get's headers give them)."""
-        _, revision, stored_at = Subjects.parse_ack(msg.reply)
-        return await self._read(self.subjects.parse_entry(msg.subject), revision, msg.subject, msg.data,
-                                msg.headers, stored_at)
+        revision, data, headers, stored_at = self._delivered(msg)
+        return await self._read(self.subjects.parse_entry(msg.subject), revision, msg.subject, data, headers,
+                                stored_at)
 
     async def next_revision(self, board: str, section: str, key: str, after: int) -> tuple[int, Entry | None] | None:
         """The key's first revision after ``after`` and its entry (``None`` when that
@@ -703,15 +843,12 @@ class BoardStore:
         one consumer (its keys' latest revisions, stopping at the first live one)."""
         for parts in keys[:_DIRECT_CHECKS]:
             subject = self.subjects.entry(parts.board, parts.section, parts.key)
-            what = f"{parts.board}.{parts.section}.{parts.key}"
-            msg = await self._request(f"{self._direct_prefix}.{subject}", b"", what)
-            headers = msg.headers or {}
-            if headers.get(Header.STATUS.value) == "404":
+            got = await self._last(subject, f"{parts.board}.{parts.section}.{parts.key}")
+            if got is None:
                 continue  # gone since the listing
-            self._check_direct(msg, what)
+            revision, data, headers, stored_at = got
             try:
-                entry = await self._read(parts, int(headers[Header.SEQUENCE.value]), subject, msg.data, headers,
-                                         parse_server_time(headers.get(Header.TIMESTAMP.value)))
+                entry = await self._read(parts, revision, subject, data, headers, stored_at)
             except (InvalidKeyError, InvalidPayloadError):
                 continue  # not a readable entry: not live
             if entry.operation is Operation.PUT and self.shows(entry.verdict):
@@ -1156,6 +1293,7 @@ class Pipeline:
             raise NotConnectedError("the NATS connection is closed") from exc
         except nats.errors.MaxPayloadError as exc:
             raise PayloadTooLargeError(len(prep.payload), store._nc.max_payload) from exc
+        fut.add_done_callback(functools.partial(store._acked, prep))  # read-your-writes
         self._sent.append((prep, fut))
         return fut
 
