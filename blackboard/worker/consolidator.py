@@ -49,6 +49,7 @@ from blackboard.db.spaces import Space
 from blackboard.protocol.errors import BlackboardError, LLMError
 from blackboard.protocol.schemas.provenance import SourceRef
 from blackboard.settings import Settings
+from blackboard.worker._tasks import first_of
 from blackboard.worker.derived import DerivedPublisher, MemoryVersion, fact_records, merge_record
 from blackboard.worker.llm import ChatModel
 
@@ -163,8 +164,8 @@ class Consolidator:
                 taken = 0
             if taken >= _BATCH:
                 continue
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), interval)
+            with contextlib.suppress(TimeoutError):  # stop too: a lost cancel ends this at once
+                await asyncio.wait_for(first_of(stop, self._wake), interval)
 
     async def consolidate_once(self) -> int:
         """One pass over up to a batch of queued memories. Returns how many it took."""

@@ -19,6 +19,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from blackboard.db import ingest_sql as q
 from blackboard.settings import Settings
+from blackboard.worker._tasks import first_of
 from blackboard.worker.ingest import RETRYABLE, backoff_delays, error_line
 
 __all__ = ["EmbedInbox"]
@@ -84,5 +85,5 @@ class EmbedInbox:
                     await asyncio.wait_for(stop.wait(), wait)
                 continue
             delay = backoff_delays(0.05, self._settings.worker.max_backoff)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self._settings.worker.embed_poll)
+            with contextlib.suppress(TimeoutError):  # stop too: a lost cancel ends this at once
+                await asyncio.wait_for(first_of(stop, self._wake), self._settings.worker.embed_poll)

@@ -43,7 +43,7 @@ from blackboard.observability import tracing
 from blackboard.protocol.errors import EmbeddingError
 from blackboard.protocol.subjects import MEMORY_STREAM, Subjects
 from blackboard.settings import Settings
-from blackboard.worker._tasks import run_until_stopped
+from blackboard.worker._tasks import first_of, run_until_stopped
 from blackboard.worker.embed_text import MAX_EMBED_CHARS, memory_embed_text
 
 __all__ = ["EmbedStats", "Embedder", "EmbeddingProvider", "load_provider", "memory_embed_text",
@@ -229,8 +229,8 @@ class Embedder:
                 batch = None
             if batch is None:
                 self._wake.clear()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), self.settings.worker.embed_poll)
+                with contextlib.suppress(TimeoutError):  # stop too: a lost cancel ends this at once
+                    await asyncio.wait_for(first_of(stop, self._wake), self.settings.worker.embed_poll)
                 continue
             if stop.is_set():  # a cancel lost in the lease (see _model): run() releases the batch
                 return
