@@ -79,6 +79,43 @@ async def test_a_failure_after_start_cancels_the_siblings_and_is_raised_by_close
         await host.aclose()
 
 
+async def test_stopping_is_set_before_a_failure_cancels_the_siblings() -> None:
+    """A sibling whose cancel is lost (Python 3.11's ``asyncio.wait_for`` returns a result
+    that is ready instead of raising it) ends its loop on ``stopping``; close() then returns."""
+    fail = asyncio.Event()
+    entered = asyncio.Event()
+    turns = 0
+
+    async def sibling(host: TaskHost) -> None:
+        nonlocal turns
+        while not host.stopping:
+            turns += 1
+            if turns == 1:
+                entered.set()
+                try:
+                    await asyncio.sleep(0.5)  # an answer "arrives" while the group cancels
+                except asyncio.CancelledError:
+                    pass  # lost, as wait_for loses it
+            else:
+                await asyncio.sleep(0.01)
+
+    async def failing() -> None:
+        await fail.wait()
+        raise KeyError("lost")
+
+    host = await TaskHost("test").open()
+    task = host.spawn(sibling(host))
+    host.spawn(failing())
+    await asyncio.wait_for(entered.wait(), 5)
+    assert not host.stopping
+    fail.set()
+    done, _ = await asyncio.wait([task], timeout=5)
+    assert done, "the sibling ran on after the failure"
+    assert host.stopping and turns == 1
+    with pytest.raises(KeyError, match="lost"):
+        await host.aclose()
+
+
 async def test_spawn_needs_an_open_host() -> None:
     host = TaskHost("test")
     with pytest.raises(NotConnectedError):
