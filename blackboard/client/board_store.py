@@ -54,7 +54,7 @@ import nats.js.errors
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
-from blackboard.client.consumers import read_first
+from blackboard.client.consumers import STALE_PAUSES, read_first
 from blackboard.client.expiry import ExpiryTimer
 from blackboard.client.follower import OrderedFollower, StartPosition
 from blackboard.client.publisher import RETRYABLE, Publisher, Sign
@@ -123,9 +123,6 @@ _MSG_TTL = Header.MSG_TTL.value
 _STATUS = Header.STATUS.value
 _SEQUENCE = Header.SEQUENCE.value
 _TIMESTAMP = Header.TIMESTAMP.value
-#: Pauses before a latest-value read asks again when a replica answered older than what this
-#: store wrote or read of the key (a follower applies a write within milliseconds).
-_STALE_PAUSES = (0.005, 0.02)
 #: The pause between one-shot reads from the known revision while nothing is there yet.
 _STALE_POLL = 0.05
 
@@ -596,7 +593,7 @@ class BoardStore:
         timeout = self._settings.nats.request_timeout
         deadline = loop.time() + timeout
         seen = self._seen
-        pauses = iter(_STALE_PAUSES)
+        pauses = iter(STALE_PAUSES)
         while True:
             if seen.expired(subject, loop.time()):
                 seen.forget(subject)

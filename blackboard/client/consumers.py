@@ -20,7 +20,9 @@ then it still counts against the consumer limit.
 subject from a stream sequence on (a revision of a key, the outcome of a
 re-sent compare-and-set write) with a one-shot consumer: a body-based direct
 get (``{"seq": ..., "next_by_subj": ...}``) would name the subject only in its
-body, where permissions cannot check it.
+body, where permissions cannot check it. A direct get answered by a replica
+that is behind is asked again after :data:`STALE_PAUSES`, then read this way
+(the board store's latest-value reads, the key registry's certificates).
 
 **The limit.** JetStream bounds consumers: a stream's ``max_consumers`` and an
 account's JetStream ``max_consumers``; past either it refuses a new one with
@@ -56,8 +58,8 @@ from blackboard.protocol.errors import (
 )
 from blackboard.protocol.subjects import Header, Subjects
 
-__all__ = ["CONSUMER_LIMIT_CODE", "INACTIVE_THRESHOLD", "START_ERRORS", "consumer_limit_error", "consumer_name",
-           "create_consumer", "is_consumer_limit", "is_control", "read_first", "start_error"]
+__all__ = ["CONSUMER_LIMIT_CODE", "INACTIVE_THRESHOLD", "STALE_PAUSES", "START_ERRORS", "consumer_limit_error",
+           "consumer_name", "create_consumer", "is_consumer_limit", "is_control", "read_first", "start_error"]
 
 log = logging.getLogger("blackboard.client.consumers")
 
@@ -68,6 +70,12 @@ CONSUMER_LIMIT_CODE = 10026
 #: Seconds the server keeps an ephemeral consumer of ours after its last subscriber left
 #: (a follower stopped, a one-shot read done, a connection lost): then it deletes it.
 INACTIVE_THRESHOLD = 5.0
+
+#: Pauses before a direct get answered older than expected (or 404) is asked again, before a
+#: one-shot consumer (:func:`read_first`) reads instead: in a replicated stream any replica
+#: answers a direct get, and one behind (a follower a moment late, a node restarted and catching
+#: up) answers what it has applied; a follower applies a write within milliseconds.
+STALE_PAUSES: tuple[float, ...] = (0.005, 0.02)
 
 #: What creating a consumer may raise that :func:`start_error` maps.
 START_ERRORS: tuple[type[BaseException], ...] = (

@@ -12,6 +12,17 @@ connection's verifier: certificates are fetched by direct get when a record
 signed by an unknown key is read, checked (``security/certificates.py``) and
 kept; a key without a valid certificate is asked again after
 :data:`NEGATIVE_TTL` seconds at the earliest.
+
+**A replica behind.** ``BB_KEYS`` may be replicated, and any replica answers a
+direct get: one that has not applied a certificate yet (a node restarted and
+catching up) answers 404 for a key whose records are valid. So a 404 is not
+taken at once: the direct get is asked again after
+:data:`~blackboard.client.consumers.STALE_PAUSES`, then the subject is read
+from its first message with a one-shot consumer
+(:func:`~blackboard.client.consumers.read_first`); only then is the key
+unknown (and that answer kept for :data:`NEGATIVE_TTL`, so a made-up key
+costs this once per that time). Certificates found so are counted in
+:attr:`KeyRegistry.stale_reads`.
 """
 
 from __future__ import annotations
@@ -32,8 +43,14 @@ from nats.aio.subscription import Subscription
 from nats.js.errors import Error as JetStreamError
 from nats.js.errors import NoStreamResponseError
 
+from blackboard.client.consumers import STALE_PAUSES, read_first
 from blackboard.protocol import codec
-from blackboard.protocol.errors import BlackboardError, InvalidKeyError, InvalidPayloadError
+from blackboard.protocol.errors import (
+    BlackboardError,
+    InvalidKeyError,
+    InvalidPayloadError,
+    OperationTimeoutError,
+)
 from blackboard.protocol.schemas import KeyRevocations, validate_wire
 from blackboard.protocol.subjects import KEYS_STREAM, Header, Subjects
 from blackboard.security.certificates import KeyInfo, Revocations, read_certificate
@@ -52,6 +69,8 @@ log = logging.getLogger("blackboard.client.keys")
 NEGATIVE_TTL = 1.0
 #: Keys remembered as unknown at most (the oldest are forgotten first: any key may be claimed).
 _MAX_MISSING = 10_000
+#: Seconds a key registry does not read certificates through a consumer after one was refused.
+_NO_CONSUMER_PAUSE = 60.0
 #: What a failed direct get of the registry raises (no stream, no right, a timeout, the connection).
 _IO_ERRORS = (BlackboardError, nats.errors.Error, JetStreamError, TimeoutError, OSError)
 
@@ -71,7 +90,15 @@ async def _direct_get(nc: NATS, subject: str, timeout: float) -> Msg | None:
     Raises:
         TransportError, nats errors: the request failed (see ``_IO_ERRORS``).
     """
-    msg = await nc.request(Subjects.direct_get(KEYS_STREAM, subject), b"", timeout=timeout)
+    return _answered(await nc.request(Subjects.direct_get(KEYS_STREAM, subject), b"", timeout=timeout), subject)
+
+
+def _answered(msg: Msg, subject: str) -> Msg | None:
+    """A direct get's answer: the stored message, or None for 404.
+
+    Raises:
+        nats.errors.Error: another status.
+    """
     status = (msg.headers or {}).get(Header.STATUS.value)
     if status == "404":
         return None
@@ -111,6 +138,14 @@ class KeyRegistry:
         self._revocations_at: datetime | None = None
         self._sub: Subscription | None = None
         self._listeners: list[Callable[[set[str]], object]] = []
+        self._stale_reads = 0
+        #: loop time until which a 404 is not read again through a consumer (one was refused)
+        self._no_consumer_until = 0.0
+
+    @property
+    def stale_reads(self) -> int:
+        """Certificates a direct get answered 404 for (a replica behind), found by reading again."""
+        return self._stale_reads
 
     # -- KeyLookup -------------------------------------------------------------------
     def lookup(self, public_key: str) -> KeyInfo | None:
@@ -138,7 +173,7 @@ class KeyRegistry:
     async def _fetch(self, public_key: str) -> KeyInfo | None:
         info: KeyInfo | None = None
         try:
-            msg = await _direct_get(self._nc, Subjects.key_certificate(public_key), self._timeout)
+            msg = await self._certificate(public_key)
             if msg is not None:
                 info = read_certificate(public_key, msg.data.decode("utf-8", "replace"), self.trusted_accounts)
         except InvalidKeyError:
@@ -153,6 +188,58 @@ class KeyRegistry:
             self._missing.pop(next(iter(self._missing)))
         self._missing[public_key] = asyncio.get_running_loop().time() + NEGATIVE_TTL
         return None
+
+    async def _request(self, subject: str) -> Msg:
+        """The direct get of ``subject``'s last message in ``BB_KEYS``: the one place a registry
+        sends one for a certificate (any replica may answer)."""
+        return await self._nc.request(Subjects.direct_get(KEYS_STREAM, subject), b"", timeout=self._timeout)
+
+    async def _certificate(self, public_key: str) -> Msg | None:
+        """The key's certificate message, or None when it has none.
+
+        A 404 may come from a replica behind: the direct get is asked again after
+        :data:`STALE_PAUSES`, then the subject is read from its first message with a one-shot
+        consumer (which waits, within the request timeout, for a message it counts as pending).
+
+        Raises:
+            ``_IO_ERRORS``: the direct get failed.
+        """
+        subject = Subjects.key_certificate(public_key)
+        msg = _answered(await self._request(subject), subject)
+        if msg is not None:
+            return msg
+        for pause in STALE_PAUSES:
+            await asyncio.sleep(pause)
+            msg = _answered(await self._request(subject), subject)
+            if msg is not None:
+                break
+        else:
+            msg = await self._read_first(subject, public_key)
+        if msg is not None:
+            self._stale_reads += 1
+            log.debug("the certificate of %s was found only after a direct get answered 404 "
+                      "(a replica behind)", public_key)
+        return msg
+
+    async def _read_first(self, subject: str, public_key: str) -> Msg | None:
+        """The subject's first stored message, through a one-shot consumer; None when it has none
+        or the consumer cannot be made (then not tried again for :data:`_NO_CONSUMER_PAUSE`: a
+        credential issued without the right to it would wait out every request timeout)."""
+        loop = asyncio.get_running_loop()
+        if loop.time() < self._no_consumer_until:
+            return None
+        try:
+            return await read_first(self._nc, self._nc.jetstream(timeout=self._timeout), KEYS_STREAM, subject, 1,
+                                    timeout=self._timeout, what=f"read the certificate of {public_key}")
+        except OperationTimeoutError as exc:  # counted as pending, not delivered in time
+            log.debug("cannot read the certificate of %s through a consumer: %s", public_key, exc)
+            return None
+        except BlackboardError as exc:
+            self._no_consumer_until = loop.time() + _NO_CONSUMER_PAUSE
+            log.warning("cannot read certificates through a consumer on %s (%s): a replica behind may make "
+                        "valid records read as unknown_key; not tried again for %gs (reissue the credential "
+                        "to grant it)", KEYS_STREAM, exc, _NO_CONSUMER_PAUSE)
+            return None
 
     # -- revocations -------------------------------------------------------------------
     def add_listener(self, listener: Callable[[set[str]], object]) -> None:

@@ -801,8 +801,11 @@ class Grants:
     # the key registry
     @staticmethod
     def key_reads() -> list[str]:
-        """Direct gets of the key registry: any certificate, the revocations."""
-        return [f"$JS.API.DIRECT.GET.{KEYS_STREAM}.bb.keys.>"]
+        """Direct gets of the key registry (any certificate, the revocations), and one-shot
+        consumers of one certificate (named, the filter in the subject: what a reader asks when
+        a replica behind answered 404)."""
+        return [f"$JS.API.DIRECT.GET.{KEYS_STREAM}.bb.keys.>",
+                f"$JS.API.CONSUMER.CREATE.{KEYS_STREAM}.*.bb.keys.cert.*"]
 
     @staticmethod
     def key_revocations() -> str:

@@ -25,6 +25,7 @@ ALWAYS_PUB = [
     "$JS.API.CONSUMER.RESET.BB_MSG.inbox-alice",
     "$JS.ACK.BB_MSG.inbox-alice.>",
     "$JS.API.DIRECT.GET.BB_KEYS.bb.keys.>",
+    "$JS.API.CONSUMER.CREATE.BB_KEYS.*.bb.keys.cert.*",
 ]
 ALWAYS_SUB = ["_INBOX.alice.>", "bb.rpc.alice", "bb.msg.agent.alice", "bb.keys.revocations"]
 #: alice's and bob's user keys (only the form matters here).
@@ -165,6 +166,10 @@ def test_an_identity_may_publish_only_its_own_keys_certificate() -> None:
         assert not allows(perms.publish, subject), subject
     assert allows(perms.publish, f"$JS.API.DIRECT.GET.BB_KEYS.bb.keys.cert.{BOB_KEY}")
     assert allows(perms.publish, "$JS.API.DIRECT.GET.BB_KEYS.bb.keys.revocations")
+    # a one-shot consumer of a certificate (a replica behind answered 404), not of the revocations
+    assert allows(perms.publish, f"$JS.API.CONSUMER.CREATE.BB_KEYS.c1.bb.keys.cert.{BOB_KEY}")
+    assert not allows(perms.publish, "$JS.API.CONSUMER.CREATE.BB_KEYS.c1.bb.keys.revocations")
+    assert not allows(perms.publish, "$JS.API.CONSUMER.CREATE.BB_KEYS.c1.bb.keys.>")
     assert allows(perms.subscribe, "bb.keys.revocations")
     assert not allows(perms.subscribe, f"bb.keys.cert.{BOB_KEY}")
 
