@@ -19,6 +19,17 @@ consumers whose one filter is inside one board
 named API subject with the filter). :class:`ProposalFollower` follows one
 proposal that way.
 
+**A replica behind.** Any replica of ``BB_VOTE`` answers a direct get. When a
+commit step's write is refused because the record is there already (or its ack
+is a duplicate), the record exists at a known sequence: a 404 then comes from a
+replica that has not applied it yet (a node restarted and catching up), so the
+read is asked again after :data:`~blackboard.client.consumers.STALE_PAUSES`,
+then made with a one-shot consumer from that sequence
+(:func:`~blackboard.client.consumers.read_first`), counted in
+:attr:`VoteStore.stale_reads`. An older outcome cannot be answered: each
+proposal's outcome and applied subjects hold one message (written with
+expected last sequence 0).
+
 The commit protocol, in short (``docs/voting.md`` has the whole of it):
 
 1. **record**: the outcome is published on ``bb.vote.<board>.<proposal>.outcome``
@@ -67,6 +78,7 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
 from blackboard.client.board_store import BoardStore
+from blackboard.client.consumers import STALE_PAUSES, read_first
 from blackboard.client.follower import OrderedFollower
 from blackboard.client.publisher import Ack, Publisher
 from blackboard.client.signing import signing_of
@@ -211,6 +223,8 @@ class VoteStore:
         self._publisher = Publisher(nc, self.js, settings.nats)
         #: Vote messages read that did not verify (the log ignores them).
         self.hidden = 0
+        #: Records known to exist that a direct get answered 404 for (a replica behind), read again.
+        self.stale_reads = 0
 
     # ------------------------------------------------------------- publishing
     async def _publish(self, subject: str, payload: bytes, headers: dict[str, str], what: str,
@@ -345,13 +359,44 @@ class VoteStore:
         """The applied outcome (with its revision), or ``None``."""
         return (await self._probe(board, proposal_id, "applied")).applied
 
-    async def _probe(self, board: str, proposal_id: str, kind: VoteKind) -> ProposalLog:
-        """A log of the proposal fed with only its last message of ``kind`` (if any), which validates it."""
+    async def _probe(self, board: str, proposal_id: str, kind: VoteKind, stored_at: int | None = None) -> ProposalLog:
+        """A log of the proposal fed with only its last message of ``kind`` (if any), which validates it.
+
+        ``stored_at``: the sequence the message is known to be stored at (:meth:`_read_stored`)."""
         probe = ProposalLog(board, proposal_id)
-        msg = await self.read(board, proposal_id, kind)
+        if stored_at is None:
+            msg = await self.read(board, proposal_id, kind)
+        else:
+            msg = await self._read_stored(board, proposal_id, kind, stored_at)
         if msg is not None:
             probe.feed(msg)
         return probe
+
+    async def _read_stored(self, board: str, proposal_id: str, kind: VoteKind, stored_at: int) -> VoteMessage | None:
+        """The message of ``kind`` known to be stored at sequence ``stored_at`` (a write was refused
+        because it is there, or acked as a duplicate of it): a direct get answering 404 is a
+        replica behind, so it is asked again after :data:`STALE_PAUSES`, then the subject is read
+        from ``stored_at`` with a one-shot consumer (None: not there after all).
+
+        Raises:
+            OperationTimeoutError: the consumer did not deliver it within the request timeout.
+            NotConnectedError, TransportError: the read failed.
+        """
+        msg = await self.read(board, proposal_id, kind)
+        if msg is not None:
+            return msg
+        self.stale_reads += 1
+        log.debug("direct get of the %s of %s.%s answered 404, but it is stored at %d: reading again",
+                  kind, board, proposal_id, stored_at)
+        for pause in STALE_PAUSES:
+            await asyncio.sleep(pause)
+            msg = await self.read(board, proposal_id, kind)
+            if msg is not None:
+                return msg
+        subject = Subjects.vote(board, proposal_id, kind)
+        first = await read_first(self.nc, self.js, VOTE_STREAM, subject, max(1, stored_at),
+                                 timeout=self.settings.nats.request_timeout, what=f"read {subject}")
+        return None if first is None else await self.verified(vote_message(first))
 
     # -------------------------------------------------------------- commit
     async def commit(self, outcome: Outcome, *, known: ProposalLog | None = None) -> Outcome:
@@ -384,16 +429,17 @@ class VoteStore:
         body = outcome.model_copy(update={"revision": None})
         headers = {Header.BASE_REVISION.value: str(base)}
         try:
-            ack = await self._publish(subject, body.canonical_bytes(), headers,
-                                      f"outcome of {outcome.proposal_id!r}", subject, 0)
-        except ConflictError:
-            ack = None
+            ack: Ack | None = await self._publish(subject, body.canonical_bytes(), headers,
+                                                  f"outcome of {outcome.proposal_id!r}", subject, 0)
+            stored_at = int(ack.seq) if ack is not None else 0
+        except ConflictError as exc:
+            ack, stored_at = None, exc.current_revision
         if ack is not None and not ack.duplicate:
             # Stored by this very send (a resend of a stored one is a duplicate): its signature
             # is the one the headers hold now.
             return RecordedOutcome(body, int(ack.seq), datetime.now(UTC), base,
                                    source_ref(VOTE_STREAM, int(ack.seq), headers))
-        recorded = await self.read_recorded(outcome.board, outcome.proposal_id)
+        recorded = (await self._probe(outcome.board, outcome.proposal_id, "outcome", stored_at)).recorded
         if recorded is None:
             raise TransportError(f"the outcome of {outcome.proposal_id!r} exists but cannot be read")
         if not same_outcome(recorded.outcome, body):
@@ -471,9 +517,10 @@ class VoteStore:
                                       f"application of {outcome.proposal_id!r}", subject, 0)
             if not ack.duplicate:
                 return outcome
-        except ConflictError:
-            pass
-        applied = await self.read_applied(outcome.board, outcome.proposal_id)
+            stored_at = int(ack.seq)
+        except ConflictError as exc:
+            stored_at = exc.current_revision
+        applied = (await self._probe(outcome.board, outcome.proposal_id, "applied", stored_at)).applied
         if applied is None:
             raise TransportError(f"the application of {outcome.proposal_id!r} exists but cannot be read")
         return applied
