@@ -22,7 +22,12 @@ from its first message with a one-shot consumer
 (:func:`~blackboard.client.consumers.read_first`); only then is the key
 unknown (and that answer kept for :data:`NEGATIVE_TTL`, so a made-up key
 costs this once per that time). Certificates found so are counted in
-:attr:`KeyRegistry.stale_reads`.
+:attr:`KeyRegistry.stale_reads`. Any writer can put a made-up key id in a
+header, and a reader would pay the pauses and a consumer for each: so once
+:data:`MAX_FALLBACK_MISSES` such reads found nothing within
+:data:`FALLBACK_WINDOW` seconds, a 404 is taken at once until they age out
+(a replica behind then reads as before this rule: ``unknown_key`` for a
+moment).
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ import asyncio
 import contextlib
 import hashlib
 import logging
+from collections import deque
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -71,6 +77,11 @@ NEGATIVE_TTL = 1.0
 _MAX_MISSING = 10_000
 #: Seconds a key registry does not read certificates through a consumer after one was refused.
 _NO_CONSUMER_PAUSE = 60.0
+#: Reads again after a 404 that found nothing (made-up key ids) allowed within FALLBACK_WINDOW;
+#: past that, a 404 is taken at once until the oldest ages out.
+MAX_FALLBACK_MISSES = 3
+#: Seconds a read again that found nothing counts against MAX_FALLBACK_MISSES.
+FALLBACK_WINDOW = 10.0
 #: What a failed direct get of the registry raises (no stream, no right, a timeout, the connection).
 _IO_ERRORS = (BlackboardError, nats.errors.Error, JetStreamError, TimeoutError, OSError)
 
@@ -141,6 +152,8 @@ class KeyRegistry:
         self._stale_reads = 0
         #: loop time until which a 404 is not read again through a consumer (one was refused)
         self._no_consumer_until = 0.0
+        #: loop times of the reads again after a 404 that found nothing (the last MAX_FALLBACK_MISSES)
+        self._misses: deque[float] = deque(maxlen=MAX_FALLBACK_MISSES)
 
     @property
     def stale_reads(self) -> int:
@@ -208,6 +221,9 @@ class KeyRegistry:
         msg = _answered(await self._request(subject), subject)
         if msg is not None:
             return msg
+        now = asyncio.get_running_loop().time()
+        if len(self._misses) == MAX_FALLBACK_MISSES and now - self._misses[0] < FALLBACK_WINDOW:
+            return None  # made-up key ids of late: a 404 is taken at once
         for pause in STALE_PAUSES:
             await asyncio.sleep(pause)
             msg = _answered(await self._request(subject), subject)
@@ -219,6 +235,8 @@ class KeyRegistry:
             self._stale_reads += 1
             log.debug("the certificate of %s was found only after a direct get answered 404 "
                       "(a replica behind)", public_key)
+        else:
+            self._misses.append(asyncio.get_running_loop().time())
         return msg
 
     async def _read_first(self, subject: str, public_key: str) -> Msg | None:

@@ -20,7 +20,7 @@ from nats.aio.msg import Msg
 from agents_sdk import Agent
 from blackboard.client.board_store import BoardStore
 from blackboard.client.consumers import STALE_PAUSES
-from blackboard.client.keys import NEGATIVE_TTL, KeyRegistry
+from blackboard.client.keys import FALLBACK_WINDOW, MAX_FALLBACK_MISSES, NEGATIVE_TTL, KeyRegistry
 from blackboard.protocol.signing import Verdict
 from blackboard.protocol.subjects import Header, Subjects
 from blackboard.security.jwt import Credentials, encode, new_seed, public_key, user_claims
@@ -148,3 +148,44 @@ async def test_a_key_nobody_certified_stays_unknown_and_is_not_asked_again_at_on
         again = loop.time() - started
         assert (replica.direct_gets, replica.consumer_reads) == (3, 1)
         assert again < sum(STALE_PAUSES) < NEGATIVE_TTL  # no pause either
+
+
+async def test_made_up_key_ids_cannot_make_every_read_pay_the_fallback(
+        settings: Settings, unique: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Any writer can put a made-up key id in a header: past MAX_FALLBACK_MISSES reads again that
+    found nothing within FALLBACK_WINDOW, a 404 is taken at once (one direct get, no pause, no
+    consumer); once they age out, a replica behind is read through again."""
+    async with Agent.connect(f"{unique}-w", settings=settings) as w, \
+            Agent.connect(f"{unique}-r", settings=settings) as r:
+        registry = _registry(r.store)
+        verifier = r.store._verifier
+        assert verifier is not None
+        replica = LaggingRegistry(registry, monkeypatch)
+        await replica.capture_404()
+        window = 2.0  # shorter than FALLBACK_WINDOW, to see the misses age out
+        assert window < FALLBACK_WINDOW
+        monkeypatch.setattr("blackboard.client.keys.FALLBACK_WINDOW", window)
+
+        def made_up_item(n: int) -> Signed:
+            subject = Subjects.memory(unique, f"{unique}-m")
+            record, headers = b"\x81\xa1a\x01", {Header.MSG_ID.value: f"x{n}"}
+            Signer(_made_up_credentials(f"{unique}-m")).sign(subject, headers, record)
+            return Signed(subject, headers, record, datetime.now(UTC), f"{unique}-m")
+
+        for n in range(MAX_FALLBACK_MISSES):
+            assert await verifier.verify(made_up_item(n)) is Verdict.UNKNOWN_KEY
+        assert (replica.direct_gets, replica.consumer_reads) == (3 * MAX_FALLBACK_MISSES, MAX_FALLBACK_MISSES)
+        started = asyncio.get_running_loop().time()
+        for n in range(10):  # the next ones cost one direct get each
+            assert await verifier.verify(made_up_item(100 + n)) is Verdict.UNKNOWN_KEY
+        assert (replica.direct_gets, replica.consumer_reads) == (3 * MAX_FALLBACK_MISSES + 10, MAX_FALLBACK_MISSES)
+        assert asyncio.get_running_loop().time() - started < 10 * sum(STALE_PAUSES)
+        # The misses age out: a valid key behind a replica's 404 is read through again.
+        await asyncio.sleep(window)
+        rev = await w.board(unique).put("s", "k", "signed")
+        signer = w.store._signer
+        assert signer is not None
+        replica.lag(signer.public_key, times=None)
+        entry = await r.board(unique).get("s", "k")
+        assert (entry.revision, entry.verdict) == (rev, Verdict.VERIFIED)
+        assert registry.stale_reads == 1
