@@ -82,6 +82,10 @@ _NO_CONSUMER_PAUSE = 60.0
 MAX_FALLBACK_MISSES = 3
 #: Seconds a read again that found nothing counts against MAX_FALLBACK_MISSES.
 FALLBACK_WINDOW = 10.0
+#: Seconds after start at which the revocations record is read again: the start's direct get may
+#: be answered by a replica behind (an older record, or none), and the news subscription only
+#: brings later changes. An older record than the one held is ignored.
+REVOCATIONS_REREAD = (2.0, 10.0, 30.0)
 #: What a failed direct get of the registry raises (no stream, no right, a timeout, the connection).
 _IO_ERRORS = (BlackboardError, nats.errors.Error, JetStreamError, TimeoutError, OSError)
 
@@ -148,6 +152,7 @@ class KeyRegistry:
         self._revocations = Revocations()
         self._revocations_at: datetime | None = None
         self._sub: Subscription | None = None
+        self._reread: asyncio.Task[None] | None = None
         self._listeners: list[Callable[[set[str]], object]] = []
         self._stale_reads = 0
         #: loop time until which a 404 is not read again through a consumer (one was refused)
@@ -295,17 +300,36 @@ class KeyRegistry:
         """
         if self._sub is None:
             self._sub = await self._nc.subscribe(Subjects.key_revocations(), cb=self._on_revocations)
+            self._reread = asyncio.get_running_loop().create_task(self._read_again(), name="read revocations again")
+        await self._read_revocations(logging.WARNING)
+
+    async def _read_revocations(self, level: int) -> None:
         try:
             msg = await _direct_get(self._nc, Subjects.key_revocations(), self._timeout)
         except _IO_ERRORS as exc:
-            log.log(logging.INFO if _no_stream(exc) else logging.WARNING,
+            log.log(logging.INFO if _no_stream(exc) else level,
                     "cannot read the key revocations (%r): is the BB_KEYS stream set up (blackboard setup)?", exc)
             return
         if msg is not None:
             await self._on_revocations(msg)
 
+    async def _read_again(self) -> None:
+        """Read the revocations record again at :data:`REVOCATIONS_REREAD` after start (while
+        following them)."""
+        started = asyncio.get_running_loop().time()
+        for at in REVOCATIONS_REREAD:
+            await asyncio.sleep(max(0.0, started + at - asyncio.get_running_loop().time()))
+            if self._sub is None or self._nc.is_closed:
+                return
+            await self._read_revocations(logging.DEBUG)
+
     async def stop(self) -> None:
         sub, self._sub = self._sub, None
+        reread, self._reread = self._reread, None
+        if reread is not None:
+            reread.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reread
         if sub is not None and not self._nc.is_closed:
             with contextlib.suppress(*_IO_ERRORS):
                 await sub.unsubscribe()

@@ -219,6 +219,34 @@ async def test_revocations_are_followed_live(connect: Connect, nats_server: Embe
     assert await carol.verifier.verify(before) is Verdict.VERIFIED
 
 
+async def test_revocations_read_at_start_from_a_replica_behind_are_read_again(
+        connect: Connect, nats_server: EmbeddedNats, unique: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A start whose read of the revocations is answered by a replica behind (here: no record,
+    as a node catching up would answer) learns them when it reads again after start."""
+    import blackboard.client.keys as keys_module
+
+    revoked_key = public_key(new_seed("user"))
+    await _publish_revocations(nats_server.url, {revoked_key: int(time.time()) - 60})
+    real = keys_module._direct_get
+    behind = [1]
+
+    async def replica_behind(nc: NATS, subject: str, timeout: float) -> object:
+        if subject == Subjects.key_revocations() and behind[0] > 0:
+            behind[0] -= 1
+            return None  # the record is not there yet
+        return await real(nc, subject, timeout)
+
+    monkeypatch.setattr(keys_module, "_direct_get", replica_behind)
+    monkeypatch.setattr(keys_module, "REVOCATIONS_REREAD", (0.3,))
+    dave = _signing(await connect(f"dave-{unique}"))
+    assert dave.registry is not None
+    assert behind == [0] and dave.registry.revoked_at(revoked_key) is None  # the start read nothing
+    deadline = time.monotonic() + 5
+    while dave.registry.revoked_at(revoked_key) is None:
+        assert time.monotonic() < deadline, "the revocations were not read again"
+        await asyncio.sleep(0.05)
+
+
 async def test_a_connection_without_a_credential_signs_and_verifies_nothing(settings: Settings) -> None:
     nc = await operator_nats(settings.nats.url)  # a plain nats-py client
     try:
