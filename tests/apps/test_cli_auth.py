@@ -183,7 +183,11 @@ def test_show_prints_rights_and_permissions(capsys: pytest.CaptureFixture[str], 
     assert "  may publish:   $JS.API.INFO\n" in out
     assert "                 bb.vote.*.*.ballot.planner\n" in out
     assert "  may subscribe: _INBOX.planner.>\n" in out
-    assert "bb.keys.revocations\n" in out and "bb.keys.cert." not in out  # no key issued yet
+    assert "bb.keys.revocations\n" in out
+    # no key issued yet: no certificate of its own to publish (reading any through a
+    # one-shot consumer, $JS.API.CONSUMER.CREATE.BB_KEYS.*.bb.keys.cert.*, is allowed to all)
+    assert not [line for line in out.splitlines() if line.strip().startswith("bb.keys.cert.")]
+    assert "$JS.API.CONSUMER.CREATE.BB_KEYS.*.bb.keys.cert.*\n" in out
     auth(capsys, initialized, "add", "planner")
     key = Credentials.parse((initialized / "creds" / "planner.creds").read_text()).public_key
     code, out, _ = auth(capsys, initialized, "show", "planner")
