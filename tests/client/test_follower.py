@@ -23,6 +23,7 @@ from blackboard.protocol.errors import ConfigurationError, NotConnectedError, Tr
 from blackboard.protocol.subjects import Subjects
 from blackboard.settings import Settings
 from tests._auth import operator_nats
+from tests._lost_cancel import lose_a_cancel
 
 
 # ------------------------------------------------------------------- pure
@@ -275,10 +276,7 @@ async def test_stop_during_a_re_creation_whose_cancel_is_lost_leaves_nothing_run
         if calls == 1:  # the first creation, by start()
             return await inner
         answering.set()
-        try:
-            await asyncio.sleep(0.5)  # the server "answers" while stop() cancels
-        except asyncio.CancelledError:
-            pass  # lost, as wait_for loses it
+        await lose_a_cancel()  # the server "answers" while stop() cancels
         return await inner
 
     monkeypatch.setattr("blackboard.client.follower.create_consumer", swallowing)

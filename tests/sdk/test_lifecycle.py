@@ -10,6 +10,7 @@ from agents_sdk import Agent, Message
 from agents_sdk.lifecycle import TaskHost, TaskStatus
 from blackboard.protocol.errors import NotConnectedError
 from blackboard.settings import Settings
+from tests._lost_cancel import lose_a_cancel
 
 pytestmark = pytest.mark.asyncio
 
@@ -92,10 +93,7 @@ async def test_stopping_is_set_before_a_failure_cancels_the_siblings() -> None:
             turns += 1
             if turns == 1:
                 entered.set()
-                try:
-                    await asyncio.sleep(0.5)  # an answer "arrives" while the group cancels
-                except asyncio.CancelledError:
-                    pass  # lost, as wait_for loses it
+                await lose_a_cancel()  # an answer "arrives" while the group cancels
             else:
                 await asyncio.sleep(0.01)
 

@@ -30,6 +30,7 @@ from blackboard.security.source import RightsSource
 from blackboard.settings import Settings
 from blackboard.worker.inbox_admin import InboxAdmin
 from tests._auth import operator_nats
+from tests._lost_cancel import LostCancel
 from tests._raw_signer import raw_signer
 from tests.conftest import make_settings
 
@@ -501,19 +502,7 @@ async def test_close_while_a_keepalive_cancel_is_lost_returns(settings: Settings
     from nats.aio.msg import Msg
 
     s = settings.model_copy(update={"messaging": settings.messaging.model_copy(update={"inbox_ack_wait": 1.0})})
-    entered = asyncio.Event()
-    calls = 0
-
-    async def swallowing(self: Msg) -> None:
-        nonlocal calls
-        calls += 1
-        if calls > 1:
-            return
-        entered.set()
-        try:
-            await asyncio.sleep(0.5)  # the server "answers" while close() cancels
-        except asyncio.CancelledError:
-            pass  # lost, as wait_for loses it
+    in_progress = LostCancel()  # the server "answers" while close() cancels
 
     b_id = f"{unique}-b"
     async with Agent.connect(f"{unique}-a", settings=s) as a, Agent.connect(b_id, settings=s) as b:
@@ -521,8 +510,8 @@ async def test_close_while_a_keepalive_cancel_is_lost_returns(settings: Settings
         inbox = b.inbox(timeout=5)
         msg = await inbox.__anext__()  # held, not acknowledged
         assert msg.body == 1
-        monkeypatch.setattr(Msg, "in_progress", swallowing)
-        await asyncio.wait_for(entered.wait(), 5)  # within ack_wait / 3
+        monkeypatch.setattr(Msg, "in_progress", in_progress)
+        await asyncio.wait_for(in_progress.entered.wait(), 5)  # within ack_wait / 3
         await asyncio.wait_for(inbox.close(), 5)
         await asyncio.sleep(1.0)  # three keepalive intervals
-        assert calls == 1
+        assert in_progress.calls == 1

@@ -10,6 +10,7 @@ import pytest
 from agents_sdk import Agent, Change, Operation
 from blackboard.devstack import EmbeddedNats
 from blackboard.settings import Settings
+from tests._lost_cancel import LostCancel
 from tests.conftest import make_settings
 
 pytestmark = pytest.mark.asyncio
@@ -130,24 +131,11 @@ async def test_close_during_a_change_callback_whose_cancel_is_lost_returns(setti
     at the same time. close() must still return, and the view follow nothing after it."""
     async with Agent.connect("w", settings=settings) as w, Agent.connect("r", settings=settings) as r:
         view = await r.board(unique).view("s")
-        entered = asyncio.Event()
-        calls = 0
-
-        async def swallowing(change: Change) -> None:
-            nonlocal calls
-            calls += 1
-            if calls > 1:
-                return
-            entered.set()
-            try:
-                await asyncio.sleep(0.5)  # a request "answered" while close() cancels
-            except asyncio.CancelledError:
-                pass  # lost, as wait_for loses it
-
-        view.on_change(swallowing)
+        callback = LostCancel()  # a request "answered" while close() cancels
+        view.on_change(callback)
         await w.board(unique).put("s", "k1", 1)
-        await asyncio.wait_for(entered.wait(), 10)
+        await asyncio.wait_for(callback.entered.wait(), 10)
         await asyncio.wait_for(view.close(), 5)
         await w.board(unique).put("s", "k2", 2)
         await asyncio.sleep(0.5)
-        assert calls == 1 and ("s", "k2") not in view
+        assert callback.calls == 1 and ("s", "k2") not in view

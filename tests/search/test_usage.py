@@ -12,6 +12,7 @@ import pytest
 from blackboard.db import migrate, open_pool
 from blackboard.search.usage import AccessRecorder
 from blackboard.settings import Settings
+from tests._lost_cancel import LostCancel
 from tests._worker_helpers import rows
 
 pytestmark = pytest.mark.asyncio
@@ -93,31 +94,18 @@ async def test_the_search_service_stops_when_a_flush_loses_its_cancel(
         def rights(self, principal: str) -> None:
             return None
 
-    entered = asyncio.Event()
-    calls = 0
-
-    async def swallowing(self: AccessRecorder) -> int:
-        nonlocal calls
-        calls += 1
-        if calls == 1:
-            entered.set()
-            try:
-                await asyncio.sleep(0.5)  # PostgreSQL "answers" while stop() cancels
-            except asyncio.CancelledError:
-                pass  # lost, as wait_for loses it
-        return 0
-
-    monkeypatch.setattr(AccessRecorder, "flush", swallowing)
+    flush = LostCancel(result=0)  # PostgreSQL "answers" while stop() cancels
+    monkeypatch.setattr(AccessRecorder, "flush", flush)
     s = worker_settings(pg_settings, name=f"w{unique}")
     s = s.model_copy(update={"memory": s.memory.model_copy(update={"access_flush_interval": 0.05})})
     nc = await connect_nats(s.nats, name="test-usage")
     try:
         service = SearchService(nc, s, provider=HashProvider(), rights=_Nobody())
         await service.start()
-        await asyncio.wait_for(entered.wait(), 5)
+        await asyncio.wait_for(flush.entered.wait(), 5)
         await asyncio.wait_for(service.stop(), 5)
-        flushed = calls
+        flushed = flush.calls
         await asyncio.sleep(0.3)
-        assert calls == flushed  # nothing flushes on after stop()
+        assert flush.calls == flushed  # nothing flushes on after stop()
     finally:
         await nc.close()

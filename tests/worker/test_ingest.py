@@ -21,6 +21,7 @@ from blackboard.protocol.subjects import Subjects
 from blackboard.settings import Settings
 from blackboard.worker.decode import EntryRow
 from blackboard.worker.entries import write_entries
+from tests._lost_cancel import lose_a_cancel
 from tests._worker_helpers import (
     GlitchyProvider,
     HashProvider,
@@ -297,10 +298,7 @@ async def test_a_stop_whose_cancel_is_lost_in_a_fetch_ends_the_loop_when_its_que
             calls += 1
             if calls == swallow_at:
                 entered.set()
-                try:
-                    await asyncio.sleep(0.5)  # the batch "arrives" while stop() cancels
-                except asyncio.CancelledError:
-                    pass  # lost, as wait_for loses it
+                await lose_a_cancel()  # the batch "arrives" while stop() cancels
             elif calls > swallow_at:
                 await asyncio.sleep(wait)
                 return []
@@ -349,10 +347,7 @@ async def test_a_writer_failing_while_the_fetch_loses_its_cancel_ends_the_loop(
             calls += 1
             if calls == 2:
                 entered.set()
-                try:
-                    await asyncio.sleep(0.5)  # the batch "arrives" while the group cancels
-                except asyncio.CancelledError:
-                    pass  # lost, as wait_for loses it
+                await lose_a_cancel()  # the batch "arrives" while the group cancels
             elif calls > 2:
                 await asyncio.sleep(wait)
             return [object()] if calls <= 2 else []

@@ -15,6 +15,7 @@ from agents_sdk.memory import PruneResult, RuleRouter
 from agents_sdk.memory.layers import Layer
 from blackboard.protocol.errors import InvalidPayloadError, NotFoundError, PermissionDeniedError
 from blackboard.settings import Settings
+from tests._lost_cancel import LostCancel
 from tests._worker_helpers import HashProvider, StartWorker
 
 pytestmark = pytest.mark.asyncio
@@ -324,27 +325,15 @@ async def test_close_while_an_automatic_prune_loses_its_cancel_returns(
         settings: Settings, unique: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """A prune's requests may swallow close()'s cancel (Python 3.11's ``asyncio.wait_for``
     returns a ready answer instead of raising it): the loop must still end, and close() return."""
-    entered = asyncio.Event()
-    calls = 0
-
-    async def swallowing(**kwargs: Any) -> None:
-        nonlocal calls
-        calls += 1
-        if calls == 1:
-            entered.set()
-            try:
-                await asyncio.sleep(0.5)  # the server "answers" while close() cancels
-            except asyncio.CancelledError:
-                pass  # lost, as wait_for loses it
-
+    prune = LostCancel()  # the server "answers" while close() cancels
     async with Agent.connect(f"{unique}-a", settings=with_memory(settings, auto_prune_interval=0.05)) as agent:
         memory = agent.memory
-        monkeypatch.setattr(memory, "prune", swallowing)
+        monkeypatch.setattr(memory, "prune", prune)
         await memory.write("a note", layer="working", key="k")  # starts the automatic prune
-        await asyncio.wait_for(entered.wait(), 5)
+        await asyncio.wait_for(prune.entered.wait(), 5)
         # not wait_for: it would cancel close(), which ends the loop and returns (its cancel suppressed)
         done, _ = await asyncio.wait([asyncio.ensure_future(memory.close())], timeout=5)
         assert done, "close() did not return"
-        pruned = calls
+        pruned = prune.calls
         await asyncio.sleep(0.3)
-        assert calls == pruned  # no prune after close()
+        assert prune.calls == pruned  # no prune after close()

@@ -14,6 +14,7 @@ from agents_sdk.memory.layers import LayerHit
 from agents_sdk.memory.stores import FileOptions, FileStore, create_store
 from blackboard.protocol.errors import ConfigurationError, PermissionDeniedError
 from blackboard.settings import Settings
+from tests._lost_cancel import LostCancel
 from tests._worker_helpers import HashProvider, StartWorker
 
 pytestmark = pytest.mark.asyncio
@@ -159,27 +160,15 @@ async def test_close_while_a_watcher_refresh_loses_its_cancel_returns(
     returns a ready answer instead of raising it): the watcher must still end, and close() return."""
     docs = tmp_path / "docs"
     docs.mkdir()
-    entered = asyncio.Event()
-    calls = 0
-
-    async def swallowing() -> None:
-        nonlocal calls
-        calls += 1
-        if calls == 1:
-            entered.set()
-            try:
-                await asyncio.sleep(0.5)  # the server "answers" while close() cancels
-            except asyncio.CancelledError:
-                pass  # lost, as wait_for loses it
-
+    refresh = LostCancel()  # the server "answers" while close() cancels
     async with Agent.connect(f"{unique}-a", settings=settings) as agent:
         store = FileStore(agent, "watched", FileOptions(paths=[docs], board=unique, interval=0.05, mode="keyword"))
         await store.start()
-        monkeypatch.setattr(store, "refresh", swallowing)  # the watcher's refreshes from now on
-        await asyncio.wait_for(entered.wait(), 5)
+        monkeypatch.setattr(store, "refresh", refresh)  # the watcher's refreshes from now on
+        await asyncio.wait_for(refresh.entered.wait(), 5)
         # not wait_for: it would cancel close(), which ends the loop and returns (its cancel suppressed)
         done, _ = await asyncio.wait([asyncio.ensure_future(store.close())], timeout=5)
         assert done, "close() did not return"
-        refreshed = calls
+        refreshed = refresh.calls
         await asyncio.sleep(0.3)
-        assert calls == refreshed  # no refresh after close()
+        assert refresh.calls == refreshed  # no refresh after close()
