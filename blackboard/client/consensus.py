@@ -30,6 +30,19 @@ then made with a one-shot consumer from that sequence
 proposal's outcome and applied subjects hold one message (written with
 expected last sequence 0).
 
+**Read-your-writes of a proposal.** The store remembers per proposal (bounded,
+:class:`~blackboard.client.revisions.SeenRevisions` keyed by the proposal's
+filter subject) the highest sequence it wrote or read on the proposal's
+subjects (proposal, ballots, close requests, outcome, applied).
+:meth:`VoteStore.last_sequence` never answers below it (so
+:meth:`ProposalFollower.catch_up` waits for this client's own ballots), and
+:meth:`VoteStore.read_proposal` does not take a 404 for a proposal it knows a
+later sequence of at face value: the 404 stands only once a direct get of the
+proposal's filter answers at least that sequence (that replica has applied
+everything up to it); else it is asked again after ``STALE_PAUSES``, then read
+with a one-shot consumer. Both are counted in :attr:`VoteStore.stale_reads`;
+a current answer costs the one direct get.
+
 The commit protocol, in short (``docs/voting.md`` has the whole of it):
 
 1. **record**: the outcome is published on ``bb.vote.<board>.<proposal>.outcome``
@@ -81,6 +94,7 @@ from blackboard.client.board_store import BoardStore
 from blackboard.client.consumers import STALE_PAUSES, read_first
 from blackboard.client.follower import OrderedFollower
 from blackboard.client.publisher import Ack, Publisher
+from blackboard.client.revisions import SeenRevisions
 from blackboard.client.signing import signing_of
 from blackboard.consensus.log import (
     ProposalLog,
@@ -225,6 +239,8 @@ class VoteStore:
         self.hidden = 0
         #: Records known to exist that a direct get answered 404 for (a replica behind), read again.
         self.stale_reads = 0
+        #: Per proposal filter subject, the highest sequence written or read on its subjects.
+        self._seen = SeenRevisions()
 
     # ------------------------------------------------------------- publishing
     async def _publish(self, subject: str, payload: bytes, headers: dict[str, str], what: str,
@@ -262,7 +278,7 @@ class VoteStore:
         subject = Subjects.vote(proposal.board, proposal.id, "proposal")
         ack = await self._publish(subject, proposal.canonical_bytes(), {},
                                   f"proposal {proposal.id!r}", f"{proposal.board}.{proposal.id}", 0)
-        return int(ack.seq)
+        return self._saw(proposal.board, proposal.id, int(ack.seq))
 
     async def publish_ballot(self, board: str, ballot: Ballot) -> int:
         """Store a ballot (whatever its fate) on its voter's subject
@@ -272,7 +288,7 @@ class VoteStore:
         """
         subject = Subjects.vote(board, ballot.proposal_id, "ballot", ballot.voter)
         ack = await self._publish(subject, ballot.canonical_bytes(), {}, f"ballot {ballot.id!r}", subject, None)
-        return int(ack.seq)
+        return self._saw(board, ballot.proposal_id, int(ack.seq))
 
     async def publish_close(self, board: str, proposal_id: str) -> int:
         """Ask for a deadline close: an empty message whose server timestamp is "now".
@@ -284,9 +300,19 @@ class VoteStore:
         second = int(datetime.now(UTC).timestamp())
         headers = {Header.MSG_ID.value: Subjects.close_msg_id(board, proposal_id, second)}
         ack = await self._publish(subject, b"", headers, f"close of {proposal_id!r}", subject, None)
-        return int(ack.seq)
+        return self._saw(board, proposal_id, int(ack.seq))
 
     # --------------------------------------------------------------- reading
+    def _saw(self, board: str, proposal_id: str, sequence: int) -> int:
+        """Remember ``sequence`` (written or read on the proposal's subjects); returns it."""
+        self._seen.saw(Subjects.vote_filter(board, proposal_id), sequence)
+        return sequence
+
+    def known_sequence(self, board: str, proposal_id: str) -> int:
+        """The highest sequence this store wrote or read on a proposal's subjects (0: none
+        remembered): what its reads of the proposal must not go below."""
+        return self._seen.revisions.get(Subjects.vote_filter(board, proposal_id), 0)
+
     async def _request(self, subject: str, payload: bytes, what: str) -> Msg:
         return await self._publisher.request(subject, payload, what=what)
 
@@ -310,8 +336,8 @@ class VoteStore:
             return None
         headers = dict(msg.headers or {})
         ts = parse_server_time(headers.get(Header.TIMESTAMP.value)) or datetime.now(UTC)
-        return await self.verified(
-            VoteMessage(kind, board, proposal_id, int(headers[Header.SEQUENCE.value]), ts, msg.data, headers))
+        sequence = self._saw(board, proposal_id, int(headers[Header.SEQUENCE.value]))
+        return await self.verified(VoteMessage(kind, board, proposal_id, sequence, ts, msg.data, headers))
 
     # ------------------------------------------------------------- verifying
     async def verified(self, msg: VoteMessage) -> VoteMessage:
@@ -328,19 +354,72 @@ class VoteStore:
                      msg.proposal_id, msg.kind, verdict.value)
         return dataclasses.replace(msg, verdict=verdict)
 
+    async def _last_answer(self, filter_subject: str) -> int:
+        """The sequence a direct get of a proposal's filter answers (0: 404)."""
+        msg = await self._direct(filter_subject)
+        return 0 if msg is None else int((msg.headers or {})[Header.SEQUENCE.value])
+
     async def last_sequence(self, board: str, proposal_id: str) -> int:
         """The stream sequence of the last message stored on a proposal's subjects (0: none).
 
         One direct get, last by the subject ``bb.vote.<board>.<proposal>.>``
-        (the server answers with the last message matching it).
+        (the server answers with the last message matching it). Never below
+        :meth:`known_sequence`: a replica behind may answer older than what this
+        store wrote or read (counted in :attr:`stale_reads`), and the store's own
+        ballots are there all the same.
         """
-        msg = await self._direct(Subjects.vote_filter(board, proposal_id))
-        return 0 if msg is None else int((msg.headers or {})[Header.SEQUENCE.value])
+        subject = Subjects.vote_filter(board, proposal_id)
+        answered = await self._last_answer(subject)
+        known = self._seen.revisions.get(subject, 0)
+        if answered >= known:
+            self._seen.saw(subject, answered)
+            return answered
+        self.stale_reads += 1
+        log.debug("direct get of the last of %s answered %d, but this store saw %d", subject, answered, known)
+        return known
+
+    async def _read_proposal_message(self, board: str, proposal_id: str) -> VoteMessage | None:
+        """The proposal's message; a 404 when this store knows a later sequence on the proposal's
+        subjects (its own ballot) stands only once a direct get of the filter answers at least
+        that (the answering replica has applied it all); else the proposal is asked again after
+        :data:`STALE_PAUSES`, then read with a one-shot consumer (authoritative).
+
+        Raises:
+            OperationTimeoutError: the consumer did not deliver it within the request timeout.
+        """
+        msg = await self.read(board, proposal_id, "proposal")
+        subject = Subjects.vote_filter(board, proposal_id)
+        known = self._seen.revisions.get(subject, 0)
+        if msg is not None or known == 0:
+            return msg
+        pauses = iter(STALE_PAUSES)
+        while True:
+            if await self._last_answer(subject) >= known:
+                return None  # a replica that has applied everything this store saw: not there
+            pause = next(pauses, None)
+            if pause is None:
+                break
+            if pause == STALE_PAUSES[0]:
+                self.stale_reads += 1
+                log.debug("direct get of proposal %s.%s answered 404 from a replica behind %d: reading again",
+                          board, proposal_id, known)
+            await asyncio.sleep(pause)
+            msg = await self.read(board, proposal_id, "proposal")
+            if msg is not None:
+                return msg
+        proposal_subject = Subjects.vote(board, proposal_id, "proposal")
+        first = await read_first(self.nc, self.js, VOTE_STREAM, proposal_subject, 1,
+                                 timeout=self.settings.nats.request_timeout, what=f"read {proposal_subject}")
+        return None if first is None else await self.verified(vote_message(first))
 
     async def read_proposal(self, board: str, proposal_id: str) -> tuple[Proposal, int] | None:
         """The proposal and its stream sequence, or ``None`` if there is none (valid, and
-        signed by its proposer when this connection verifies)."""
-        msg = await self.read(board, proposal_id, "proposal")
+        signed by its proposer when this connection verifies).
+
+        A 404 after this store wrote or read on the proposal's subjects (its own
+        ballot on a proposal it did not know) is checked as the module docstring says.
+        """
+        msg = await self._read_proposal_message(board, proposal_id)
         if msg is None or not msg.trusted:
             return None
         try:
@@ -431,7 +510,7 @@ class VoteStore:
         try:
             ack: Ack | None = await self._publish(subject, body.canonical_bytes(), headers,
                                                   f"outcome of {outcome.proposal_id!r}", subject, 0)
-            stored_at = int(ack.seq) if ack is not None else 0
+            stored_at = self._saw(outcome.board, outcome.proposal_id, int(ack.seq)) if ack is not None else 0
         except ConflictError as exc:
             ack, stored_at = None, exc.current_revision
         if ack is not None and not ack.duplicate:
@@ -515,6 +594,7 @@ class VoteStore:
         try:
             ack = await self._publish(subject, outcome.canonical_bytes(), {},
                                       f"application of {outcome.proposal_id!r}", subject, 0)
+            self._saw(outcome.board, outcome.proposal_id, int(ack.seq))
             if not ack.duplicate:
                 return outcome
             stored_at = int(ack.seq)
@@ -630,7 +710,10 @@ class ProposalFollower:
         called (or up to sequence ``up_to``) has been fed to the log.
 
         Without ``up_to``, one direct get (the last message of the proposal's
-        subjects) says how far that is. ``timeout`` defaults to the write timeout.
+        subjects) says how far that is, or what the store wrote or read there
+        if more (:meth:`VoteStore.last_sequence`: a replica behind answers
+        older, this client's own ballots are waited for all the same).
+        ``timeout`` defaults to the write timeout.
 
         Raises:
             OperationTimeoutError: not read that far in time (a replica serving
