@@ -30,19 +30,13 @@ from blackboard.devstack import EmbeddedPostgres, _find_nats_server, _wait_tcp, 
 from blackboard.protocol.errors import BlackboardError, ConfigurationError, OperationTimeoutError
 from blackboard.protocol.subjects import MEMORY_STREAM, MESSAGE_STREAM, VOTE_STREAM, Subjects
 from blackboard.settings import NatsSettings, SecuritySettings, Settings
-from tests._auth import TestAuth, raw_connect
+from tests._auth import raw_connect
 from tests._cluster import COMPOSE_NATS_CONF, NatsCluster, render_node_config
 from tests._worker_helpers import count_rows, spawn_worker, stop_worker, wait_for
 from tests.conftest import make_settings
 
 pytestmark = [pytest.mark.slow]
 
-
-@pytest.fixture
-def cluster(stack_dir: Path, test_auth: TestAuth) -> Iterator[NatsCluster]:
-    nodes = NatsCluster(stack_dir / f"cluster-{os.urandom(4).hex()}", test_auth)
-    yield nodes
-    nodes.stop()
 
 
 def _cluster_settings(cluster: NatsCluster, dsn: str) -> Settings:

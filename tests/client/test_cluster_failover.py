@@ -14,9 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-from collections.abc import Iterator
-from pathlib import Path
 
 import nats.errors
 import pytest
@@ -27,20 +24,12 @@ from blackboard.client.connection import connect_nats
 from blackboard.client.streams import ensure_streams
 from blackboard.protocol.subjects import Header, Subjects
 from blackboard.settings import NatsSettings, Settings
-from tests._auth import TestAuth
 from tests._cluster import NatsCluster
 from tests._write_load import WriteLoad
 from tests.conftest import make_settings
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.slow, pytest.mark.cluster]
 
-
-@pytest.fixture
-def cluster(stack_dir: Path, test_auth: TestAuth) -> Iterator[NatsCluster]:
-    nodes = NatsCluster(stack_dir / f"failover-{os.urandom(4).hex()}", test_auth)
-    nodes.start()
-    yield nodes
-    nodes.stop()
 
 
 def _r3_settings(cluster: NatsCluster) -> Settings:
@@ -70,6 +59,7 @@ async def _leader(js: JetStreamContext, stream: str, *, other_than: str | None =
 
 
 async def test_no_write_fails_while_one_node_of_three_is_killed_repeatedly(cluster: NatsCluster) -> None:
+    cluster.start()
     settings = _r3_settings(cluster)
     subjects = Subjects(settings.board.bucket)
     # The operator creates the streams (R3) and watches the cluster; the agent writes with its own credential.

@@ -12,9 +12,6 @@ did not answer older in this set-up: it is the restart that does.)
 from __future__ import annotations
 
 import asyncio
-import os
-from collections.abc import Iterator
-from pathlib import Path
 
 import nats.errors
 import pytest
@@ -25,7 +22,6 @@ from blackboard.client.connection import connect_nats
 from blackboard.client.streams import ensure_streams
 from blackboard.protocol.subjects import Subjects
 from blackboard.settings import Settings
-from tests._auth import TestAuth
 from tests._cluster import NatsCluster
 from tests.conftest import make_settings
 
@@ -33,13 +29,6 @@ pytestmark = [pytest.mark.asyncio, pytest.mark.slow, pytest.mark.cluster]
 
 _KEYS = 8
 
-
-@pytest.fixture
-def cluster(stack_dir: Path, test_auth: TestAuth) -> Iterator[NatsCluster]:
-    nodes = NatsCluster(stack_dir / f"ryw-{os.urandom(4).hex()}", test_auth)
-    nodes.start()
-    yield nodes
-    nodes.stop()
 
 
 def _on(settings: Settings, url: str) -> Settings:
@@ -62,6 +51,7 @@ async def _current_leader(js: JetStreamContext, stream: str) -> str:
 
 async def test_a_client_of_a_restarted_replica_reads_its_own_writes_while_it_catches_up(
         cluster: NatsCluster, unique: str) -> None:
+    cluster.start()
     settings = make_settings(cluster.urls)
     settings = settings.model_copy(update={"board": settings.board.model_copy(update={"replicas": 3})})
     operator = settings.model_copy(update={
