@@ -308,11 +308,6 @@ class VoteStore:
         self._seen.saw(Subjects.vote_filter(board, proposal_id), sequence)
         return sequence
 
-    def known_sequence(self, board: str, proposal_id: str) -> int:
-        """The highest sequence this store wrote or read on a proposal's subjects (0: none
-        remembered): what its reads of the proposal must not go below."""
-        return self._seen.revisions.get(Subjects.vote_filter(board, proposal_id), 0)
-
     async def _request(self, subject: str, payload: bytes, what: str) -> Msg:
         return await self._publisher.request(subject, payload, what=what)
 
@@ -364,7 +359,7 @@ class VoteStore:
 
         One direct get, last by the subject ``bb.vote.<board>.<proposal>.>``
         (the server answers with the last message matching it). Never below
-        :meth:`known_sequence`: a replica behind may answer older than what this
+        the sequence this store wrote or read there: a replica behind may answer older than what this
         store wrote or read (counted in :attr:`stale_reads`), and the store's own
         ballots are there all the same.
         """

@@ -7,7 +7,9 @@ an older revision, or with 404, right after this very client's acknowledged
 write. :class:`SeenRevisions` keeps, per key subject, the highest revision the
 store wrote (an acknowledged put, update, delete, pipelined write) or returned
 from a latest-value read; the store reads again when a direct get answers
-older (:meth:`blackboard.client.board_store.BoardStore.get`). Pure: no IO.
+older (:meth:`blackboard.client.board_store.BoardStore.get`). The vote store
+keeps one too, of stream sequences per proposal (keyed by the proposal's filter
+subject, :class:`blackboard.client.consensus.VoteStore`). Pure: no IO.
 
 An expiring write (``Nats-TTL``) is held only until its TTL has run out on
 this host's clock, counted from its acknowledgement (so never before the
