@@ -274,6 +274,15 @@ class Connection(NATS):
         finally:
             await super().close()
 
+    async def drain(self) -> None:
+        # nats-py's drain closes through its private ``_close``, not ``close``: without this, a
+        # drained connection (``Agent.close``) left the key registry's revocation re-reads (a
+        # task living up to 30 s) and the verifier's thread pool running.
+        try:
+            await self.signing.stop()
+        finally:
+            await super().drain()
+
     async def request(self, subject: str, payload: bytes = b"", timeout: float = 0.5, old_style: bool = False,
                       headers: dict[str, Any] | None = None) -> Msg:
         with self.violations.guard(subject, None):

@@ -8,9 +8,10 @@ import pytest
 
 from agents_sdk import Agent
 from blackboard.client.connection import connect_nats
+from blackboard.client.signing import signing_of
 from blackboard.devstack import EmbeddedNats
 from blackboard.protocol.errors import ConfigurationError, NotConnectedError
-from blackboard.settings import NatsSettings
+from blackboard.settings import NatsSettings, Settings
 from tests.conftest import make_settings
 
 
@@ -86,3 +87,16 @@ async def test_urls_nats_py_accepts_still_connect(nats_server: EmbeddedNats) -> 
             assert nc.is_connected, url
         finally:
             await nc.close()
+
+
+@pytest.mark.asyncio
+async def test_a_drained_connection_stops_its_signing(settings: Settings, unique: str) -> None:
+    """``Agent.close`` drains: the key registry's revocation re-reads and the verifier's threads stop
+    with it, as with ``close`` (nats-py's drain closes without calling ``close``)."""
+    agent = await Agent.connect(f"{unique}-a", settings=settings)
+    registry = signing_of(agent.nc).registry
+    assert registry is not None
+    rereads = registry._reread
+    assert rereads is not None and not rereads.done()
+    await agent.close()
+    assert agent.nc.is_closed and rereads.done() and registry._reread is None and registry._sub is None
