@@ -461,9 +461,12 @@ def test_the_blackboard_command_runs_them(env: dict[str, str], unique: str) -> N
     finally:
         os.close(write_end)
     assert done.returncode == 0 and done.stderr == "", done.stderr
-    # watch runs until Ctrl-C: then exit 130, quietly.
+    # watch runs until Ctrl-C: then exit 130, quietly. Its SIGINT is made the default one: a
+    # suite run in the background of a non-interactive shell (`.ci/run &`) inherits SIGINT
+    # ignored, and Python then leaves Ctrl-C ignored, as a background job's should be.
     proc = subprocess.Popen([sys.executable, "-m", "blackboard", "watch", unique], env=proc_env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         assert proc.stderr is not None
         assert proc.stderr.readline().startswith(f"watching {unique}")  # the watch is up
