@@ -44,3 +44,18 @@ class LostCancel:
         if self.then is not None:
             return await self.then(*args, **kwargs)
         return self.result
+
+
+async def closes_for_good(close: Awaitable[object], stand_in: LostCancel, *, timeout: float = 5.0,
+                          quiet: float = 0.3) -> None:
+    """Check that ``close`` returns within ``timeout`` seconds and that ``stand_in`` is not called
+    again within ``quiet`` seconds after.
+
+    Awaited with ``asyncio.wait``, not ``wait_for``: a ``close()`` that suppresses the cancel
+    ``wait_for`` sends on its timeout would return then and hide the hang.
+    """
+    done, _ = await asyncio.wait([asyncio.ensure_future(close)], timeout=timeout)
+    assert done, "close() did not return"
+    calls = stand_in.calls
+    await asyncio.sleep(quiet)
+    assert stand_in.calls == calls, "called again after close() returned"

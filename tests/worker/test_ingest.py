@@ -275,6 +275,28 @@ async def test_a_vector_holding_nan_leaves_its_item_unembedded_and_the_embedder_
     assert _rows(s, "SELECT count(*) FROM bb_embed_queue") == [(0,)]  # the poisoned item is not retried
 
 
+class _LosingFetcher:
+    """A fetcher whose every call fetches a batch; call ``at`` loses a cancel (the batch "arrives"
+    while its caller is cancelled); the calls after it wait ``wait`` and fetch nothing."""
+
+    last_error = None
+
+    def __init__(self, at: int) -> None:
+        self.at = at
+        self.calls = 0
+        self.entered = asyncio.Event()
+
+    async def fetch(self, batch: int, wait: float) -> list[object]:
+        self.calls += 1
+        if self.calls == self.at:
+            self.entered.set()
+            await lose_a_cancel()
+        elif self.calls > self.at:
+            await asyncio.sleep(wait)
+            return []
+        return [object()]
+
+
 async def test_a_stop_whose_cancel_is_lost_in_a_fetch_ends_the_loop_when_its_queue_is_full(
         settings: Settings, unique: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Python 3.11's ``asyncio.wait_for`` (under the fetch) returns the batch that is ready
@@ -287,38 +309,23 @@ async def test_a_stop_whose_cancel_is_lost_in_a_fetch_ends_the_loop_when_its_que
     s = _worker_settings(settings, unique)
     loop = IngestLoop(entry_handler(s), cast(Any, None), cast(Any, None), s)
     swallow_at = loop.writers + 2  # a batch for each writer, one waiting in the queue, then this one
-    entered = asyncio.Event()
-    calls = 0
-
-    class Fetcher:
-        last_error = None
-
-        async def fetch(self, batch: int, wait: float) -> list[object]:
-            nonlocal calls
-            calls += 1
-            if calls == swallow_at:
-                entered.set()
-                await lose_a_cancel()  # the batch "arrives" while stop() cancels
-            elif calls > swallow_at:
-                await asyncio.sleep(wait)
-                return []
-            return [object()]
+    fetcher = _LosingFetcher(swallow_at)  # the batch "arrives" while stop() cancels
 
     async def writing(msgs: object, stop: object = None, slot: object = None) -> bool:
         await asyncio.Event().wait()  # each writer is busy with its batch when stop() comes
         return True
 
-    loop._fetcher = cast(Any, Fetcher())
+    loop._fetcher = cast(Any, fetcher)
     monkeypatch.setattr(loop, "process", writing)
     stop = asyncio.Event()
     task = asyncio.create_task(loop.run(stop))
     try:
-        await asyncio.wait_for(entered.wait(), 5)
+        await asyncio.wait_for(fetcher.entered.wait(), 5)
         stop.set()  # as Worker.stop: the flag, then the cancel
         task.cancel()
         done, _ = await asyncio.wait([task], timeout=5)
         assert done, "the ingest loop did not end after stop"
-        assert task.cancelled() and calls == swallow_at
+        assert task.cancelled() and fetcher.calls == swallow_at
     finally:
         for t in asyncio.all_tasks():  # (only when it failed) the fetch loop stuck on the queue
             if t.get_name() == f"{loop.durable} fetch":
@@ -336,33 +343,19 @@ async def test_a_writer_failing_while_the_fetch_loses_its_cancel_ends_the_loop(
 
     s = _worker_settings(settings, unique)
     loop = IngestLoop(entry_handler(s), cast(Any, None), cast(Any, None), s)
-    entered = asyncio.Event()
-    calls = 0
-
-    class Fetcher:
-        last_error = None
-
-        async def fetch(self, batch: int, wait: float) -> list[object]:
-            nonlocal calls
-            calls += 1
-            if calls == 2:
-                entered.set()
-                await lose_a_cancel()  # the batch "arrives" while the group cancels
-            elif calls > 2:
-                await asyncio.sleep(wait)
-            return [object()] if calls <= 2 else []
+    fetcher = _LosingFetcher(2)  # the batch "arrives" while the group cancels
 
     async def failing(msgs: object, stop: object = None, slot: object = None) -> bool:
-        await entered.wait()
+        await fetcher.entered.wait()
         raise RuntimeError("a bug in a writer")
 
-    loop._fetcher = cast(Any, Fetcher())
+    loop._fetcher = cast(Any, fetcher)
     loop.process = failing  # type: ignore[method-assign]
     task = asyncio.create_task(loop.run(asyncio.Event()))
     try:
         done, _ = await asyncio.wait([task], timeout=5)
         assert done, "the ingest loop did not end after its writer failed"
-        assert isinstance(task.exception(), RuntimeError) and calls == 2
+        assert isinstance(task.exception(), RuntimeError) and fetcher.calls == 2
     finally:
         for t in asyncio.all_tasks():  # (only when it failed) the fetch loop fetching on
             if t.get_name() == f"{loop.durable} fetch":

@@ -14,7 +14,7 @@ from agents_sdk.memory.layers import LayerHit
 from agents_sdk.memory.stores import FileOptions, FileStore, create_store
 from blackboard.protocol.errors import ConfigurationError, PermissionDeniedError
 from blackboard.settings import Settings
-from tests._lost_cancel import LostCancel
+from tests._lost_cancel import LostCancel, closes_for_good
 from tests._worker_helpers import HashProvider, StartWorker
 
 pytestmark = pytest.mark.asyncio
@@ -166,9 +166,4 @@ async def test_close_while_a_watcher_refresh_loses_its_cancel_returns(
         await store.start()
         monkeypatch.setattr(store, "refresh", refresh)  # the watcher's refreshes from now on
         await asyncio.wait_for(refresh.entered.wait(), 5)
-        # not wait_for: it would cancel close(), which ends the loop and returns (its cancel suppressed)
-        done, _ = await asyncio.wait([asyncio.ensure_future(store.close())], timeout=5)
-        assert done, "close() did not return"
-        refreshed = refresh.calls
-        await asyncio.sleep(0.3)
-        assert refresh.calls == refreshed  # no refresh after close()
+        await closes_for_good(store.close(), refresh)  # and no refresh after it
