@@ -91,7 +91,7 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
 from blackboard.client.board_store import BoardStore
-from blackboard.client.consumers import STALE_PAUSES, read_first
+from blackboard.client.consumers import STALE_PAUSES, ask_again, read_first
 from blackboard.client.follower import OrderedFollower
 from blackboard.client.publisher import Ack, Publisher
 from blackboard.client.revisions import SeenRevisions
@@ -402,10 +402,7 @@ class VoteStore:
             msg = await self.read(board, proposal_id, "proposal")
             if msg is not None:
                 return msg
-        proposal_subject = Subjects.vote(board, proposal_id, "proposal")
-        first = await read_first(self.nc, self.js, VOTE_STREAM, proposal_subject, 1,
-                                 timeout=self.settings.nats.request_timeout, what=f"read {proposal_subject}")
-        return None if first is None else await self.verified(vote_message(first))
+        return await self._read_from(Subjects.vote(board, proposal_id, "proposal"), 1)
 
     async def read_proposal(self, board: str, proposal_id: str) -> tuple[Proposal, int] | None:
         """The proposal and its stream sequence, or ``None`` if there is none (valid, and
@@ -462,13 +459,20 @@ class VoteStore:
         self.stale_reads += 1
         log.debug("direct get of the %s of %s.%s answered 404, but it is stored at %d: reading again",
                   kind, board, proposal_id, stored_at)
-        for pause in STALE_PAUSES:
-            await asyncio.sleep(pause)
-            msg = await self.read(board, proposal_id, kind)
-            if msg is not None:
-                return msg
-        subject = Subjects.vote(board, proposal_id, kind)
-        first = await read_first(self.nc, self.js, VOTE_STREAM, subject, max(1, stored_at),
+        msg = await ask_again(lambda: self.read(board, proposal_id, kind))
+        if msg is not None:
+            return msg
+        return await self._read_from(Subjects.vote(board, proposal_id, kind), stored_at)
+
+    async def _read_from(self, subject: str, start: int) -> VoteMessage | None:
+        """The first message on ``subject`` from sequence ``start`` on, verified, through a one-shot
+        consumer (:func:`read_first`: authoritative where a direct get may be answered by a replica
+        behind), or None.
+
+        Raises:
+            OperationTimeoutError: the consumer did not deliver it within the request timeout.
+        """
+        first = await read_first(self.nc, self.js, VOTE_STREAM, subject, max(1, start),
                                  timeout=self.settings.nats.request_timeout, what=f"read {subject}")
         return None if first is None else await self.verified(vote_message(first))
 

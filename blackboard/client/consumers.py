@@ -40,7 +40,8 @@ import asyncio
 import json
 import logging
 import secrets
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 import nats.errors
 import nats.js.errors
@@ -58,8 +59,11 @@ from blackboard.protocol.errors import (
 )
 from blackboard.protocol.subjects import Header, Subjects
 
-__all__ = ["CONSUMER_LIMIT_CODE", "INACTIVE_THRESHOLD", "STALE_PAUSES", "START_ERRORS", "consumer_limit_error",
-           "consumer_name", "create_consumer", "is_consumer_limit", "is_control", "read_first", "start_error"]
+__all__ = ["CONSUMER_LIMIT_CODE", "INACTIVE_THRESHOLD", "STALE_PAUSES", "START_ERRORS", "ask_again",
+           "consumer_limit_error", "consumer_name", "create_consumer", "is_consumer_limit", "is_control",
+           "read_first", "start_error"]
+
+_T = TypeVar("_T")
 
 log = logging.getLogger("blackboard.client.consumers")
 
@@ -76,6 +80,17 @@ INACTIVE_THRESHOLD = 5.0
 #: answers a direct get, and one behind (a follower a moment late, a node restarted and catching
 #: up) answers what it has applied; a follower applies a write within milliseconds.
 STALE_PAUSES: tuple[float, ...] = (0.005, 0.02)
+
+
+async def ask_again(ask: Callable[[], Awaitable[_T | None]]) -> _T | None:
+    """``ask`` (a direct get that found nothing) again after each of :data:`STALE_PAUSES`: its
+    first answer that is not None, or None (then :func:`read_first` is the caller's next step)."""
+    for pause in STALE_PAUSES:
+        await asyncio.sleep(pause)
+        answer = await ask()
+        if answer is not None:
+            return answer
+    return None
 
 #: What creating a consumer may raise that :func:`start_error` maps.
 START_ERRORS: tuple[type[BaseException], ...] = (

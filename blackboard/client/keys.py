@@ -49,7 +49,7 @@ from nats.aio.subscription import Subscription
 from nats.js.errors import Error as JetStreamError
 from nats.js.errors import NoStreamResponseError
 
-from blackboard.client.consumers import STALE_PAUSES, read_first
+from blackboard.client.consumers import ask_again, read_first
 from blackboard.protocol import codec
 from blackboard.protocol.errors import (
     BlackboardError,
@@ -216,25 +216,25 @@ class KeyRegistry:
         """The key's certificate message, or None when it has none.
 
         A 404 may come from a replica behind: the direct get is asked again after
-        :data:`STALE_PAUSES`, then the subject is read from its first message with a one-shot
+        :data:`~blackboard.client.consumers.STALE_PAUSES` (:func:`ask_again`), then the subject is read from its first message with a one-shot
         consumer (which waits, within the request timeout, for a message it counts as pending).
 
         Raises:
             ``_IO_ERRORS``: the direct get failed.
         """
         subject = Subjects.key_certificate(public_key)
-        msg = _answered(await self._request(subject), subject)
+
+        async def ask() -> Msg | None:
+            return _answered(await self._request(subject), subject)
+
+        msg = await ask()
         if msg is not None:
             return msg
         now = asyncio.get_running_loop().time()
         if len(self._misses) == MAX_FALLBACK_MISSES and now - self._misses[0] < FALLBACK_WINDOW:
             return None  # made-up key ids of late: a 404 is taken at once
-        for pause in STALE_PAUSES:
-            await asyncio.sleep(pause)
-            msg = _answered(await self._request(subject), subject)
-            if msg is not None:
-                break
-        else:
+        msg = await ask_again(ask)
+        if msg is None:
             msg = await self._read_first(subject, public_key)
         if msg is not None:
             self._stale_reads += 1
