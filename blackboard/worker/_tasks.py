@@ -52,11 +52,15 @@ async def run_until_stopped(stop: asyncio.Event,
             raise first_error(errors) from None
 
 
-async def first_of(*events: asyncio.Event) -> None:
-    """Return when any of the events is set."""
+async def first_of(*events: asyncio.Event, timeout: float | None = None) -> None:
+    """Return when any of the events is set, or after ``timeout`` seconds (None: no limit).
+
+    What an idle loop of the worker waits on: its wake-up and ``stop``, so that a loop whose
+    cancel was lost (Python 3.11's ``asyncio.wait_for``) still ends at once on ``stop``.
+    """
     waits = [asyncio.ensure_future(e.wait()) for e in events]
     try:
-        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
     finally:
         for w in waits:
             w.cancel()

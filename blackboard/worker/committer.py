@@ -215,8 +215,7 @@ class VoteCommitter:
                     while not stop.is_set():
                         self._wake.clear()
                         wait = await self._check()
-                        with contextlib.suppress(TimeoutError):
-                            await asyncio.wait_for(first_of(stop, self._wake), wait)
+                        await first_of(stop, self._wake, timeout=wait)
                 finally:
                     self._group = None
                     for task in self._commits.values():

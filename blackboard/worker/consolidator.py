@@ -34,7 +34,6 @@ the older text.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -164,8 +163,7 @@ class Consolidator:
                 taken = 0
             if taken >= _BATCH:
                 continue
-            with contextlib.suppress(TimeoutError):  # stop too: a lost cancel ends this at once
-                await asyncio.wait_for(first_of(stop, self._wake), interval)
+            await first_of(stop, self._wake, timeout=interval)
 
     async def consolidate_once(self) -> int:
         """One pass over up to a batch of queued memories. Returns how many it took."""

@@ -237,8 +237,7 @@ class ContradictionPublisher:
                         await asyncio.wait_for(stop.wait(), wait)
                     continue
                 delay = backoff_delays(0.05, self._settings.worker.max_backoff)
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(first_of(stop, self._wake), _POLL)
+                await first_of(stop, self._wake, timeout=_POLL)
         finally:
             await self.store.close()
 

@@ -85,5 +85,4 @@ class EmbedInbox:
                     await asyncio.wait_for(stop.wait(), wait)
                 continue
             delay = backoff_delays(0.05, self._settings.worker.max_backoff)
-            with contextlib.suppress(TimeoutError):  # stop too: a lost cancel ends this at once
-                await asyncio.wait_for(first_of(stop, self._wake), self._settings.worker.embed_poll)
+            await first_of(stop, self._wake, timeout=self._settings.worker.embed_poll)

@@ -229,8 +229,7 @@ class Embedder:
                 batch = None
             if batch is None:
                 self._wake.clear()
-                with contextlib.suppress(TimeoutError):  # stop too: a lost cancel ends this at once
-                    await asyncio.wait_for(first_of(stop, self._wake), self.settings.worker.embed_poll)
+                await first_of(stop, self._wake, timeout=self.settings.worker.embed_poll)
                 continue
             if stop.is_set():  # a cancel lost in the lease (see _model): run() releases the batch
                 return
