@@ -48,14 +48,8 @@ async def test_a_second_commit_reads_the_recorded_outcome_when_a_replica_answers
         assert committed.revision is not None
 
         asked: Counter[str] = Counter()
-
-        async def behind(subject: str, payload: bytes, what: str) -> Msg:
-            if subject in absent:  # a replica that has applied neither record yet
-                asked[subject] += 1
-                return absent[subject]
-            return await real(subject, payload, what)
-
-        monkeypatch.setattr(second, "_request", behind)
+        # A replica that has applied neither record yet.
+        monkeypatch.setattr(second, "_request", _seam(second, absent, asked))
         # record: refused (the outcome is there), reads it; apply: finds the application;
         # mark applied: refused, reads it. Without reading again: "exists but cannot be read".
         assert await second.commit(decided) == committed
