@@ -603,7 +603,11 @@ class BoardStore:
                 try:
                     first = await read_first(self._nc, self._js, self._stream, subject, known,
                                              timeout=remaining, what=f"read {what} from revision {known}")
-                except OperationTimeoutError as exc:
+                except (OperationTimeoutError, NotConnectedError) as exc:
+                    if isinstance(exc, NotConnectedError) and not self._nc.is_connected:
+                        raise
+                    # Out of time, the consumer's creation included (its answer is a timeout
+                    # too, which read_first names NotConnectedError): the replicas lag.
                     raise self._lagging(subject, known, what, timeout) from exc
                 if first is not None:
                     stored = self._delivered(first)
